@@ -1,0 +1,55 @@
+"""KV caches: creation, trimming to the committed text, and the invariant checked every round.
+
+Invariant (both models): the cache holds exactly the committed tokens except the newest one, whose key and
+value are computed when the next round feeds it. Rejected and discarded draft positions never survive a
+round. Trimming uses transformers' own `Cache.crop` (a negative argument removes that many tokens).
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache(model) -> DynamicCache:
+    """A dynamic cache laid out for `model` (sliding-window layers included), able to roll back."""
+    cache = DynamicCache(config=model.config)
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()   # sliding-window layers must keep the past to be croppable
+    return cache
+
+
+def cache_len(cache) -> int:
+    return int(cache.get_seq_length())
+
+
+def trim_cache(cache, keep: int) -> int:
+    """Crop `cache` to its first `keep` positions; returns the number removed."""
+    current = cache_len(cache)
+    if keep > current:
+        raise AssertionError(f"cannot trim a cache of {current} positions up to {keep}")
+    cache.crop(keep - current)   # crop(-n) removes n positions; crop(0) is a no-op
+    return current - keep
+
+
+def check_invariant(cache, expected_len: int, who: str) -> None:
+    actual = cache_len(cache)
+    if actual != expected_len:
+        raise AssertionError(f"{who} KV cache holds {actual} positions, expected {expected_len}")
+
+
+@torch.inference_mode()
+def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int) -> torch.Tensor:
+    """Feed `token_ids` after what `cache` holds; returns logits [logits_to_keep, vocab] for the last positions.
+
+    Positions are passed explicitly, so views of a model that skip layers still place tokens correctly.
+    """
+    assert token_ids, "forward needs at least one token"
+    assert logits_to_keep >= 1   # 0 would mean "all positions" to transformers
+    device = model.device
+    start = cache_len(cache)
+    input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)             # [1, n]
+    position_ids = torch.arange(start, start + len(token_ids), device=device)[None]    # [1, n]
+    out = model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
+                logits_to_keep=logits_to_keep)
+    return out.logits[0]                                                               # [logits_to_keep, vocab]

@@ -1,0 +1,178 @@
+"""The speculative decoding loop and the plain autoregressive baseline.
+
+The engine knows only token ids. It owns the target's KV cache and checks, every round, that the cache
+holds exactly the committed text minus its newest token (see `cache.py`). Each round is five named steps:
+draft, score (one target forward over [last committed, d_1..d_n]), verify, commit, trim; then one
+`RoundEvent` is yielded. Randomness comes from one `torch.Generator` per run, seeded by the caller.
+"""
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Callable, Iterator
+
+import torch
+
+from .cache import check_invariant, forward_logits, new_cache, trim_cache, cache_len
+from .drafters import Drafter, Proposal
+from .events import BaselineResult, GenerationResult, RoundEvent, run_stats
+from .sampling import SamplingParams, choose_token, make_generator
+from .verify import RULES, Verdict, drafted_probs, top_candidates, verify
+
+MAX_K = 16
+MAX_NEW_TOKENS = 2048
+TARGET_TOP = 3
+
+
+def context_length(model) -> int | None:
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def validate_request(model, input_ids, k: int, max_new_tokens: int, sampling) -> list[int]:
+    """Check a request before any compute; returns the prompt as a list of ids. ValueError says what to change."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError("input_ids must be a LongTensor of shape [1, T] (one prompt)")
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise ValueError(f"k (draft tokens per round) must be an integer in [1, {MAX_K}], got {k!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
+    if not isinstance(sampling, SamplingParams):
+        raise ValueError("sampling must be a spec_engine.SamplingParams")
+    prompt = input_ids[0].tolist()
+    limit = context_length(model)
+    if limit is not None and len(prompt) + max_new_tokens > limit:
+        raise ValueError(
+            f"the prompt ({len(prompt)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's context "
+            f"of {limit} tokens: shorten the prompt or lower max_new_tokens")
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if min(prompt) < 0 or max(prompt) >= vocab:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab}); was the prompt encoded with this model's tokenizer?")
+    return prompt
+
+
+def eos_set(eos_token_id) -> frozenset[int]:
+    if eos_token_id is None:
+        return frozenset()
+    return frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+
+
+def cut_at_eos(tokens: list[int], eos: frozenset[int]) -> tuple[list[int], bool]:
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:i + 1], True
+    return tokens, False
+
+
+class SpeculativeDecoder:
+    """Draft with `drafter`, verify with `target_model` under `rule` ("exact", or a wrong rule for demos)."""
+
+    def __init__(self, target_model, drafter: Drafter, rule: str = "exact"):
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+        drafter.check_target(target_model)
+        self.target = target_model
+        self.drafter = drafter
+        self.rule = rule
+
+    def stream(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
+               seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> Iterator[RoundEvent]:
+        """Yield one RoundEvent per round until max_new_tokens, EOS, or `should_stop()` turns true."""
+        sampling = sampling or SamplingParams()
+        committed = validate_request(self.target, input_ids, k, max_new_tokens, sampling)
+        generator = make_generator(self.target.device, seed)
+        eos = eos_set(eos_token_id)
+        start = perf_counter()
+        target_cache = new_cache(self.target)
+        if len(committed) > 1:
+            forward_logits(self.target, committed[:-1], target_cache, logits_to_keep=1)
+        self.drafter.begin(committed)
+        prefill_seconds = perf_counter() - start
+        generated = 0
+        for index in range(max_new_tokens):
+            round_start = perf_counter()
+            n_draft = min(k, max_new_tokens - generated - 1)          # a round emits up to n_draft + 1 tokens
+            proposal = self.drafter.propose(committed, n_draft, sampling, generator) if n_draft else Proposal([], None)
+            draft_done = perf_counter()
+            drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=self.target.device)        # [n]
+            target_logits = forward_logits(self.target, committed[-1:] + proposal.tokens, target_cache,
+                                           logits_to_keep=len(proposal.tokens) + 1)                     # [n + 1, vocab]
+            verdict, target_probs = verify(self.rule, sampling, drafted, proposal.probs, target_logits, generator)
+            verify_done = perf_counter()
+            emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], eos)
+            committed += emitted
+            generated += len(emitted)
+            target_before, draft_before = cache_len(target_cache), self.drafter.cache_len()
+            trim_cache(target_cache, len(committed) - 1)
+            self.drafter.rollback(committed)
+            check_invariant(target_cache, len(committed) - 1, "target")
+            stop_reason = ("eos" if hit_eos else "max_new_tokens" if generated >= max_new_tokens
+                           else "cancelled" if should_stop is not None and should_stop() else None)
+            yield self._event(index, k, proposal, verdict, drafted, target_probs, emitted, committed, target_cache,
+                              target_before, draft_before, round_start, draft_done, verify_done,
+                              prefill_seconds if index == 0 else 0.0, stop_reason)
+            if stop_reason:
+                return
+
+    def _event(self, index, k, proposal, verdict: Verdict, drafted, target_probs, emitted, committed, target_cache,
+               target_before, draft_before, round_start, draft_done, verify_done, prefill_seconds, stop_reason) -> RoundEvent:
+        n = len(proposal.tokens)
+        accepted = min(verdict.accepted, len(emitted))                # EOS can end the round inside the drafts
+        tail = emitted[accepted:]
+        correction = tail[0] if tail and verdict.accepted < n else None
+        bonus = tail[0] if tail and verdict.accepted == n else None
+        q = [1.0] * n if proposal.probs is None else drafted_probs(proposal.probs, drafted).tolist()
+        top_values, top_ids = torch.topk(target_probs, min(TARGET_TOP, target_probs.shape[-1]), dim=-1)   # [n + 1, 3]
+        return RoundEvent(
+            index=index, drafted=list(proposal.tokens), accepted=accepted, emitted=emitted,
+            correction=correction, bonus=bonus,
+            target_probs=drafted_probs(target_probs[:n], drafted).tolist(), draft_probs=q,
+            accept_probs=verdict.accept_probs, uniforms=verdict.uniforms, next_top=verdict.next_probs_top,
+            target_top=[list(zip(ids, vals)) for ids, vals in zip(top_ids.tolist(), top_values.tolist())],
+            k=k, target_cache_len_before=target_before, target_cache_len=cache_len(target_cache),
+            draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
+            committed_len=len(committed), draft_seconds=draft_done - round_start,
+            verify_seconds=verify_done - draft_done, round_seconds=perf_counter() - round_start,
+            prefill_seconds=prefill_seconds, finished=stop_reason is not None, stop_reason=stop_reason,
+            note=proposal.note)
+
+    def generate(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
+                 seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> GenerationResult:
+        start = perf_counter()
+        rounds = list(self.stream(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop))
+        total = perf_counter() - start
+        return GenerationResult(
+            tokens=[t for r in rounds for t in r.emitted], rounds=rounds, prompt_len=int(input_ids.shape[1]),
+            prefill_seconds=rounds[0].prefill_seconds, total_seconds=total, stop_reason=rounds[-1].stop_reason,
+            stats=run_stats(rounds, total))
+
+
+def autoregressive_generate(target_model, input_ids: torch.Tensor, max_new_tokens: int = 64,
+                            sampling: SamplingParams | None = None, seed: int = 0, eos_token_id=None,
+                            should_stop: Callable[[], bool] | None = None) -> BaselineResult:
+    """Plain decoding, one target forward per token, with the same warping and sampling code as the engine."""
+    sampling = sampling or SamplingParams()
+    prompt = validate_request(target_model, input_ids, 1, max_new_tokens, sampling)
+    generator = make_generator(target_model.device, seed)
+    eos = eos_set(eos_token_id)
+    start = perf_counter()
+    cache = new_cache(target_model)
+    logits = forward_logits(target_model, prompt, cache, logits_to_keep=1)[-1]               # [vocab]
+    prefill_seconds = perf_counter() - start
+    tokens, step_seconds, stop_reason = [], [], "max_new_tokens"
+    while True:
+        token, _ = choose_token(logits, sampling, generator)
+        tokens.append(token)
+        if token in eos:
+            stop_reason = "eos"
+            break
+        if len(tokens) >= max_new_tokens:
+            break
+        if should_stop is not None and should_stop():
+            stop_reason = "cancelled"
+            break
+        step_start = perf_counter()
+        logits = forward_logits(target_model, [token], cache, logits_to_keep=1)[-1]
+        step_seconds.append(perf_counter() - step_start)
+    return BaselineResult(tokens=tokens, prompt_len=len(prompt), prefill_seconds=prefill_seconds,
+                          total_seconds=perf_counter() - start, step_seconds=step_seconds, stop_reason=stop_reason)

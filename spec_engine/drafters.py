@@ -1,0 +1,309 @@
+"""Draft sources. Every drafter speaks one small protocol:
+
+    begin(prompt_ids)                            reset state for a new run (and prefill its cache, if any)
+    propose(committed, k, params, generator)     -> Proposal: up to k target-token ids + what they were drawn from
+    rollback(committed)                          learn how the round went; trim own state to the committed text
+
+A `Proposal.probs` of None means the proposals are a deterministic function of the context, i.e. q is
+one-hot on each drafted token; the exact rule is then still exact. A drafter that samples must report the
+very distribution it sampled from (drafting by argmax while reporting a softmax is a known bug class).
+
+Drafters with a KV cache expose it as `.cache` and list the ids it holds as `.cache_ids`, so the engine and
+the tests can see every position. Model drafters never hold weight copies of the target.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .cache import cache_len, check_invariant, forward_logits, new_cache, trim_cache
+from .sampling import SamplingParams, choose_token
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]                    # up to k target-token ids
+    probs: torch.Tensor | None           # [len(tokens), target_vocab] draft distributions, or None (one-hot)
+    note: str | None = None              # e.g. how a cross-tokenizer boundary was handled
+
+
+class Drafter:
+    """Base class: a drafter without state. Subclasses override what they need."""
+
+    name = "drafter"
+    cache = None
+
+    def check_target(self, target_model) -> None:
+        """Raise ValueError if this drafter cannot propose ids for `target_model`."""
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        raise NotImplementedError
+
+    def rollback(self, committed: list[int]) -> None:
+        pass
+
+    def cache_len(self) -> int | None:
+        return None if self.cache is None else cache_len(self.cache)
+
+
+def vocab_size(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ModelDrafter(Drafter):
+    """A separate causal LM with the target's tokenizer and its own KV cache.
+
+    Greedy: proposes its argmax. Sampling: draws each proposal from its own warped distribution (same
+    temperature / top-k / top-p as the target) and reports exactly that distribution as q.
+    """
+
+    def __init__(self, draft_model, name: str = "model"):
+        self.model = draft_model
+        self.name = name
+        self.cache = None
+        self.cache_ids: list[int] = []
+
+    def check_target(self, target_model) -> None:
+        draft_vocab, target_vocab = vocab_size(self.model), vocab_size(target_model)
+        if draft_vocab != target_vocab:
+            raise ValueError(
+                f"draft vocabulary ({draft_vocab}) differs from the target's ({target_vocab}): ModelDrafter needs the "
+                "same tokenizer; use CrossTokenizerDrafter for a draft with another tokenizer")
+        if self.model.device != target_model.device:
+            raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; load both on one device")
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.cache = new_cache(self.model)
+        self.cache_ids = []
+        if len(prompt_ids) > 1:
+            self._feed(prompt_ids[:-1])
+
+    def _feed(self, token_ids: list[int]) -> torch.Tensor:
+        logits = forward_logits(self.model, self._model_ids(token_ids), self.cache, logits_to_keep=1)[-1]   # [vocab]
+        self.cache_ids += token_ids
+        return logits
+
+    def _model_ids(self, token_ids: list[int]) -> list[int]:
+        return token_ids
+
+    def _target_id(self, draft_id: int) -> int:
+        return draft_id
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        pending = committed[len(self.cache_ids):]          # the newest committed token(s) not yet in the cache
+        tokens, probs = [], []
+        for _ in range(k):
+            logits = self._feed(pending)
+            token, token_probs = choose_token(logits, params, generator)
+            tokens.append(self._target_id(token))
+            probs.append(token_probs)
+            pending = [token]
+        # The last proposal's KV is never computed: the cache holds committed + tokens[:-1].
+        return Proposal(tokens, None if params.greedy or not probs else torch.stack(probs))   # [k, vocab]
+
+    def rollback(self, committed: list[int]) -> None:
+        keep = common_prefix_len(self.cache_ids, committed[:-1])
+        trim_cache(self.cache, keep)
+        del self.cache_ids[keep:]
+        check_invariant(self.cache, len(self.cache_ids), f"draft ({self.name})")
+
+
+def layer_skip_view(target_model, skip_layers) -> nn.Module:
+    """The target with some decoder layers skipped, sharing every weight (no copies).
+
+    Built from shallow copies of the model objects whose module dicts are copied, so the target itself is
+    untouched and can keep serving while the view drafts. Early exit is the case of skipping a tail.
+    """
+    layers = target_model.model.layers
+    n_layers = len(layers)
+    skip = sorted(set(int(i) for i in skip_layers))
+    if any(i < 0 or i >= n_layers for i in skip):
+        raise ValueError(f"skip_layers must be layer indices in [0, {n_layers - 1}], got {skip}")
+    if 0 in skip:
+        raise ValueError("layer 0 cannot be skipped: the cache length and attention mask are read from it")
+    keep = [i for i in range(n_layers) if i not in skip]
+    inner = copy.copy(target_model.model)
+    inner._modules = dict(inner._modules)
+    inner.layers = nn.ModuleList([layers[i] for i in keep])
+    inner.config = copy.copy(target_model.model.config)
+    if getattr(inner.config, "layer_types", None):
+        inner.config.layer_types = [inner.config.layer_types[i] for i in keep]
+    inner.config.num_hidden_layers = len(keep)
+    view = copy.copy(target_model)
+    view._modules = dict(view._modules)
+    view.model = inner
+    return view
+
+
+class LayerSkipDrafter(ModelDrafter):
+    """Self-speculative drafting: the target's own weights with `skip_layers` left out of the forward."""
+
+    def __init__(self, target_model, skip_layers):
+        self.skip_layers = sorted(set(int(i) for i in skip_layers))
+        self.target = target_model
+        super().__init__(layer_skip_view(target_model, self.skip_layers), name=f"layer-skip{self.skip_layers}")
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        # Its own cache, laid out for the full model: skipped layers simply stay empty.
+        self.cache = new_cache(self.target)
+        self.cache_ids = []
+        if len(prompt_ids) > 1:
+            self._feed(prompt_ids[:-1])
+
+    def check_target(self, target_model) -> None:
+        if target_model is not self.target:
+            raise ValueError("a LayerSkipDrafter drafts for the model it was built from; build one for this target")
+
+
+def early_exit_layers(n_layers: int, exit_after: int) -> list[int]:
+    """The skip set of an early exit after `exit_after` layers."""
+    return list(range(exit_after, n_layers))
+
+
+class PromptLookupDrafter(Drafter):
+    """n-gram lookup (Saxena 2023): find the latest earlier occurrence of the last n committed tokens
+    (n = max_ngram down to min_ngram) and propose what followed it. Deterministic, no model, no cache."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.name = f"prompt-lookup(n<={max_ngram})"
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        return Proposal(lookup_continuation(committed, k, self.max_ngram, self.min_ngram), None)
+
+
+def lookup_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    seq = torch.tensor(tokens, dtype=torch.long)
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        pattern = seq[-n:]
+        windows = seq[:-1].unfold(0, n, 1)                        # [len - n, n], every earlier n-gram
+        starts = (windows == pattern).all(dim=1).nonzero().flatten()
+        if starts.numel():
+            begin = int(starts[-1]) + n
+            return tokens[begin:begin + k]
+    return []
+
+
+class NaiveIdDrafter(ModelDrafter):
+    """The deliberate mistake of the tokenizer-mismatch demo: a draft with another tokenizer whose ids are
+    passed to and from the target unchanged.
+
+    The target's ids are fed to the draft as if they were its own (ids beyond the draft's vocabulary wrap
+    around: id % draft_vocab); the draft's argmax ids are handed to the target, ids beyond the target's
+    vocabulary wrapping the same way (id % target_vocab). Proposals are argmax, so q is one-hot and the
+    result is still exact: the target verifies every id, it just rejects almost all of them.
+    """
+
+    def __init__(self, draft_model, name: str = "naive-ids"):
+        super().__init__(draft_model, name=name)
+        self.draft_vocab = vocab_size(draft_model)
+        self.target_vocab = self.draft_vocab
+
+    def check_target(self, target_model) -> None:
+        self.target_vocab = vocab_size(target_model)
+        if self.model.device != target_model.device:
+            raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; load both on one device")
+
+    def _model_ids(self, token_ids: list[int]) -> list[int]:
+        return [t % self.draft_vocab for t in token_ids]
+
+    def _target_id(self, draft_id: int) -> int:
+        return draft_id % self.target_vocab
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        greedy = SamplingParams(temperature=0.0)
+        return Proposal(super().propose(committed, k, greedy, generator).tokens, None)
+
+
+class CrossTokenizerDrafter(Drafter):
+    """A draft with its own tokenizer: it continues the committed *text*, and its text is re-tokenized with
+    the target's tokenizer.
+
+    Each round: decode the committed target ids to text, encode that text with the draft tokenizer, reuse
+    the draft's KV cache for the common prefix of draft ids, greedily draft k + 1 draft tokens, decode them,
+    and re-tokenize with the target tokenizer after a short anchor of committed text. Boundary effects are
+    handled honestly: if re-tokenizing anchor + draft text changes the anchor's ids (the draft text merged
+    with the last committed token), the draft text is tokenized on its own instead, and the last target
+    token is dropped when it may be a cut-off word piece. Proposals are deterministic (q one-hot).
+    """
+
+    ANCHOR_TOKENS = 8
+
+    def __init__(self, draft_model, draft_tokenizer, target_tokenizer, name: str = "cross-tokenizer"):
+        self.model = draft_model
+        self.draft_tokenizer = draft_tokenizer
+        self.target_tokenizer = target_tokenizer
+        self.name = name
+        self.cache = None
+        self.cache_ids: list[int] = []
+
+    def check_target(self, target_model) -> None:
+        if self.model.device != target_model.device:
+            raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; load both on one device")
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.cache = new_cache(self.model)
+        self.cache_ids = []
+        self._context = (0, [])
+
+    def _draft_context(self, committed: list[int]) -> list[int]:
+        """The committed text in draft ids (memoised per committed length: rollback and propose share it)."""
+        if self._context[0] != len(committed):
+            text = self.target_tokenizer.decode(committed, skip_special_tokens=False)
+            self._context = (len(committed), self.draft_tokenizer.encode(text, add_special_tokens=True))
+        return self._context[1]
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        if k == 0:
+            return Proposal([], None)
+        context = self._draft_context(committed)
+        keep = min(common_prefix_len(self.cache_ids, context), len(context) - 1)
+        trim_cache(self.cache, keep)
+        del self.cache_ids[keep:]
+        pending, drafted = context[keep:], []
+        for _ in range(k + 1):
+            logits = forward_logits(self.model, pending, self.cache, logits_to_keep=1)[-1]   # [draft_vocab]
+            self.cache_ids += pending
+            pending = [int(logits.argmax())]
+            drafted.append(pending[0])
+        draft_text = self.draft_tokenizer.decode(drafted, skip_special_tokens=True)
+        tokens, note = self._retokenize(committed, draft_text)
+        check_invariant(self.cache, len(self.cache_ids), "draft (cross-tokenizer)")
+        return Proposal(tokens[:k], None, note)
+
+    def _retokenize(self, committed: list[int], draft_text: str) -> tuple[list[int], str | None]:
+        anchor = committed[-self.ANCHOR_TOKENS:]
+        anchor_text = self.target_tokenizer.decode(anchor, skip_special_tokens=False)
+        ids = self.target_tokenizer.encode(anchor_text + draft_text, add_special_tokens=False)
+        if ids[:len(anchor)] == anchor:
+            tokens, note = ids[len(anchor):], None
+        else:
+            tokens = self.target_tokenizer.encode(draft_text, add_special_tokens=False)
+            note = "draft text merged with the committed text at the boundary; re-tokenized it on its own"
+        if len(tokens) > 1:
+            tokens = tokens[:-1]   # the draft stopped mid-text: its last target token may be a cut-off piece
+        return tokens, note
+
+    def rollback(self, committed: list[int]) -> None:
+        # The draft's cache is in draft-token space; it is reconciled with the new text at the next propose.
+        # Positions past the committed text are dropped now so no rejected text survives the round.
+        context = self._draft_context(committed)
+        keep = min(common_prefix_len(self.cache_ids, context), max(len(context) - 1, 0))
+        trim_cache(self.cache, keep)
+        del self.cache_ids[keep:]

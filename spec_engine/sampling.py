@@ -1,0 +1,108 @@
+"""Sampling settings and the warping that turns logits into the distribution we sample from.
+
+The same `warp` is used by plain decoding, by every drafter and by the verifier, so "the target's
+distribution" means one thing everywhere: temperature, then top-k, then top-p (the order Hugging Face's
+`generate` applies them in). Randomness always comes from an explicit `torch.Generator`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+MAX_TOP_K = 1_000_000
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy (argmax); top_k 0 means off; top_p 1.0 means off."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be an integer in [0, {MAX_TOP_K}] (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def as_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Logits [..., vocab] -> probabilities [..., vocab] after temperature, top-k and top-p.
+
+    Computed in float32 (float64 input stays float64). Greedy params give the one-hot argmax, so a
+    greedy caller that asks for "the distribution" gets the one that greedy decoding actually uses.
+    """
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    logits = logits.to(dtype)
+    if params.greedy:
+        return one_hot_argmax(logits)
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, -math.inf)
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        probs = top_p_filter(probs, params.top_p)
+    return probs
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p, renormalised.
+
+    probs: [..., vocab]. The token that crosses the threshold is kept, so the set is never empty.
+    """
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    kept = probs.masked_fill(drop, 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def top_p_members(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Boolean mask [..., vocab] of the top-p set of `probs` (used only by the deliberately wrong rule)."""
+    return top_p_filter(probs, top_p) > 0
+
+
+def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """[..., vocab] -> one-hot of the argmax, same dtype (float)."""
+    out = torch.zeros_like(logits)
+    return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token id from probs [vocab] with the run's generator."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, torch.Tensor]:
+    """Next token from logits [vocab]: argmax when greedy, else a draw from the warped distribution.
+
+    Returns (token, probs [vocab]) so callers that need q (drafters) report exactly what they drew from.
+    """
+    probs = warp(logits, params)
+    if params.greedy:
+        return int(logits.argmax().item()), probs
+    return sample(probs, generator), probs
+
+
+def make_generator(device: torch.device | str, seed: int) -> torch.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+    generator = torch.Generator(device=torch.device(device))
+    generator.manual_seed(seed)
+    return generator
