@@ -1,5 +1,5 @@
 """spec_engine: exact speculative decoding on torch + transformers, with typed per-round events."""
-from .decoder import MAX_K, MAX_NEW_TOKENS, SpeculativeDecoder, autoregressive_generate, validate_request
+from .decoder import MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate, validate_request
 from .drafters import (CrossTokenizerDrafter, Drafter, LayerSkipDrafter, ModelDrafter, NaiveIdDrafter,
                        PromptLookupDrafter, Proposal, early_exit_layers)
 from .events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
@@ -8,7 +8,7 @@ from .verify import RULES, WRONG_RULES
 
 __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES",
-    "SamplingParams", "warp", "SpeculativeDecoder", "autoregressive_generate", "validate_request",
+    "SamplingParams", "warp", "SpeculativeDecoder", "DecodeState", "autoregressive_generate", "validate_request",
     "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "CrossTokenizerDrafter",
     "NaiveIdDrafter", "early_exit_layers", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
     "load_model", "LoadedModel",

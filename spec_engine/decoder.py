@@ -7,6 +7,7 @@ draft, score (one target forward over [last committed, d_1..d_n]), verify, commi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Callable, Iterator
 
@@ -64,8 +65,33 @@ def cut_at_eos(tokens: list[int], eos: frozenset[int]) -> tuple[list[int], bool]
     return tokens, False
 
 
+@dataclass
+class DecodeState:
+    """Everything one run owns: the committed ids, the target's KV cache and the run's generator."""
+
+    committed: list[int]
+    prompt_len: int
+    target_cache: object
+    generator: torch.Generator
+    eos: frozenset[int]
+    k: int
+    max_new_tokens: int
+    sampling: SamplingParams
+    prefill_seconds: float
+    index: int = 0
+    stop_reason: str | None = None
+
+    @property
+    def generated(self) -> int:
+        return len(self.committed) - self.prompt_len
+
+
 class SpeculativeDecoder:
-    """Draft with `drafter`, verify with `target_model` under `rule` ("exact", or a wrong rule for demos)."""
+    """Draft with `drafter`, verify with `target_model` under `rule` ("exact", or a wrong rule for demos).
+
+    A drafter instance holds one run's draft state, so concurrent runs need their own drafters; the models
+    themselves are only read and can be shared.
+    """
 
     def __init__(self, target_model, drafter: Drafter, rule: str = "exact"):
         if rule not in RULES:
@@ -77,42 +103,55 @@ class SpeculativeDecoder:
 
     def stream(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
                seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> Iterator[RoundEvent]:
-        """Yield one RoundEvent per round until max_new_tokens, EOS, or `should_stop()` turns true."""
+        """Rounds until max_new_tokens, EOS, or `should_stop()` turns true. Validates and prefills at call time,
+        so bad input raises here rather than at the first `next()`."""
+        state = self.start(input_ids, k, max_new_tokens, sampling, seed, eos_token_id)
+        return self._rounds(state, should_stop)
+
+    def _rounds(self, state: DecodeState, should_stop) -> Iterator[RoundEvent]:
+        while state.stop_reason is None:
+            yield self.step(state, should_stop)
+
+    def start(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
+              seed: int = 0, eos_token_id=None) -> DecodeState:
+        """Validate, prefill the target (all prompt tokens but the last) and the drafter."""
         sampling = sampling or SamplingParams()
         committed = validate_request(self.target, input_ids, k, max_new_tokens, sampling)
         generator = make_generator(self.target.device, seed)
-        eos = eos_set(eos_token_id)
-        start = perf_counter()
+        begin = perf_counter()
         target_cache = new_cache(self.target)
         if len(committed) > 1:
             forward_logits(self.target, committed[:-1], target_cache, logits_to_keep=1)
         self.drafter.begin(committed)
-        prefill_seconds = perf_counter() - start
-        generated = 0
-        for index in range(max_new_tokens):
-            round_start = perf_counter()
-            n_draft = min(k, max_new_tokens - generated - 1)          # a round emits up to n_draft + 1 tokens
-            proposal = self.drafter.propose(committed, n_draft, sampling, generator) if n_draft else Proposal([], None)
-            draft_done = perf_counter()
-            drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=self.target.device)        # [n]
-            target_logits = forward_logits(self.target, committed[-1:] + proposal.tokens, target_cache,
-                                           logits_to_keep=len(proposal.tokens) + 1)                     # [n + 1, vocab]
-            verdict, target_probs = verify(self.rule, sampling, drafted, proposal.probs, target_logits, generator)
-            verify_done = perf_counter()
-            emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], eos)
-            committed += emitted
-            generated += len(emitted)
-            target_before, draft_before = cache_len(target_cache), self.drafter.cache_len()
-            trim_cache(target_cache, len(committed) - 1)
-            self.drafter.rollback(committed)
-            check_invariant(target_cache, len(committed) - 1, "target")
-            stop_reason = ("eos" if hit_eos else "max_new_tokens" if generated >= max_new_tokens
-                           else "cancelled" if should_stop is not None and should_stop() else None)
-            yield self._event(index, k, proposal, verdict, drafted, target_probs, emitted, committed, target_cache,
-                              target_before, draft_before, round_start, draft_done, verify_done,
-                              prefill_seconds if index == 0 else 0.0, stop_reason)
-            if stop_reason:
-                return
+        return DecodeState(committed, len(committed), target_cache, generator, eos_set(eos_token_id), k,
+                           max_new_tokens, sampling, prefill_seconds=perf_counter() - begin)
+
+    def step(self, state: DecodeState, should_stop: Callable[[], bool] | None = None) -> RoundEvent:
+        """One round: draft, score, verify, commit, trim."""
+        assert state.stop_reason is None, "this run has finished"
+        round_start = perf_counter()
+        committed = state.committed
+        n_draft = min(state.k, state.max_new_tokens - state.generated - 1)     # a round emits up to n_draft + 1
+        proposal = self.drafter.propose(committed, n_draft, state.sampling, state.generator) if n_draft else Proposal([], None)
+        draft_done = perf_counter()
+        drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=self.target.device)            # [n]
+        target_logits = forward_logits(self.target, committed[-1:] + proposal.tokens, state.target_cache,
+                                       logits_to_keep=len(proposal.tokens) + 1)                         # [n + 1, vocab]
+        verdict, target_probs = verify(self.rule, state.sampling, drafted, proposal.probs, target_logits, state.generator)
+        verify_done = perf_counter()
+        emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
+        committed += emitted
+        target_before, draft_before = cache_len(state.target_cache), self.drafter.cache_len()
+        trim_cache(state.target_cache, len(committed) - 1)
+        self.drafter.rollback(committed)
+        check_invariant(state.target_cache, len(committed) - 1, "target")
+        state.stop_reason = ("eos" if hit_eos else "max_new_tokens" if state.generated >= state.max_new_tokens
+                             else "cancelled" if should_stop is not None and should_stop() else None)
+        event = self._event(state.index, state.k, proposal, verdict, drafted, target_probs, emitted, committed,
+                            state.target_cache, target_before, draft_before, round_start, draft_done, verify_done,
+                            state.prefill_seconds if state.index == 0 else 0.0, state.stop_reason)
+        state.index += 1
+        return event
 
     def _event(self, index, k, proposal, verdict: Verdict, drafted, target_probs, emitted, committed, target_cache,
                target_before, draft_before, round_start, draft_done, verify_done, prefill_seconds, stop_reason) -> RoundEvent:

@@ -64,6 +64,23 @@ def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor)
     return residual / total
 
 
+def rule_acceptance(rule: str, target_p: torch.Tensor, draft_q: torch.Tensor) -> torch.Tensor:
+    """Probability of keeping each drafted token; [n], [n] -> [n]."""
+    if rule == "topp_membership":
+        # WRONG on purpose: target_probs is already top-p filtered, so its support is the top-p set; any
+        # drafted token inside it is kept, whatever its probability under the draft.
+        return (target_p > 0).to(target_p.dtype)
+    return acceptance_probs(target_p, draft_q)
+
+
+def rule_correction_distribution(rule: str, target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
+    """The distribution the token after a rejection is drawn from; [vocab], [vocab] -> [vocab].
+    Only the exact rule uses the residual; the wrong rules fall back to p, which over-weights the draft's picks."""
+    if rule == "exact":
+        return residual_distribution(target_row, draft_row)
+    return target_row
+
+
 def one_hot_row(token: int, like: torch.Tensor) -> torch.Tensor:
     row = torch.zeros_like(like)
     row[token] = 1.0
@@ -106,16 +123,12 @@ def verify_sampled(
     target_p = drafted_probs(target_probs, drafted)
     draft_q = torch.ones_like(target_p) if draft_probs is None else drafted_probs(draft_probs, drafted)
     uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=target_probs.dtype)
-    if rule == "topp_membership":
-        # target_probs is already top-p filtered: its support is the top-p set.
-        accept = (target_p > 0).to(target_probs.dtype)
-    else:
-        accept = acceptance_probs(target_p, draft_q)
+    accept = rule_acceptance(rule, target_p, draft_q)
     accepted = count_accepted(accept, uniforms)
     decided = min(accepted + 1, n)
     if accepted < n:
         q_row = one_hot_row(int(drafted[accepted]), target_probs[accepted]) if draft_probs is None else draft_probs[accepted]
-        next_dist = residual_distribution(target_probs[accepted], q_row) if rule == "exact" else target_probs[accepted]
+        next_dist = rule_correction_distribution(rule, target_probs[accepted], q_row)
     else:
         next_dist = target_probs[n]
     next_token = sample(next_dist, generator)

@@ -17,3 +17,36 @@ def tiny_llama(vocab: int = 10, layers: int = 2, seed: int = 0, hidden: int = 32
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+class ToyTokenizer:
+    """A greedy longest-match tokenizer over a fixed list of pieces: enough of the tokenizer interface
+    (`encode`, `decode`) for the cross-tokenizer drafter, with merges so boundaries can move."""
+
+    def __init__(self, pieces: list[str]):
+        self.pieces = pieces
+        self.ids = {piece: i for i, piece in enumerate(pieces)}
+        self.longest = max(len(p) for p in pieces)
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids, i = [], 0
+        while i < len(text):
+            for size in range(min(self.longest, len(text) - i), 0, -1):
+                if text[i:i + size] in self.ids:
+                    ids.append(self.ids[text[i:i + size]])
+                    i += size
+                    break
+            else:
+                raise ValueError(f"cannot encode {text[i]!r}")
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(self.pieces[int(i)] for i in ids)
+
+
+# Target pieces merge "ab" and "cd"; the draft merges other pairs and orders its ids differently.
+TARGET_PIECES = ["a", "b", "c", "d", "e", "f", "ab", "cd"]
+DRAFT_PIECES = ["f", "e", "ba", "d", "c", "b", "a", "ef", "abc", "cd", "da", "fa"]

@@ -1,0 +1,66 @@
+"""Warping equals what Hugging Face's own logits processors do, so "the target's distribution" matches what a
+user of `generate(do_sample=True, ...)` would sample from."""
+import math
+
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from spec_engine.sampling import SamplingParams, choose_token, make_generator, top_p_filter, warp
+
+SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (2.0, 3, 0.5), (1.0, 0, 0.05)]
+
+
+def hf_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    scores = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return torch.softmax(scores, dim=-1)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
+def test_warp_matches_transformers_processors(temperature, top_k, top_p):
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 3
+    ours = warp(logits, SamplingParams(temperature, top_k, top_p))
+    theirs = hf_probs(logits, temperature, top_k, top_p)
+    assert torch.allclose(ours, theirs, atol=1e-12)
+    assert torch.allclose(ours.sum(-1), torch.ones(6, dtype=torch.float64))
+
+
+def test_top_p_keeps_the_crossing_token_and_never_empties():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    assert top_p_filter(probs, 0.6).tolist() == pytest.approx([0.625, 0.375, 0.0, 0.0])
+    assert top_p_filter(probs, 0.01).tolist() == pytest.approx([1.0, 0.0, 0.0, 0.0])
+    assert top_p_filter(probs, 1.0).tolist() == pytest.approx(probs.tolist())
+
+
+def test_greedy_is_argmax_not_a_tiny_temperature():
+    logits = torch.tensor([0.1, 2.0, 1.9])
+    params = SamplingParams(temperature=0.0)
+    assert params.greedy
+    token, probs = choose_token(logits, params, make_generator("cpu", 0))
+    assert token == 1 and probs.tolist() == [0.0, 1.0, 0.0]
+
+
+def test_same_seed_same_draws():
+    probs = torch.softmax(torch.randn(100), -1)
+    draws = [torch.multinomial(probs, 5, generator=make_generator("cpu", 7)).tolist() for _ in range(2)]
+    assert draws[0] == draws[1]
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"temperature": -0.1}, "temperature"), ({"temperature": math.inf}, "temperature"),
+    ({"temperature": math.nan}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"top_p": math.nan}, "top_p"), ({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k"),
+])
+def test_bad_sampling_params_say_what_to_change(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 1.5, True])
+def test_bad_seed(seed):
+    with pytest.raises(ValueError, match="seed"):
+        make_generator("cpu", seed)

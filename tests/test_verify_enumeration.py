@@ -1,0 +1,151 @@
+"""Exact enumeration on a tiny vocabulary: the speculative process emits tokens with exactly the target's
+warped probabilities (to 1e-9 in float64), for random p and q that depend on the context, several warping
+settings, k = 1..3, stochastic and deterministic drafts. The same enumeration shows the wrong rules drift.
+
+The enumerator composes the rule's own pure functions (`rule_acceptance`, `rule_correction_distribution`)
+exactly as `verify_sampled` does; the seeded statistical tests check the sampling plumbing end to end.
+"""
+import itertools
+import zlib
+from functools import lru_cache
+
+import pytest
+import torch
+
+from spec_engine.sampling import SamplingParams, warp
+from spec_engine.verify import (acceptance_probs, count_accepted, residual_distribution, rule_acceptance,
+                                rule_correction_distribution, verify_greedy)
+
+VOCAB = 4
+LENGTH = 3     # compare the joint distribution of the first 3 emitted tokens
+
+
+def toy_logits(kind: str, context: tuple, salt: int) -> torch.Tensor:
+    seed = zlib.crc32(repr((kind, context, salt)).encode())     # stable across processes, unlike hash()
+    return torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2.0
+
+
+class Toy:
+    """A context-dependent target p and draft q over VOCAB tokens, both warped with the same settings."""
+
+    def __init__(self, params: SamplingParams, salt: int, deterministic_draft: bool):
+        self.params, self.salt, self.deterministic = params, salt, deterministic_draft
+
+    @lru_cache(maxsize=None)
+    def p(self, context: tuple) -> torch.Tensor:
+        return warp(toy_logits("target", context, self.salt), self.params)
+
+    @lru_cache(maxsize=None)
+    def q(self, context: tuple) -> torch.Tensor:
+        probs = warp(toy_logits("draft", context, self.salt), self.params)
+        if self.deterministic:                      # a deterministic drafter: q is one-hot on its pick
+            return torch.nn.functional.one_hot(probs.argmax(), VOCAB).to(torch.float64)
+        return probs
+
+
+def add(dist: dict, seq: tuple, prob: float) -> None:
+    dist[seq[:LENGTH]] = dist.get(seq[:LENGTH], 0.0) + prob
+
+
+def emitted_distribution(toy: Toy, k: int, rule: str) -> dict:
+    """Exact distribution of the first LENGTH tokens emitted by speculative rounds of k drafts."""
+    dist: dict = {}
+
+    def run(context: tuple, prob: float) -> None:
+        if len(context) >= LENGTH or prob == 0:
+            add(dist, context, prob)
+            return
+        n = min(k, LENGTH - len(context) - 1)
+        for drafts in itertools.product(range(VOCAB), repeat=n):
+            draft_prob = prob
+            for i, x in enumerate(drafts):
+                draft_prob *= float(toy.q(context + drafts[:i])[x])
+            if draft_prob > 0:
+                settle(context, drafts, 0, draft_prob)
+
+    def settle(context: tuple, drafts: tuple, i: int, prob: float) -> None:
+        prefix = context + drafts[:i]
+        p_row = toy.p(prefix)
+        if i == len(drafts):                                     # all accepted: bonus from p
+            for y in range(VOCAB):
+                run(prefix + (y,), prob * float(p_row[y]))
+            return
+        q_row = toy.q(prefix)
+        x = drafts[i]
+        accept = float(rule_acceptance(rule, p_row[x:x + 1], q_row[x:x + 1])[0])
+        settle(context, drafts, i + 1, prob * accept)
+        correction = rule_correction_distribution(rule, p_row, q_row)
+        for y in range(VOCAB):
+            run(prefix + (y,), prob * (1 - accept) * float(correction[y]))
+
+    run((), 1.0)
+    return dist
+
+
+def target_distribution(toy: Toy) -> dict:
+    dist = {}
+    for seq in itertools.product(range(VOCAB), repeat=LENGTH):
+        prob = 1.0
+        for i, y in enumerate(seq):
+            prob *= float(toy.p(seq[:i])[y])
+        dist[seq] = prob
+    return dist
+
+
+def total_variation(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a.get(s, 0.0) - b.get(s, 0.0)) for s in set(a) | set(b))
+
+
+SETTINGS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9), SamplingParams(1.5, top_k=3),
+            SamplingParams(0.8, top_k=3, top_p=0.7), SamplingParams(2.0, top_p=0.5)]
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-draft", "one-hot-draft"])
+@pytest.mark.parametrize("salt", [0, 1])
+def test_exact_rule_emits_the_target_distribution(params, k, deterministic, salt):
+    toy = Toy(params, salt, deterministic)
+    got, want = emitted_distribution(toy, k, "exact"), target_distribution(toy)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    for seq in want:
+        assert abs(got.get(seq, 0.0) - want[seq]) < 1e-9, seq
+
+
+@pytest.mark.parametrize("rule", ["topp_membership", "no_residual"])
+def test_wrong_rules_drift_from_the_target(rule):
+    toy = Toy(SamplingParams(1.0, top_p=0.9), salt=0, deterministic_draft=False)
+    tv = total_variation(emitted_distribution(toy, 2, rule), target_distribution(toy))
+    assert tv > 0.05, f"{rule} should visibly differ from the target (TV {tv:.3f})"
+
+
+def test_residual_is_normalised_positive_part_and_falls_back_to_p():
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.6, 0.2], dtype=torch.float64)
+    assert residual_distribution(p, q).tolist() == pytest.approx([1.0, 0.0, 0.0])
+    assert residual_distribution(p, p).tolist() == pytest.approx(p.tolist())
+
+
+def test_zero_draft_probability_rejects_instead_of_dividing():
+    a = acceptance_probs(torch.tensor([0.4, 0.0, 0.3]), torch.tensor([0.0, 0.5, 0.6]))
+    assert a.tolist() == pytest.approx([0.0, 0.0, 0.5])
+    assert torch.isfinite(a).all()
+
+
+def test_count_accepted_stops_at_first_rejection():
+    accept = torch.tensor([1.0, 0.5, 1.0])
+    assert count_accepted(accept, torch.tensor([0.9, 0.4, 0.99])) == 3
+    assert count_accepted(accept, torch.tensor([0.9, 0.6, 0.0])) == 1
+    assert count_accepted(torch.tensor([0.0]), torch.tensor([0.0])) == 0
+
+
+def test_greedy_forced_outcomes():
+    logits = torch.full((4, 5), -10.0)
+    for position, token in enumerate([2, 4, 1, 3]):
+        logits[position, token] = 10.0
+    verdict = verify_greedy(torch.tensor([2, 4, 0]), logits)          # rejection forced at position 2
+    assert (verdict.accepted, verdict.next_token, verdict.is_bonus) == (2, 1, False)
+    verdict = verify_greedy(torch.tensor([2, 4, 1]), logits)          # everything accepted: bonus is the argmax
+    assert (verdict.accepted, verdict.next_token, verdict.is_bonus) == (3, 3, True)
+    verdict = verify_greedy(torch.tensor([], dtype=torch.long), logits[:1])
+    assert (verdict.accepted, verdict.next_token) == (0, 2)
