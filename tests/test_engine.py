@@ -1,0 +1,224 @@
+"""The engine on tiny random models: KV-cache invariants every round, a trimmed cache that is as good as a
+fresh forward, forced outcomes, EOS, cancellation, determinism, greedy identity, and bad input."""
+import math
+
+import pytest
+import torch
+
+import spec_engine as se
+from spec_engine.cache import cache_len, forward_logits, new_cache
+from spec_engine.drafters import Proposal, lookup_continuation
+from tiny import DRAFT_PIECES, TARGET_PIECES, ToyTokenizer, tiny_llama
+
+PROMPT = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2]])
+GREEDY = se.SamplingParams(0.0)
+SAMPLED = se.SamplingParams(0.9, top_k=6, top_p=0.95)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(vocab=8, layers=3, seed=0)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny_llama(vocab=8, layers=1, seed=1)
+
+
+def drafters(target, draft):
+    return {
+        "model": lambda: se.ModelDrafter(draft),
+        "layer-skip": lambda: se.LayerSkipDrafter(target, [1]),
+        "early-exit": lambda: se.LayerSkipDrafter(target, se.early_exit_layers(3, 1)),
+        "prompt-lookup": lambda: se.PromptLookupDrafter(),
+        "naive-ids": lambda: se.NaiveIdDrafter(tiny_llama(vocab=12, layers=1, seed=2)),
+        "cross-tokenizer": lambda: se.CrossTokenizerDrafter(tiny_llama(vocab=len(DRAFT_PIECES), layers=1, seed=3),
+                                                            ToyTokenizer(DRAFT_PIECES), ToyTokenizer(TARGET_PIECES)),
+    }
+
+
+KINDS = ["model", "layer-skip", "early-exit", "prompt-lookup", "naive-ids", "cross-tokenizer"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_cache_invariants_and_trimmed_cache_logits_every_round(target, draft, kind, params):
+    """After every round the target cache holds committed[:-1] and gives the same next-token logits as a
+    fresh forward over the committed text; the draft cache holds only committed positions."""
+    drafter = drafters(target, draft)[kind]()
+    decoder = se.SpeculativeDecoder(target, drafter)
+    state = decoder.start(PROMPT, k=4, max_new_tokens=24, sampling=params, seed=5)
+    while state.stop_reason is None:
+        event = decoder.step(state)
+        assert cache_len(state.target_cache) == len(state.committed) - 1 == event.target_cache_len
+        assert event.target_cache_len_before == event.target_cache_len + len(event.drafted) + 1 - len(event.emitted)
+        if getattr(drafter, "cache_ids", None) is not None and kind != "cross-tokenizer":
+            assert drafter.cache_ids == state.committed[:len(drafter.cache_ids)]
+            assert event.draft_cache_len == len(drafter.cache_ids) <= len(state.committed) - 1
+        trimmed = forward_logits(target, state.committed[-1:], state.target_cache, 1)[-1]
+        state.target_cache.crop(-1)                                     # undo the probe
+        fresh = forward_logits(target, state.committed, new_cache(target), 1)[-1]
+        assert torch.allclose(trimmed, fresh, atol=1e-5)
+    assert state.generated == 24
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_identity_with_plain_decoding(target, draft, kind):
+    base = se.autoregressive_generate(target, PROMPT, max_new_tokens=30, sampling=GREEDY)
+    for k in (1, 3, 8):
+        result = se.SpeculativeDecoder(target, drafters(target, draft)[kind]()).generate(
+            PROMPT, k=k, max_new_tokens=30, sampling=GREEDY)
+        assert result.tokens == base.tokens
+        assert len(result.tokens) == 30
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_seed_same_output(target, draft, kind):
+    runs = [se.SpeculativeDecoder(target, drafters(target, draft)[kind]()).generate(
+        PROMPT, k=3, max_new_tokens=20, sampling=SAMPLED, seed=11) for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens
+    assert [r.uniforms for r in runs[0].rounds] == [r.uniforms for r in runs[1].rounds]
+
+
+def test_events_are_consistent(target, draft):
+    result = se.SpeculativeDecoder(target, se.ModelDrafter(draft)).generate(PROMPT, k=4, max_new_tokens=40,
+                                                                             sampling=SAMPLED, seed=3)
+    assert result.tokens == [t for r in result.rounds for t in r.emitted]
+    for r in result.rounds:
+        assert r.emitted[:r.accepted] == r.drafted[:r.accepted]
+        assert (r.correction is None) != (r.bonus is None)
+        assert len(r.target_probs) == len(r.draft_probs) == len(r.drafted)
+        assert len(r.uniforms) == len(r.accept_probs) == min(r.accepted + 1, len(r.drafted))
+        for a, p, q in zip(r.accept_probs, r.target_probs, r.draft_probs):
+            assert a == pytest.approx(min(1.0, p / q), rel=1e-5)
+        if r.correction is not None:
+            assert r.uniforms[r.accepted] >= r.accept_probs[r.accepted]
+            assert r.discarded == r.drafted[r.accepted + 1:]
+        assert all(u < a for u, a in zip(r.uniforms[:r.accepted], r.accept_probs))
+        assert se.RoundEvent.from_dict(r.to_dict()) == r
+    stats = result.stats
+    assert stats.new_tokens == 40 and stats.rounds == len(result.rounds)
+    assert stats.acceptance_rate == pytest.approx(stats.accepted / stats.drafted)
+    assert sum(stats.accepted_histogram) == stats.rounds
+
+
+class ScriptedDrafter(se.Drafter):
+    """Proposes fixed tokens with a fixed q, to force outcomes."""
+
+    def __init__(self, tokens, probs=None):
+        self.tokens, self.probs = tokens, probs
+
+    def propose(self, committed, k, params, generator):
+        return Proposal(self.tokens[:k], None if self.probs is None else self.probs[:k])
+
+
+def test_forced_rejection_with_zero_target_probability(target):
+    """top_k=1 makes p one-hot: a drafted token other than the argmax has p = 0 and must be rejected,
+    and the correction must be the argmax."""
+    params = se.SamplingParams(1.0, top_k=1)
+    argmax = se.autoregressive_generate(target, PROMPT, max_new_tokens=1, sampling=se.SamplingParams(0.0)).tokens[0]
+    wrong = (argmax + 1) % 8
+    event = next(se.SpeculativeDecoder(target, ScriptedDrafter([wrong, wrong])).stream(PROMPT, k=2, max_new_tokens=5,
+                                                                                          sampling=params))
+    assert (event.accepted, event.correction, event.bonus) == (0, argmax, None)
+    assert event.accept_probs == [0.0] and event.target_probs[0] == 0.0
+
+
+def test_forced_acceptance_and_bonus(target):
+    plain = se.autoregressive_generate(target, PROMPT, max_new_tokens=4, sampling=GREEDY).tokens
+    params = se.SamplingParams(1.0, top_k=1)                      # p one-hot on the greedy path
+    event = next(se.SpeculativeDecoder(target, ScriptedDrafter(plain[:3])).stream(PROMPT, k=3, max_new_tokens=8,
+                                                                                   sampling=params))
+    assert event.accepted == 3 and event.bonus == plain[3] and event.correction is None
+    assert event.emitted == plain
+
+
+def test_eos_stops_inside_the_drafts(target):
+    plain = se.autoregressive_generate(target, PROMPT, max_new_tokens=6, sampling=GREEDY).tokens
+    eos = plain[2]
+    result = se.SpeculativeDecoder(target, ScriptedDrafter(plain)).generate(PROMPT, k=5, max_new_tokens=20,
+                                                                             sampling=GREEDY, eos_token_id=eos)
+    assert result.tokens == plain[:plain.index(eos) + 1]
+    assert result.stop_reason == "eos" and result.rounds[-1].finished
+    base = se.autoregressive_generate(target, PROMPT, max_new_tokens=20, sampling=GREEDY, eos_token_id=eos)
+    assert base.tokens == result.tokens and base.stop_reason == "eos"
+
+
+def test_cancellation_ends_within_one_round(target, draft):
+    calls = []
+    stop = lambda: calls.append(1) or len(calls) >= 2
+    result = se.SpeculativeDecoder(target, se.ModelDrafter(draft)).generate(PROMPT, k=2, max_new_tokens=50,
+                                                                             sampling=SAMPLED, should_stop=stop)
+    assert len(result.rounds) == 2 and result.stop_reason == "cancelled"
+    base = se.autoregressive_generate(target, PROMPT, max_new_tokens=50, sampling=SAMPLED, should_stop=lambda: True)
+    assert base.stop_reason == "cancelled" and len(base.tokens) == 1
+
+
+def test_exactly_max_new_tokens_even_when_a_round_could_overshoot(target):
+    result = se.SpeculativeDecoder(target, se.PromptLookupDrafter()).generate(PROMPT, k=16, max_new_tokens=7,
+                                                                              sampling=GREEDY)
+    assert len(result.tokens) == 7
+
+
+def test_prompt_lookup_finds_latest_longest_match():
+    assert lookup_continuation([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 2, 3, 1) == [7, 5]
+    assert lookup_continuation([4, 5, 6], 3, 3, 1) == []
+    assert lookup_continuation([8], 3, 3, 1) == []
+    assert lookup_continuation([1, 2, 1], 4, 3, 1) == [2, 1]
+
+
+def test_cross_tokenizer_boundary_merge_is_handled():
+    """Committed text ends in 'a'; the draft continues with 'b...'. The target tokenizer would merge
+    'a' + 'b' into 'ab', which cannot be proposed without rewriting committed text, so the draft text is
+    re-tokenized on its own (and the note says so)."""
+    target_tok, draft_tok = ToyTokenizer(TARGET_PIECES), ToyTokenizer(DRAFT_PIECES)
+    drafter = se.CrossTokenizerDrafter(tiny_llama(vocab=len(DRAFT_PIECES), layers=1), draft_tok, target_tok)
+    tokens, note = drafter._retokenize(target_tok.encode("cdea"), "bcde")
+    assert note and target_tok.decode(tokens) == "bcd"             # 'bcde' -> b, cd, e; the last piece dropped
+    tokens, note = drafter._retokenize(target_tok.encode("cde"), "abfe")
+    assert note is None and target_tok.decode(tokens) == "abf"
+
+
+def test_layer_skip_shares_weights_and_leaves_the_target_alone(target):
+    layers_before = list(target.model.layers)
+    drafter = se.LayerSkipDrafter(target, [1])
+    assert len(drafter.model.model.layers) == 2 and len(target.model.layers) == 3
+    assert list(target.model.layers) == layers_before
+    assert drafter.model.model.layers[1] is target.model.layers[2]
+    assert drafter.model.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
+    with pytest.raises(ValueError, match="layer 0"):
+        se.LayerSkipDrafter(target, [0])
+    with pytest.raises(ValueError, match="indices"):
+        se.LayerSkipDrafter(target, [5])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"input_ids": torch.zeros((1, 0), dtype=torch.long)}, "empty"),
+    ({"input_ids": torch.tensor([1, 2])}, r"\[1, T\]"),
+    ({"k": 0}, "k "), ({"k": 17}, "k "), ({"k": 2.0}, "k "),
+    ({"max_new_tokens": 0}, "max_new_tokens"), ({"max_new_tokens": se.MAX_NEW_TOKENS + 1}, "max_new_tokens"),
+    ({"input_ids": torch.ones((1, 250), dtype=torch.long), "max_new_tokens": 10}, "context"),
+    ({"input_ids": torch.tensor([[1, 99]])}, "token ids"),
+    ({"sampling": {"temperature": 1.0}}, "SamplingParams"),
+])
+def test_bad_input_raises_a_value_error_that_says_what_to_change(target, draft, kwargs, match):
+    request = {"input_ids": PROMPT, "k": 4, "max_new_tokens": 8, "sampling": GREEDY, **kwargs}
+    decoder = se.SpeculativeDecoder(target, se.ModelDrafter(draft))
+    with pytest.raises(ValueError, match=match):
+        decoder.stream(request.pop("input_ids"), **request)
+
+
+def test_incompatible_draft_vocabulary_is_refused(target):
+    with pytest.raises(ValueError, match="CrossTokenizerDrafter"):
+        se.SpeculativeDecoder(target, se.ModelDrafter(tiny_llama(vocab=12, layers=1)))
+    with pytest.raises(ValueError, match="rule"):
+        se.SpeculativeDecoder(target, se.PromptLookupDrafter(), rule="close-enough")
+
+
+def test_wrong_rules_run_and_are_labelled(target, draft):
+    assert set(se.WRONG_RULES) == {"topp_membership", "no_residual"}
+    for rule in se.WRONG_RULES:
+        for params in (GREEDY, SAMPLED):
+            result = se.SpeculativeDecoder(target, se.ModelDrafter(draft), rule=rule).generate(
+                PROMPT, k=3, max_new_tokens=10, sampling=params)
+            assert len(result.tokens) == 10 and all(math.isfinite(p) for r in result.rounds for p in r.target_probs)
