@@ -1,7 +1,8 @@
 """spec_engine: exact speculative decoding on torch + transformers, with typed per-round events."""
 from .decoder import MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate, validate_request
-from .drafters import (CrossTokenizerDrafter, Drafter, LayerSkipDrafter, ModelDrafter, NaiveIdDrafter,
+from .drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, ModelDrafter, NaiveIdDrafter,
                        PromptLookupDrafter, Proposal, early_exit_layers)
+from .factory import DraftSpec, make_drafter, parse_draft
 from .events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
 from .sampling import SamplingParams, warp
 from .verify import RULES, WRONG_RULES
@@ -10,7 +11,7 @@ __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES",
     "SamplingParams", "warp", "SpeculativeDecoder", "DecodeState", "autoregressive_generate", "validate_request",
     "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "CrossTokenizerDrafter",
-    "NaiveIdDrafter", "early_exit_layers", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
+    "NaiveIdDrafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
     "load_model", "LoadedModel",
 ]
 

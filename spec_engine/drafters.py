@@ -169,6 +169,11 @@ class LayerSkipDrafter(ModelDrafter):
             raise ValueError("a LayerSkipDrafter drafts for the model it was built from; build one for this target")
 
 
+# Chosen by measurement on the offline default (SmolLM2-135M, 30 layers): bench/choose_skip_layers.py
+# ranks layers by greedy acceptance when skipped alone and times sets built from the most skippable ones.
+DEFAULT_SKIP_LAYERS = [12]
+
+
 def early_exit_layers(n_layers: int, exit_after: int) -> list[int]:
     """The skip set of an early exit after `exit_after` layers."""
     return list(range(exit_after, n_layers))

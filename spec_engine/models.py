@@ -35,7 +35,7 @@ import yaml
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 PRESET_KINDS = ("gguf-package", "hub")
-SELF_DRAFTS = ("layer-skip", "prompt-lookup")
+SELF_DRAFTS = ("layer-skip", "early-exit", "prompt-lookup")
 CROSS_TOKENIZER_MODES = ("cross-tokenizer", "naive-ids")
 QUANTIZATIONS = ("8bit", "4bit")
 

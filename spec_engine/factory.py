@@ -1,0 +1,69 @@
+"""Draft names, as the CLI, the presets and the app spell them, turned into drafters.
+
+    layer-skip                     the target without DEFAULT_SKIP_LAYERS (self-speculative)
+    early-exit[:N]                 the target's first N layers (default EARLY_EXIT_AFTER), a lesson, not a default
+    prompt-lookup[:N]              n-gram lookup, n <= N (default 3)
+    <preset or path>               a separate draft model with the target's tokenizer
+    <preset>:cross-tokenizer       a draft with another tokenizer, text re-tokenized
+    <preset>:naive-ids             the tokenizer-mismatch mistake: ids passed through unchanged
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .drafters import (CrossTokenizerDrafter, DEFAULT_SKIP_LAYERS, Drafter, LayerSkipDrafter, ModelDrafter,
+                       NaiveIdDrafter, PromptLookupDrafter, early_exit_layers)
+
+EARLY_EXIT_AFTER = 20
+MODES = ("layer-skip", "early-exit", "prompt-lookup", "same-tokenizer", "cross-tokenizer", "naive-ids")
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    mode: str                    # one of MODES
+    model: str | None = None     # the draft model's preset name or path, for model drafts
+    arg: int | None = None       # early-exit layers or prompt-lookup n-gram size
+
+    @property
+    def needs_model(self) -> bool:
+        return self.model is not None
+
+
+def parse_draft(name: str) -> DraftSpec:
+    """Parse a draft name (see the module docstring); ValueError names the accepted forms."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("draft name is empty; use layer-skip, early-exit, prompt-lookup, or a model preset")
+    head, _, tail = name.strip().partition(":")
+    if head in ("layer-skip", "early-exit", "prompt-lookup"):
+        if head == "layer-skip" and tail:
+            raise ValueError("layer-skip takes no argument; build LayerSkipDrafter(target, skip_layers) for other sets")
+        if tail and not tail.isdigit():
+            raise ValueError(f"{head}:N needs a whole number N, got {tail!r}")
+        return DraftSpec(head, None, int(tail) if tail else None)
+    if tail in ("cross-tokenizer", "naive-ids"):
+        return DraftSpec(tail, head)
+    if tail:
+        raise ValueError(f"unknown draft mode {tail!r} in {name!r}: use <model>:cross-tokenizer or <model>:naive-ids")
+    return DraftSpec("same-tokenizer", head)
+
+
+def make_drafter(spec: DraftSpec | str, target, draft=None) -> Drafter:
+    """A fresh drafter for one run. `target` and `draft` are LoadedModel-like (`.model`, `.tokenizer`)."""
+    spec = parse_draft(spec) if isinstance(spec, str) else spec
+    if spec.needs_model and draft is None:
+        raise ValueError(f"draft mode {spec.mode} needs the draft model {spec.model!r} loaded")
+    n_layers = len(target.model.model.layers)
+    if spec.mode == "layer-skip":
+        return LayerSkipDrafter(target.model, [i for i in DEFAULT_SKIP_LAYERS if i < n_layers])
+    if spec.mode == "early-exit":
+        exit_after = spec.arg or min(EARLY_EXIT_AFTER, n_layers - 1)
+        if not 1 <= exit_after < n_layers:
+            raise ValueError(f"early-exit:N needs 1 <= N < {n_layers} (the target's layer count), got {exit_after}")
+        return LayerSkipDrafter(target.model, early_exit_layers(n_layers, exit_after))
+    if spec.mode == "prompt-lookup":
+        return PromptLookupDrafter(max_ngram=spec.arg or 3)
+    if spec.mode == "cross-tokenizer":
+        return CrossTokenizerDrafter(draft.model, draft.tokenizer, target.tokenizer, name=f"{spec.model}:cross-tokenizer")
+    if spec.mode == "naive-ids":
+        return NaiveIdDrafter(draft.model, name=f"{spec.model}:naive-ids")
+    return ModelDrafter(draft.model, name=spec.model)

@@ -1,0 +1,74 @@
+"""Greedy token identity with plain decoding on the real offline default (SmolLM2-135M-Instruct, fp32), for
+every drafter kind, including the Gemma-3 cross-tokenizer and naive-id drafts, on several prompts; plus a
+sampled run on the real model with its KV invariants checked every round."""
+import pytest
+import torch
+
+import spec_engine as se
+from spec_engine.cache import cache_len, forward_logits, new_cache
+
+PROMPTS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that returns the factorial of n.",
+    "Rewrite this sentence in the past tense: The cat sits on the mat and watches the birds.",
+]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2):
+    return [smollm2.encode_prompt(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def plain(smollm2, prompts):
+    eos = smollm2.tokenizer.eos_token_id
+    return [se.autoregressive_generate(smollm2.model, p, max_new_tokens=NEW_TOKENS, sampling=se.SamplingParams(0.0),
+                                       eos_token_id=eos).tokens for p in prompts]
+
+
+def make_drafter(kind, smollm2, gemma):
+    target = smollm2.model
+    return {
+        "layer-skip": lambda: se.LayerSkipDrafter(target, se.DEFAULT_SKIP_LAYERS),
+        "early-exit": lambda: se.LayerSkipDrafter(target, se.early_exit_layers(len(target.model.layers), 20)),
+        "prompt-lookup": lambda: se.PromptLookupDrafter(),
+        "model": lambda: se.ModelDrafter(target),      # the same weights as a separate draft: accepts everything
+        "cross-tokenizer": lambda: se.CrossTokenizerDrafter(gemma.model, gemma.tokenizer, smollm2.tokenizer),
+        "naive-ids": lambda: se.NaiveIdDrafter(gemma.model),
+    }[kind]()
+
+
+@pytest.mark.parametrize("kind", ["layer-skip", "early-exit", "prompt-lookup", "model", "cross-tokenizer", "naive-ids"])
+def test_greedy_identity_on_the_offline_default(smollm2, gemma, prompts, plain, kind):
+    eos = smollm2.tokenizer.eos_token_id
+    for prompt_ids, expected in zip(prompts, plain):
+        decoder = se.SpeculativeDecoder(smollm2.model, make_drafter(kind, smollm2, gemma))
+        result = decoder.generate(prompt_ids, k=4, max_new_tokens=NEW_TOKENS, sampling=se.SamplingParams(0.0),
+                                  eos_token_id=eos)
+        assert result.tokens == expected, smollm2.tokenizer.decode(result.tokens)
+        if kind == "model":
+            assert result.stats.acceptance_rate == 1.0
+
+
+def test_sampled_run_keeps_cache_invariants_on_the_real_model(smollm2, prompts):
+    target = smollm2.model
+    decoder = se.SpeculativeDecoder(target, se.PromptLookupDrafter())
+    state = decoder.start(prompts[2], k=4, max_new_tokens=20, sampling=se.SamplingParams(0.7, top_p=0.9), seed=0)
+    while state.stop_reason is None:
+        decoder.step(state)
+        assert cache_len(state.target_cache) == len(state.committed) - 1
+    trimmed = forward_logits(target, state.committed[-1:], state.target_cache, 1)[-1]
+    fresh = forward_logits(target, state.committed, new_cache(target), 1)[-1]
+    assert torch.allclose(trimmed, fresh, atol=1e-4)
+
+
+def test_draft_vocabulary_mismatch_is_a_clear_error(smollm2, gemma):
+    with pytest.raises(ValueError, match="CrossTokenizerDrafter"):
+        se.SpeculativeDecoder(smollm2.model, se.ModelDrafter(gemma.model))
+
+
+def test_prompt_longer_than_the_context_is_refused(smollm2):
+    too_long = torch.ones((1, smollm2.model.config.max_position_embeddings), dtype=torch.long)
+    with pytest.raises(ValueError, match="context"):
+        se.SpeculativeDecoder(smollm2.model, se.PromptLookupDrafter()).stream(too_long, max_new_tokens=1)
