@@ -1,0 +1,171 @@
+"""Benchmark harness: speculative decoding vs plain decoding vs Hugging Face assisted generation, measured
+in one process, interleaved per prompt and repeat, medians reported. Not a test: run it by hand.
+
+    python -m spec_engine.bench --drafts prompt-lookup layer-skip --k 2 4 --temperatures 0 0.7 \
+        --repeats 3 --tokens 64 --out bench/results/offline
+
+For each (draft, sampling, k, prompt, repeat) it runs plain decoding, the engine and, where transformers has
+an equivalent (`prompt_lookup_num_tokens`, `assistant_model`, `assistant_tokenizer`), `generate()` with the same
+models and settings. Ratios are per prompt and repeat (same machine state), then the median over repeats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .decoder import SpeculativeDecoder, autoregressive_generate
+from .factory import make_drafter, parse_draft
+from .models import DEFAULT_MODEL, load_model
+from .sampling import SamplingParams
+
+PROMPTS = {
+    "chat": "Give me three practical tips for staying focused while studying.",
+    "code": "Write a Python function that merges two sorted lists into one sorted list, with a docstring.",
+    "summarise": ("Summarise the following text in two sentences.\n\nThe city council met on Tuesday to discuss the new "
+                  "bicycle lanes on Main Street. The council approved the plan to build protected bicycle lanes on Main "
+                  "Street, starting in March. The lanes will connect the train station to the university. Local shop "
+                  "owners worried about parking, so the council agreed to add a new parking area behind the library. "
+                  "The project will cost 2.4 million dollars and should be finished by the end of the year."),
+    "edit": ("Fix the spelling mistakes in this text and return the corrected text only.\n\nThe quick brown fox jumpd "
+             "over the lazy dog. The dog was not amused, and it barkd loudly at the fox. The fox ran away into the "
+             "forrest, where it met a friendly rabbit. Together they walked along the river until the sun went down."),
+}
+
+
+@dataclass
+class Row:
+    draft: str
+    temperature: float
+    top_p: float
+    k: int
+    prompt: str
+    acceptance: float
+    accepted_per_round: float
+    tokens_per_forward: float
+    draft_share: float
+    verify_share: float
+    spec_tok_s: float
+    plain_tok_s: float
+    hf_tok_s: float | None
+    speedup_vs_plain: float
+    speedup_vs_hf: float | None
+    new_tokens: int
+
+
+def hf_kwargs(spec, k: int, target, draft) -> dict | None:
+    """The `generate()` arguments of transformers' own equivalent of this draft, or None if it has none."""
+    if spec.mode == "prompt-lookup":
+        return {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": spec.arg or 3}
+    if spec.mode == "same-tokenizer":
+        return {"assistant_model": draft.model}
+    if spec.mode == "cross-tokenizer":
+        return {"assistant_model": draft.model, "tokenizer": target.tokenizer, "assistant_tokenizer": draft.tokenizer}
+    return None
+
+
+def hf_generate(target, prompt_ids, sampling: SamplingParams, tokens: int, seed: int, extra: dict, k: int) -> tuple[float, int]:
+    if "assistant_model" in extra:
+        extra["assistant_model"].generation_config.num_assistant_tokens = k
+        extra["assistant_model"].generation_config.num_assistant_tokens_schedule = "constant"
+    sample = {"do_sample": False} if sampling.greedy else {
+        "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    out = target.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=tokens,
+                                min_new_tokens=tokens, pad_token_id=target.tokenizer.eos_token_id, **sample, **extra)
+    return time.perf_counter() - start, int(out.shape[1] - prompt_ids.shape[1])
+
+
+def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, with_hf: bool) -> dict:
+    plain = autoregressive_generate(target.model, prompt_ids, max_new_tokens=tokens, sampling=sampling, seed=seed)
+    decoder = SpeculativeDecoder(target.model, make_drafter(spec, target, draft))
+    result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed)
+    hf = None
+    extra = hf_kwargs(spec, k, target, draft) if with_hf else None
+    if extra is not None:
+        hf_seconds, hf_tokens = hf_generate(target, prompt_ids, sampling, tokens, seed, extra, k)
+        hf = hf_tokens / hf_seconds
+    s = result.stats
+    return {"acceptance": s.acceptance_rate, "accepted_per_round": s.accepted / max(s.rounds, 1),
+            "tokens_per_forward": s.tokens_per_round, "draft_share": s.draft_seconds / result.total_seconds,
+            "verify_share": s.verify_seconds / result.total_seconds, "spec_tok_s": s.tokens_per_second,
+            "plain_tok_s": plain.tokens_per_second, "hf_tok_s": hf,
+            "speedup_vs_plain": s.tokens_per_second / plain.tokens_per_second,
+            "speedup_vs_hf": None if hf is None else s.tokens_per_second / hf, "new_tokens": s.new_tokens}
+
+
+def median_row(samples: list[dict]) -> dict:
+    out = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples if s[key] is not None]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def markdown(rows: list[Row]) -> str:
+    head = ("| draft | T / top-p | k | prompt | acceptance | tokens/forward | draft share | spec tok/s | plain tok/s "
+            "| HF tok/s | vs plain | vs HF |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+    fmt = lambda v, f="{:.2f}": "–" if v is None else f.format(v)
+    lines = [f"| {r.draft} | {r.temperature:g} / {r.top_p:g} | {r.k} | {r.prompt} | {r.acceptance:.2f} | "
+             f"{r.tokens_per_forward:.2f} | {r.draft_share:.0%} | {r.spec_tok_s:.1f} | {r.plain_tok_s:.1f} | "
+             f"{fmt(r.hf_tok_s, '{:.1f}')} | **{r.speedup_vs_plain:.2f}x** | {fmt(r.speedup_vs_hf, '{:.2f}x')} |" for r in rows]
+    return "\n".join([head] + lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m spec_engine.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--drafts", nargs="+", default=["prompt-lookup", "layer-skip", "early-exit"])
+    parser.add_argument("--k", nargs="+", type=int, default=[4])
+    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
+    parser.add_argument("--top-p", type=float, default=0.9, help="used with temperatures > 0")
+    parser.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
+    parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_model(args.model, dtype=args.dtype)
+    drafts = {}
+    for name in args.drafts:
+        spec = parse_draft(name)
+        drafts[name] = (spec, load_model(spec.model, target.device, target.dtype) if spec.needs_model else None)
+    rows = []
+    for name, (spec, draft) in drafts.items():
+        for temperature in args.temperatures:
+            sampling = SamplingParams(temperature, 0, args.top_p if temperature > 0 else 1.0)
+            for k in args.k:
+                for prompt_name in args.prompts:
+                    prompt_ids = target.encode_prompt(PROMPTS[prompt_name])
+                    measure(target, draft, spec, prompt_ids, sampling, k, 8, 0, not args.no_hf)   # warm-up
+                    samples = [measure(target, draft, spec, prompt_ids, sampling, k, args.tokens, seed, not args.no_hf)
+                               for seed in range(args.repeats)]
+                    rows.append(Row(name, temperature, sampling.top_p, k, prompt_name, **median_row(samples)))
+                    print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+    table = markdown(rows)
+    meta = {"model": target.name, "dtype": str(target.dtype), "device": str(target.device), "tokens": args.tokens,
+            "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "machine": platform.machine(), "command": "python -m spec_engine.bench " + " ".join(argv or [])}
+    print("\n" + table)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text(f"{table}\n\n{json.dumps(meta)}\n")
+        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1:])
