@@ -28,7 +28,9 @@ def trim_cache(cache, keep: int) -> int:
     current = cache_len(cache)
     if keep > current:
         raise AssertionError(f"cannot trim a cache of {current} positions up to {keep}")
-    cache.crop(keep - current)   # crop(-n) removes n positions; crop(0) is a no-op
+    if current == 0:
+        return 0                 # nothing stored yet (transformers' sliding layers cannot crop before their first update)
+    cache.crop(keep - current)   # crop(-n) removes n positions; crop(0) also bounds sliding-window layers
     return current - keep
 
 

@@ -47,8 +47,8 @@ def test_greedy_identity_on_the_offline_default(smollm2, gemma, prompts, plain, 
         result = decoder.generate(prompt_ids, k=4, max_new_tokens=NEW_TOKENS, sampling=se.SamplingParams(0.0),
                                   eos_token_id=eos)
         assert result.tokens == expected, smollm2.tokenizer.decode(result.tokens)
-        if kind == "model":
-            assert result.stats.acceptance_rate == 1.0
+        if kind == "model":      # identical weights: every draft is kept (the last round may end at EOS)
+            assert all(r.accepted == len(r.drafted) for r in result.rounds[:-1])
 
 
 def test_sampled_run_keeps_cache_invariants_on_the_real_model(smollm2, prompts):
