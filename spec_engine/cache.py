@@ -41,10 +41,12 @@ def check_invariant(cache, expected_len: int, who: str) -> None:
 
 
 @torch.inference_mode()
-def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int) -> torch.Tensor:
+def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int, features: bool = False):
     """Feed `token_ids` after what `cache` holds; returns logits [logits_to_keep, vocab] for the last positions.
 
-    Positions are passed explicitly, so views of a model that skip layers still place tokens correctly.
+    With `features`, also returns the final hidden states [n, hidden] of all fed positions (what the LM head
+    reads), for drafters that predict from the target's features. Positions are passed explicitly, so views
+    of a model that skip layers still place tokens correctly.
     """
     assert token_ids, "forward needs at least one token"
     assert logits_to_keep >= 1   # 0 would mean "all positions" to transformers
@@ -53,5 +55,7 @@ def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int) -> t
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)             # [1, n]
     position_ids = torch.arange(start, start + len(token_ids), device=device)[None]    # [1, n]
     out = model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
-                logits_to_keep=logits_to_keep)
+                logits_to_keep=logits_to_keep, output_hidden_states=features)
+    if features:
+        return out.logits[0], out.hidden_states[-1][0]                                 # [keep, vocab], [n, hidden]
     return out.logits[0]                                                               # [logits_to_keep, vocab]

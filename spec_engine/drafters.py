@@ -1,8 +1,12 @@
 """Draft sources. Every drafter speaks one small protocol:
 
-    begin(prompt_ids)                            reset state for a new run (and prefill its cache, if any)
+    begin(prompt_ids, target_features)           reset state for a new run (and prefill its cache, if any)
     propose(committed, k, params, generator)     -> Proposal: up to k target-token ids + what they were drawn from
-    rollback(committed)                          learn how the round went; trim own state to the committed text
+    rollback(committed, target_features)         learn how the round went; trim own state to the committed text
+
+`target_features` is None unless the drafter sets `uses_target_features`; then it is the target's final
+hidden states [n, hidden] for the committed tokens the target has processed since the last call, in order:
+every committed token but the newest (its features come with the next round's verify forward).
 
 A `Proposal.probs` of None means the proposals are a deterministic function of the context, i.e. q is
 one-hot on each drafted token; the exact rule is then still exact. A drafter that samples must report the
@@ -35,17 +39,18 @@ class Drafter:
 
     name = "drafter"
     cache = None
+    uses_target_features = False
 
     def check_target(self, target_model) -> None:
         """Raise ValueError if this drafter cannot propose ids for `target_model`."""
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         pass
 
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         raise NotImplementedError
 
-    def rollback(self, committed: list[int]) -> None:
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         pass
 
     def cache_len(self) -> int | None:
@@ -86,7 +91,7 @@ class ModelDrafter(Drafter):
         if self.model.device != target_model.device:
             raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; load both on one device")
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.cache = new_cache(self.model)
         self.cache_ids = []
         if len(prompt_ids) > 1:
@@ -115,7 +120,7 @@ class ModelDrafter(Drafter):
         # The last proposal's KV is never computed: the cache holds committed + tokens[:-1].
         return Proposal(tokens, None if params.greedy or not probs else torch.stack(probs))   # [k, vocab]
 
-    def rollback(self, committed: list[int]) -> None:
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         keep = common_prefix_len(self.cache_ids, committed[:-1])
         trim_cache(self.cache, keep)
         del self.cache_ids[keep:]
@@ -157,7 +162,7 @@ class LayerSkipDrafter(ModelDrafter):
         self.target = target_model
         super().__init__(layer_skip_view(target_model, self.skip_layers), name=f"layer-skip{self.skip_layers}")
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         # Its own cache, laid out for the full model: skipped layers simply stay empty.
         self.cache = new_cache(self.target)
         self.cache_ids = []
@@ -265,7 +270,7 @@ class CrossTokenizerDrafter(Drafter):
         if self.model.device != target_model.device:
             raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; load both on one device")
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.cache = new_cache(self.model)
         self.cache_ids = []
         self._context = (0, [])
@@ -308,7 +313,7 @@ class CrossTokenizerDrafter(Drafter):
             tokens = tokens[:-1]   # the draft stopped mid-text: its last target token may be a cut-off piece
         return tokens, note
 
-    def rollback(self, committed: list[int]) -> None:
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         # The draft's cache is in draft-token space; it is reconciled with the new text at the next propose.
         # Positions past the committed text are dropped now so no rejected text survives the round.
         context = self._draft_context(committed)
