@@ -11,6 +11,7 @@ models and settings. Ratios are per prompt and repeat (same machine state), then
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import statistics
@@ -59,15 +60,23 @@ class Row:
     new_tokens: int
 
 
-def hf_kwargs(spec, k: int, target, draft) -> dict | None:
+def hf_kwargs(spec, k: int, target, draft, hf_assistant) -> dict | None:
     """The `generate()` arguments of transformers' own equivalent of this draft, or None if it has none."""
     if spec.mode == "prompt-lookup":
         return {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": spec.arg or 3}
     if spec.mode == "same-tokenizer":
-        return {"assistant_model": draft.model}
+        return {"assistant_model": hf_assistant}
     if spec.mode == "cross-tokenizer":
-        return {"assistant_model": draft.model, "tokenizer": target.tokenizer, "assistant_tokenizer": draft.tokenizer}
+        return {"assistant_model": hf_assistant, "tokenizer": target.tokenizer, "assistant_tokenizer": draft.tokenizer}
     return None
+
+
+def hf_assistant_for(spec, draft):
+    """transformers' universal assisted generation rewires the assistant model it is given (measured here:
+    our own later forwards on the same Gemma object then fail), so HF gets its own copy."""
+    if spec.mode == "cross-tokenizer":
+        return copy.deepcopy(draft.model)
+    return draft.model if draft is not None else None
 
 
 def hf_generate(target, prompt_ids, sampling: SamplingParams, tokens: int, seed: int, extra: dict, k: int) -> tuple[float, int]:
@@ -83,12 +92,12 @@ def hf_generate(target, prompt_ids, sampling: SamplingParams, tokens: int, seed:
     return time.perf_counter() - start, int(out.shape[1] - prompt_ids.shape[1])
 
 
-def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, with_hf: bool) -> dict:
+def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assistant, with_hf: bool) -> dict:
     plain = autoregressive_generate(target.model, prompt_ids, max_new_tokens=tokens, sampling=sampling, seed=seed)
     decoder = SpeculativeDecoder(target.model, make_drafter(spec, target, draft))
     result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed)
     hf = None
-    extra = hf_kwargs(spec, k, target, draft) if with_hf else None
+    extra = hf_kwargs(spec, k, target, draft, hf_assistant) if with_hf else None
     if extra is not None:
         hf_seconds, hf_tokens = hf_generate(target, prompt_ids, sampling, tokens, seed, extra, k)
         hf = hf_tokens / hf_seconds
@@ -141,16 +150,18 @@ def main(argv=None) -> None:
     drafts = {}
     for name in args.drafts:
         spec = parse_draft(name)
-        drafts[name] = (spec, load_model(spec.model, target.device, target.dtype) if spec.needs_model else None)
+        draft = load_model(spec.model, target.device, target.dtype) if spec.needs_model else None
+        drafts[name] = (spec, draft, hf_assistant_for(spec, draft))
     rows = []
-    for name, (spec, draft) in drafts.items():
+    for name, (spec, draft, hf_assistant) in drafts.items():
         for temperature in args.temperatures:
             sampling = SamplingParams(temperature, 0, args.top_p if temperature > 0 else 1.0)
             for k in args.k:
                 for prompt_name in args.prompts:
                     prompt_ids = target.encode_prompt(PROMPTS[prompt_name])
-                    measure(target, draft, spec, prompt_ids, sampling, k, 8, 0, not args.no_hf)   # warm-up
-                    samples = [measure(target, draft, spec, prompt_ids, sampling, k, args.tokens, seed, not args.no_hf)
+                    measure(target, draft, spec, prompt_ids, sampling, k, 8, 0, hf_assistant, not args.no_hf)   # warm-up
+                    samples = [measure(target, draft, spec, prompt_ids, sampling, k, args.tokens, seed, hf_assistant,
+                                       not args.no_hf)
                                for seed in range(args.repeats)]
                     rows.append(Row(name, temperature, sampling.top_p, k, prompt_name, **median_row(samples)))
                     print(markdown(rows[-1:]).splitlines()[-1], flush=True)
