@@ -477,8 +477,11 @@ def load_model(
     dtype = resolve_dtype(dtype, device)
     check_quantization(quantization, device)
     preset = _find_preset(name_or_path)
-    if preset is not None and preset.kind == "gguf-package":
+    if preset is not None and preset.kind == "gguf-package" and _packaged_or_offline(preset):
         model, tokenizer, source = _load_packaged(preset, device, dtype, quantization, report)
+    elif preset is not None and preset.kind == "gguf-package":
+        report(f"{preset.package} is not installed; loading {preset.hub_id} from the Hub instead")
+        model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, quantization, report)
     elif preset is not None:
         model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, quantization, report)
     else:
@@ -614,6 +617,13 @@ def cache_root() -> Path:
         return Path(override).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "spec_engine"
+
+
+def _packaged_or_offline(preset: ModelPreset) -> bool:
+    """Use the packaged GGUF when it is installed; without it, a machine with the Hub (a Space) loads the
+    same model from its hub id, and an offline one gets the install command from locate_gguf."""
+    installed = all(_find_spec(module) is not None for module in preset.modules)
+    return installed or not preset.hub_id or hub_offline_reason() is not None
 
 
 def _load_packaged(preset: ModelPreset, device, dtype, quantization, report):

