@@ -64,3 +64,15 @@ def test_bad_sampling_params_say_what_to_change(kwargs, field):
 def test_bad_seed(seed):
     with pytest.raises(ValueError, match="seed"):
         make_generator("cpu", seed)
+
+
+def test_inverse_cdf_sampler_matches_the_distribution_and_never_draws_zero_probability():
+    """Chi-square on 20,000 draws; a correct sampler fails with probability 1e-4."""
+    from scipy.stats import chisquare
+    from spec_engine.sampling import sample
+    probs = torch.tensor([0.0, 0.1, 0.0, 0.25, 0.05, 0.6, 0.0])
+    generator = make_generator("cpu", 0)
+    counts = torch.bincount(torch.tensor([sample(probs, generator) for _ in range(20_000)]), minlength=7)
+    assert counts[probs == 0].sum() == 0
+    support = probs > 0
+    assert chisquare(counts[support].numpy(), (probs[support] * 20_000).numpy()).pvalue > 1e-4

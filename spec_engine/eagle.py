@@ -1,0 +1,266 @@
+"""EAGLE (Li et al. 2024): a feature-level draft head distilled from the target, adapted to small targets on CPU.
+
+The head reads the target's final hidden states (post-norm: what the LM head reads) and predicts the next one:
+
+    pair t:  (feature f_t, embedding of token t+1)  ->  fc: Linear(2H -> H)  ->  one Llama decoder layer  ->  RMSNorm
+             ->  predicted feature f^_{t+1}  ->  logits for token t+2 from the target's LM-head rows of a reduced vocabulary
+
+Feature f_t is the target's hidden state after reading token t, so it predicts token t+1. The head keeps its own
+KV cache, one position per pair; after every call it holds the pairs of every committed token but the newest
+(`cache_ids == committed[:-1]`), all computed from *true* target features, which the engine hands over at prefill
+and after each verification (no extra target work). Drafting rolls the head forward from its predicted features;
+those speculative positions are dropped at rollback and the committed ones recomputed from the true features.
+
+The reduced vocabulary (the few thousand tokens the target emits most, as in FR-Spec) makes a draft step cheap:
+the head scores only those rows of the target's tied embedding, selected by an index list stored with the weights.
+Tokens outside it get q = 0, so the exact rule applies unchanged (they are simply never proposed).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache, LlamaConfig, LlamaModel
+
+from .cache import cache_len, check_invariant, trim_cache
+from .drafters import Drafter, Proposal, vocab_size
+from .sampling import SamplingParams, choose_token
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2-135m.safetensors"
+HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+             "hidden_act", "max_position_embeddings", "rope_parameters", "rope_theta", "attention_bias", "mlp_bias")
+
+
+def head_config(target_config, intermediate_size: int | None = None) -> LlamaConfig:
+    """One Llama layer shaped like the target's (same width, heads and RoPE), with no vocabulary of its own."""
+    fields = {key: getattr(target_config, key) for key in HEAD_KEYS if getattr(target_config, key, None) is not None}
+    if intermediate_size:
+        fields["intermediate_size"] = intermediate_size
+    return LlamaConfig(**fields, num_hidden_layers=1, vocab_size=1, pad_token_id=None, bos_token_id=None,
+                       eos_token_id=None, tie_word_embeddings=False)
+
+
+class EagleHead(nn.Module):
+    """(features [B, n, H], next-token embeddings [B, n, H]) -> predicted next features [B, n, H]."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.body = LlamaModel(config)          # its 1-row embedding is never used: the head reads inputs_embeds
+
+    def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, position_ids: torch.Tensor | None = None,
+                cache=None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        assert features.shape == next_embeds.shape and features.dim() == 3, (features.shape, next_embeds.shape)
+        fused = self.fc(torch.cat([features, next_embeds], dim=-1))                   # [B, n, H]
+        out = self.body(inputs_embeds=fused, position_ids=position_ids, cache=cache, use_cache=cache is not None,
+                        attention_mask=attention_mask)
+        return out.last_hidden_state                                                  # [B, n, H]
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+
+def reduced_rows(target_model, vocab_index: torch.Tensor) -> torch.Tensor:
+    """The target's LM-head rows of the reduced vocabulary [N, H] (gathered once: N/vocab of the LM head)."""
+    return target_model.get_output_embeddings().weight.detach()[vocab_index.to(torch.long)]
+
+
+def eagle_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, embed: torch.Tensor,
+               rows: torch.Tensor, noise: float = 0.0, generator: torch.Generator | None = None,
+               distill_weight: float = 0.5, unroll: int = 1) -> tuple[torch.Tensor, dict]:
+    """Teacher-forced training loss on right-padded sequences, plus optional unrolled steps.
+
+    tokens [B, L] ids, features [B, L, H] the target's final hidden states, mask [B, L] 1 on real positions,
+    embed [vocab, H] the target's input embedding, rows [N, H] the reduced LM-head rows.
+    Step 1 feeds pairs (f_t + noise, e(x_{t+1})) and predicts f_{t+1}; step s > 1 feeds the previous step's own
+    (detached) predictions instead, as drafting does past the first token. Loss per step: smooth L1 to the true
+    feature + distill_weight * cross-entropy of the head's reduced logits to the target's (softmax of rows @ f).
+    """
+    batch, length, hidden = features.shape
+    features = features.float()
+    inputs = features[:, :-1]
+    if noise:
+        inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * noise
+    losses, stats = [], {}
+    for step in range(1, unroll + 1):
+        n = length - step
+        if n <= 0:
+            break
+        next_embeds = embed[tokens[:, step:]]                                          # [B, n, H]
+        target = features[:, step:]                                                    # [B, n, H]
+        valid = (mask[:, step:] * mask[:, :n]).float()                                 # [B, n]
+        position_ids = torch.arange(n)[None].expand(batch, n)
+        predicted = head(inputs[:, :n], next_embeds, position_ids, attention_mask=mask[:, :n].long())   # [B, n, H]
+        weight = valid / valid.sum().clamp(min=1.0)
+        feature_loss = (F.smooth_l1_loss(predicted, target, reduction="none").mean(-1) * weight).sum()
+        with torch.no_grad():
+            teacher = torch.softmax(target @ rows.T, dim=-1)                            # [B, n, N]
+        student = torch.log_softmax(predicted @ rows.T, dim=-1)                         # [B, n, N]
+        distill_loss = (-(teacher * student).sum(-1) * weight).sum()
+        agree = ((predicted @ rows.T).argmax(-1) == (target @ rows.T).argmax(-1)).float()
+        losses.append(feature_loss + distill_weight * distill_loss)
+        stats[f"step{step}"] = {"feature": float(feature_loss), "distill": float(distill_loss),
+                                "top1": float((agree * weight).sum())}
+        inputs = predicted.detach()
+    return torch.stack(losses).mean(), stats
+
+
+class EagleDrafter(Drafter):
+    """Drafts by rolling an EagleHead forward from the target's features (see the module docstring).
+
+    Greedy: argmax of the head's reduced logits, probs None. Sampling: draws from the warped reduced
+    distribution (same temperature / top-k / top-p) and reports it over the full target vocabulary.
+    """
+
+    name = "eagle"
+    uses_target_features = True
+
+    def __init__(self, head: EagleHead, target_model, vocab_index: torch.Tensor, name: str = "eagle"):
+        self.head = head.eval()
+        self.target = target_model
+        self.name = name
+        self.vocab_index = vocab_index.to(torch.long)                                  # [N] target ids
+        self.embed = target_model.get_input_embeddings().weight                        # [vocab, H], shared
+        self.rows = reduced_rows(target_model, self.vocab_index)                       # [N, H]
+        self.cache = None
+        self.cache_ids: list[int] = []
+        self._predicted = None          # [H] the head's predicted feature of the newest committed token
+        self._true_len = 0              # cache positions computed from true target features
+
+    def check_target(self, target_model) -> None:
+        if target_model is not self.target:
+            raise ValueError("an EagleDrafter drafts for the model it was built from; build one for this target")
+        if self.head.config.hidden_size != target_model.config.hidden_size:
+            raise ValueError(f"head width {self.head.config.hidden_size} != target hidden size {target_model.config.hidden_size}")
+        if int(self.vocab_index.max()) >= vocab_size(target_model):
+            raise ValueError("the head's vocabulary index lists ids beyond the target's vocabulary")
+
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.cache = self.head.new_cache()
+        self.cache_ids, self._predicted, self._true_len = [], None, 0
+        if len(prompt_ids) > 1:
+            assert target_features is not None and target_features.shape == (len(prompt_ids) - 1, self.head.config.hidden_size), \
+                "EagleDrafter needs the target's features for prompt[:-1]"
+            self._feed(prompt_ids, target_features)
+
+    @torch.inference_mode()
+    def _step(self, features: torch.Tensor, next_ids: list[int], start: int) -> torch.Tensor:
+        """Run the head over pairs (features [n, H], next_ids) at positions start.. ; returns predictions [n, H]."""
+        next_embeds = self.embed[torch.tensor(next_ids, device=self.embed.device)]                 # [n, H]
+        position_ids = torch.arange(start, start + len(next_ids), device=self.embed.device)[None]  # [1, n]
+        return self.head(features.to(self.embed.dtype)[None], next_embeds[None], position_ids, self.cache)[0]
+
+    def _feed(self, committed: list[int], features: torch.Tensor) -> None:
+        """Append the pairs of `features` [m, H], the true features of committed[true_len : true_len + m]."""
+        start, m = self._true_len, features.shape[0]
+        assert start + m == len(committed) - 1, "features must cover every committed token but the newest"
+        self._predicted = self._step(features, committed[start + 1:start + m + 1], start)[-1]     # [H]
+        self.cache_ids += committed[start:start + m]
+        self._true_len = start + m
+
+    @torch.inference_mode()
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        if self._predicted is None or k == 0:
+            return Proposal([], None)
+        assert self.cache_ids == committed[:-1], "the head cache must hold committed[:-1] before drafting"
+        feature, tokens, probs = self._predicted, [], []
+        for i in range(k):
+            index, reduced_probs = choose_token(feature @ self.rows.T, params, generator)        # [N] logits
+            tokens.append(int(self.vocab_index[index]))
+            probs.append(reduced_probs)
+            if i + 1 < k:
+                previous = committed[-1] if i == 0 else tokens[-2]
+                feature = self._step(feature[None], tokens[-1:], len(committed) - 1 + i)[-1]
+                self.cache_ids.append(previous)
+        # The cache now also holds the pairs of committed[-1], d_1..d_{k-2}, built from predicted features.
+        if params.greedy:
+            return Proposal(tokens, None)
+        full = torch.zeros(len(tokens), vocab_size(self.target), dtype=probs[0].dtype, device=probs[0].device)
+        full[:, self.vocab_index] = torch.stack(probs)                                            # [k, vocab]
+        return Proposal(tokens, full)
+
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
+        trim_cache(self.cache, self._true_len)             # predicted-feature positions go, even if their tokens were kept
+        del self.cache_ids[self._true_len:]
+        if target_features is not None and target_features.shape[0]:
+            self._feed(committed, target_features)
+        check_invariant(self.cache, len(self.cache_ids), f"draft ({self.name})")
+
+
+# ---- weights: fp16 safetensors + a JSON record, checked by sha256 at load time ----
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_head(head: EagleHead, vocab_index: torch.Tensor, path: Path, record: dict) -> dict:
+    """Write the head (fp16) and its vocabulary index to `path`, and `path`.json with the sha256 and `record`."""
+    from safetensors.torch import save_file
+    tensors = {f"head.{k}": v.detach().to(torch.float16).contiguous() for k, v in head.state_dict().items()
+               if not k.startswith("body.embed_tokens")}
+    tensors["vocab_index"] = vocab_index.to(torch.int32).contiguous()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={"config": json.dumps(head.config.to_dict())})
+    record = {**record, "file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size,
+              "parameters": sum(v.numel() for k, v in tensors.items() if k != "vocab_index")}
+    path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def load_head(path: Path = DEFAULT_WEIGHTS, dtype: torch.dtype = torch.float32, device="cpu",
+              check_sha256: bool = True) -> tuple[EagleHead, torch.Tensor]:
+    """(head in `dtype` on `device`, vocab_index [N]); ValueError if the file does not match its JSON record."""
+    from safetensors import safe_open
+    path = Path(path)
+    record_path = path.with_suffix(".json")
+    if check_sha256:
+        if not record_path.exists():
+            raise ValueError(f"{record_path} is missing: it records the sha256 of {path.name}")
+        expected, actual = json.loads(record_path.read_text())["sha256"], sha256_file(path)
+        if expected != actual:
+            raise ValueError(f"{path} has sha256 {actual}, but {record_path.name} records {expected}: retrain or restore it")
+    with safe_open(str(path), framework="pt") as f:
+        config = LlamaConfig(**json.loads(f.metadata()["config"]))
+        state = {k[len("head."):]: f.get_tensor(k) for k in f.keys() if k.startswith("head.")}
+        vocab_index = f.get_tensor("vocab_index").to(torch.long)
+    head = EagleHead(config)
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if unexpected or any(not k.startswith("body.embed_tokens") for k in missing):
+        raise ValueError(f"{path}: weights do not fit the head (missing {missing}, unexpected {unexpected})")
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return head.to(device=device, dtype=dtype).eval(), vocab_index.to(device)
+
+
+def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS) -> EagleDrafter:
+    """The shipped head for `target_model`, in the target's dtype and on its device."""
+    head, vocab_index = load_head(path, dtype=target_model.dtype, device=target_model.device)
+    return EagleDrafter(head, target_model, vocab_index)
+
+
+def random_eagle_drafter(target_model, vocab_index: torch.Tensor | None = None, seed: int = 0,
+                         scale: float = 1.0) -> EagleDrafter:
+    """An untrained head (for exactness tests: the rule must be exact whatever the head proposes)."""
+    generator = torch.Generator().manual_seed(seed)
+    head = EagleHead(head_config(target_model.config))
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=generator) * scale / p.shape[-1] ** 0.5)
+    for p in head.parameters():
+        p.requires_grad_(False)
+    if vocab_index is None:
+        vocab_index = torch.arange(vocab_size(target_model))
+    return EagleDrafter(head.to(target_model.dtype).eval(), target_model, vocab_index)
