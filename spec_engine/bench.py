@@ -52,6 +52,7 @@ class Row:
     tokens_per_forward: float
     draft_share: float
     verify_share: float
+    overhead_share: float      # time outside model forwards (sampling, verify math, trimming, events, Python)
     spec_tok_s: float
     plain_tok_s: float
     hf_tok_s: float | None
@@ -92,10 +93,37 @@ def hf_generate(target, prompt_ids, sampling: SamplingParams, tokens: int, seed:
     return time.perf_counter() - start, int(out.shape[1] - prompt_ids.shape[1])
 
 
+class ForwardClock:
+    """Wall time spent inside the forwards of the given modules (forward hooks), so the engine's own
+    overhead (sampling math, trimming, events, Python) is total time minus model time."""
+
+    def __init__(self, modules):
+        self.seconds, self._start, self._handles = 0.0, {}, []
+        # A layer-skip view is a shallow copy of the target and shares its hook dicts: hook those once.
+        for module in {id(m._forward_hooks): m for m in modules if m is not None}.values():
+            self._handles.append(module.register_forward_pre_hook(self._pre))
+            self._handles.append(module.register_forward_hook(self._post))
+
+    def _pre(self, module, args):
+        self._start[id(module)] = time.perf_counter()
+
+    def _post(self, module, args, output):
+        self.seconds += time.perf_counter() - self._start.pop(id(module), time.perf_counter())
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assistant, with_hf: bool) -> dict:
     plain = autoregressive_generate(target.model, prompt_ids, max_new_tokens=tokens, sampling=sampling, seed=seed)
-    decoder = SpeculativeDecoder(target.model, make_drafter(spec, target, draft))
-    result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed)
+    drafter = make_drafter(spec, target, draft)
+    decoder = SpeculativeDecoder(target.model, drafter)
+    clock = ForwardClock([target.model, getattr(drafter, "model", None), getattr(drafter, "head", None)])
+    try:
+        result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed)
+    finally:
+        clock.close()
     hf = None
     extra = hf_kwargs(spec, k, target, draft, hf_assistant) if with_hf else None
     if extra is not None:
@@ -104,7 +132,8 @@ def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assis
     s = result.stats
     return {"acceptance": s.acceptance_rate, "accepted_per_round": s.accepted / max(s.rounds, 1),
             "tokens_per_forward": s.tokens_per_round, "draft_share": s.draft_seconds / result.total_seconds,
-            "verify_share": s.verify_seconds / result.total_seconds, "spec_tok_s": s.tokens_per_second,
+            "verify_share": s.verify_seconds / result.total_seconds,
+            "overhead_share": 1 - clock.seconds / result.total_seconds, "spec_tok_s": s.tokens_per_second,
             "plain_tok_s": plain.tokens_per_second, "hf_tok_s": hf,
             "speedup_vs_plain": s.tokens_per_second / plain.tokens_per_second,
             "speedup_vs_hf": None if hf is None else s.tokens_per_second / hf, "new_tokens": s.new_tokens}
@@ -120,11 +149,12 @@ def median_row(samples: list[dict]) -> dict:
 
 def markdown(rows: list[Row]) -> str:
     head = ("| draft | T / top-p | k | prompt | acceptance | tokens/forward | draft share | spec tok/s | plain tok/s "
-            "| HF tok/s | vs plain | vs HF |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+            "| HF tok/s | vs plain | vs HF | overhead |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     fmt = lambda v, f="{:.2f}": "–" if v is None else f.format(v)
     lines = [f"| {r.draft} | {r.temperature:g} / {r.top_p:g} | {r.k} | {r.prompt} | {r.acceptance:.2f} | "
              f"{r.tokens_per_forward:.2f} | {r.draft_share:.0%} | {r.spec_tok_s:.1f} | {r.plain_tok_s:.1f} | "
-             f"{fmt(r.hf_tok_s, '{:.1f}')} | **{r.speedup_vs_plain:.2f}x** | {fmt(r.speedup_vs_hf, '{:.2f}x')} |" for r in rows]
+             f"{fmt(r.hf_tok_s, '{:.1f}')} | **{r.speedup_vs_plain:.2f}x** | {fmt(r.speedup_vs_hf, '{:.2f}x')} | "
+             f"{r.overhead_share:.1%} |" for r in rows]
     return "\n".join([head] + lines)
 
 
