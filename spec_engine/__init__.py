@@ -2,6 +2,7 @@
 from .decoder import MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate, validate_request
 from .drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, ModelDrafter, NaiveIdDrafter,
                        PromptLookupDrafter, Proposal, early_exit_layers)
+from .eagle import EagleDrafter, EagleHead, load_eagle_drafter
 from .factory import DraftSpec, make_drafter, parse_draft
 from .events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
 from .sampling import SamplingParams, warp
@@ -11,7 +12,7 @@ __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES",
     "SamplingParams", "warp", "SpeculativeDecoder", "DecodeState", "autoregressive_generate", "validate_request",
     "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "CrossTokenizerDrafter",
-    "NaiveIdDrafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
+    "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
     "load_model", "LoadedModel",
 ]
 

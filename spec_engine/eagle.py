@@ -74,11 +74,12 @@ def reduced_rows(target_model, vocab_index: torch.Tensor) -> torch.Tensor:
 
 def eagle_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, embed: torch.Tensor,
                rows: torch.Tensor, noise: float = 0.0, generator: torch.Generator | None = None,
-               distill_weight: float = 0.5, unroll: int = 1) -> tuple[torch.Tensor, dict]:
+               distill_weight: float = 0.5, unroll: int = 1, loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Teacher-forced training loss on right-padded sequences, plus optional unrolled steps.
 
     tokens [B, L] ids, features [B, L, H] the target's final hidden states, mask [B, L] 1 on real positions,
-    embed [vocab, H] the target's input embedding, rows [N, H] the reduced LM-head rows.
+    embed [vocab, H] the target's input embedding, rows [N, H] the reduced LM-head rows; loss_mask [B, L] (default
+    `mask`) marks the positions whose feature is a training target (e.g. only those that predict response tokens).
     Step 1 feeds pairs (f_t + noise, e(x_{t+1})) and predicts f_{t+1}; step s > 1 feeds the previous step's own
     (detached) predictions instead, as drafting does past the first token. Loss per step: smooth L1 to the true
     feature + distill_weight * cross-entropy of the head's reduced logits to the target's (softmax of rows @ f).
@@ -95,19 +96,21 @@ def eagle_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, ma
             break
         next_embeds = embed[tokens[:, step:]]                                          # [B, n, H]
         target = features[:, step:]                                                    # [B, n, H]
-        valid = (mask[:, step:] * mask[:, :n]).float()                                 # [B, n]
+        valid = ((mask if loss_mask is None else loss_mask)[:, step:] * mask[:, :n]).float()   # [B, n]
         position_ids = torch.arange(n)[None].expand(batch, n)
         predicted = head(inputs[:, :n], next_embeds, position_ids, attention_mask=mask[:, :n].long())   # [B, n, H]
         weight = valid / valid.sum().clamp(min=1.0)
         feature_loss = (F.smooth_l1_loss(predicted, target, reduction="none").mean(-1) * weight).sum()
         with torch.no_grad():
-            teacher = torch.softmax(target @ rows.T, dim=-1)                            # [B, n, N]
-        student = torch.log_softmax(predicted @ rows.T, dim=-1)                         # [B, n, N]
-        distill_loss = (-(teacher * student).sum(-1) * weight).sum()
-        agree = ((predicted @ rows.T).argmax(-1) == (target @ rows.T).argmax(-1)).float()
+            teacher_logits = target @ rows.T                                           # [B, n, N]
+        student_logits = predicted @ rows.T                                            # [B, n, N]
+        teacher = torch.softmax(teacher_logits, dim=-1)
+        distill_loss = (-(teacher * torch.log_softmax(student_logits, dim=-1)).sum(-1) * weight).sum()
         losses.append(feature_loss + distill_weight * distill_loss)
-        stats[f"step{step}"] = {"feature": float(feature_loss), "distill": float(distill_loss),
-                                "top1": float((agree * weight).sum())}
+        with torch.no_grad():
+            agree = (student_logits.argmax(-1) == teacher_logits.argmax(-1)).float()
+            stats[f"step{step}"] = {"feature": float(feature_loss), "distill": float(distill_loss),
+                                    "top1": float((agree * weight).sum())}
         inputs = predicted.detach()
     return torch.stack(losses).mean(), stats
 

@@ -3,6 +3,7 @@
     layer-skip                     the target without DEFAULT_SKIP_LAYERS (self-speculative)
     early-exit[:N]                 the target's first N layers (default EARLY_EXIT_AFTER), a lesson, not a default
     prompt-lookup[:N]              n-gram lookup, n <= N (default 3)
+    eagle                          the shipped EAGLE head for the offline default (spec_engine/weights/)
     <preset or path>               a separate draft model with the target's tokenizer
     <preset>:cross-tokenizer       a draft with another tokenizer, text re-tokenized
     <preset>:naive-ids             the tokenizer-mismatch mistake: ids passed through unchanged
@@ -15,7 +16,7 @@ from .drafters import (CrossTokenizerDrafter, DEFAULT_SKIP_LAYERS, Drafter, Laye
                        NaiveIdDrafter, PromptLookupDrafter, early_exit_layers)
 
 EARLY_EXIT_AFTER = 20
-MODES = ("layer-skip", "early-exit", "prompt-lookup", "same-tokenizer", "cross-tokenizer", "naive-ids")
+MODES = ("layer-skip", "early-exit", "prompt-lookup", "eagle", "same-tokenizer", "cross-tokenizer", "naive-ids")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ def parse_draft(name: str) -> DraftSpec:
     if not isinstance(name, str) or not name.strip():
         raise ValueError("draft name is empty; use layer-skip, early-exit, prompt-lookup, or a model preset")
     head, _, tail = name.strip().partition(":")
+    if head == "eagle":
+        if tail:
+            raise ValueError("eagle takes no argument; build EagleDrafter(head, target, vocab_index) for other heads")
+        return DraftSpec("eagle")
     if head in ("layer-skip", "early-exit", "prompt-lookup"):
         if head == "layer-skip" and tail:
             raise ValueError("layer-skip takes no argument; build LayerSkipDrafter(target, skip_layers) for other sets")
@@ -62,6 +67,9 @@ def make_drafter(spec: DraftSpec | str, target, draft=None) -> Drafter:
         return LayerSkipDrafter(target.model, early_exit_layers(n_layers, exit_after))
     if spec.mode == "prompt-lookup":
         return PromptLookupDrafter(max_ngram=spec.arg or 3)
+    if spec.mode == "eagle":
+        from .eagle import load_eagle_drafter
+        return load_eagle_drafter(target.model)
     if spec.mode == "cross-tokenizer":
         return CrossTokenizerDrafter(draft.model, draft.tokenizer, target.tokenizer, name=f"{spec.model}:cross-tokenizer")
     if spec.mode == "naive-ids":

@@ -1,0 +1,287 @@
+"""Train the EAGLE draft head for the offline default (SmolLM2-135M-Instruct), reproducibly, on one CPU core.
+
+    python -m bench.train_eagle generate --out /tmp/eagle    # the target's own responses + final hidden states
+    python -m bench.train_eagle train --data /tmp/eagle      # fit the head, write spec_engine/weights/ + JSON
+    python -m bench.train_eagle evaluate                     # held-out acceptance with the real engine
+
+Prompts come from bench/data/eagle_prompts.json (bench/eagle_prompts.py; held-out topics never appear in training).
+`generate` answers every training prompt with the target itself (left-padded batched `generate`, 3 of 4 greedy,
+1 of 4 sampled at T=0.7 / top-p 0.9), then runs one clean forward over prompt + response and keeps the final
+hidden states (post-norm: what the LM head reads) in fp16 shards. Transformers' `generate` samples from the
+global RNG, so that step seeds it; everything else uses explicit generators.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PROMPTS = Path(__file__).parent / "data" / "eagle_prompts.json"
+DEFAULT_OUT = Path(__file__).parent.parent / "spec_engine" / "weights" / "eagle-smollm2-135m.safetensors"
+
+
+def encode_chat(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@torch.inference_mode()
+def respond(model, tokenizer, prompts: list[list[int]], new_tokens: int, sampled: bool, seed: int) -> list[list[int]]:
+    """The target's responses (up to and including the first EOS) to a batch of prompts, left-padded."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])                  # [B, width]
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])             # [B, width]
+    torch.manual_seed(seed)
+    extra = {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 0} if sampled else {"do_sample": False}
+    out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=new_tokens, pad_token_id=pad, **extra)
+    responses = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t == tokenizer.eos_token_id), len(row))
+        responses.append(row[:cut])
+    return responses
+
+
+@torch.inference_mode()
+def final_features(model, sequences: list[list[int]]) -> list[torch.Tensor]:
+    """One right-padded forward; the post-norm final hidden states [len, hidden] of each sequence, fp16."""
+    width = max(len(s) for s in sequences)
+    input_ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences])                  # [B, width]
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])           # [B, width]
+    hidden = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+    return [hidden[i, :len(s)].to(torch.float16).clone() for i, s in enumerate(sequences)]
+
+
+def cmd_generate(args) -> None:
+    from spec_engine.models import load_model
+    torch.set_num_threads(args.threads)
+    target = load_model(args.model, dtype="float32")
+    prompts = json.loads(PROMPTS.read_text())["train"][:args.limit]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    encoded = [encode_chat(target.tokenizer, p["text"]) for p in prompts]
+    start = time.perf_counter()
+    for b in range(0, len(encoded), args.batch):
+        shard = out / f"shard{b // args.batch:03d}.pt"
+        if shard.exists():
+            continue
+        batch = encoded[b:b + args.batch]
+        sampled = (b // args.batch) % 4 == 3
+        responses = respond(target.model, target.tokenizer, batch, args.new_tokens, sampled, seed=args.seed + b)
+        sequences = [p + r for p, r in zip(batch, responses)]
+        features = final_features(target.model, sequences)
+        torch.save({"tokens": sequences, "prompt_lens": [len(p) for p in batch], "features": features, "sampled": sampled}, shard)
+        print(f"shard {shard.name}: {len(batch)} prompts, {sum(map(len, responses))} response tokens, "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
+
+
+def load_shards(data: Path) -> list[dict]:
+    """[{tokens, prompt_len, features [len, H] fp16}] from every shard, in shard order."""
+    samples = []
+    for shard in sorted(Path(data).glob("shard*.pt")):
+        blob = torch.load(shard)
+        samples += [{"tokens": t, "prompt_len": n, "features": f}
+                    for t, n, f in zip(blob["tokens"], blob["prompt_lens"], blob["features"])]
+    return samples
+
+
+def data_hash(samples: list[dict]) -> str:
+    return hashlib.sha256(json.dumps([s["tokens"] for s in samples]).encode()).hexdigest()
+
+
+def choose_vocab(samples: list[dict], size: int, always: list[int], vocab_total: int) -> torch.Tensor:
+    """`always` (EOS and friends), then the most frequent ids of the training text (ties by id), then unseen ids
+    in id order, `size` in all."""
+    counts = torch.zeros(max(max(s["tokens"]) for s in samples) + 1, dtype=torch.long)
+    for s in samples:
+        counts += torch.bincount(torch.tensor(s["tokens"]), minlength=counts.numel())
+    order = sorted(range(counts.numel()), key=lambda i: (-int(counts[i]), i))
+    seen = [i for i in order if counts[i] > 0 and i not in always]
+    # Past the ids seen in the data, fill by id: BPE ids follow merge order, a proxy for corpus frequency.
+    unseen = [i for i in range(vocab_total) if i not in set(always) and (i >= counts.numel() or counts[i] == 0)]
+    return torch.tensor(sorted((always + seen + unseen)[:size]))
+
+
+def coverage(samples: list[dict], vocab_index: torch.Tensor) -> float:
+    """Share of response tokens inside the reduced vocabulary."""
+    member = set(vocab_index.tolist())
+    response = [t for s in samples for t in s["tokens"][s["prompt_len"]:]]
+    return sum(t in member for t in response) / max(len(response), 1)
+
+
+def batches(samples: list[dict], batch: int, generator: torch.Generator):
+    """Right-padded (tokens [B, L], features [B, L, H], mask [B, L]) in a seeded random order."""
+    order = torch.randperm(len(samples), generator=generator).tolist()
+    for b in range(0, len(order) - batch + 1, batch):
+        chunk = [samples[i] for i in order[b:b + batch]]
+        width = max(len(s["tokens"]) for s in chunk)
+        hidden = chunk[0]["features"].shape[-1]
+        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
+        features = torch.zeros(len(chunk), width, hidden)
+        mask = torch.zeros(len(chunk), width)
+        loss_mask = torch.zeros(len(chunk), width)
+        for i, s in enumerate(chunk):
+            n = len(s["tokens"])
+            tokens[i, :n] = torch.tensor(s["tokens"])
+            features[i, :n] = s["features"].float()
+            mask[i, :n] = 1
+            loss_mask[i, s["prompt_len"] - 1:n] = 1          # features that predict response tokens
+        yield tokens, features, mask, loss_mask
+
+
+def cmd_train(args) -> None:
+    from spec_engine.eagle import EagleHead, eagle_loss, head_config, save_head
+    from spec_engine.models import load_model
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)          # module initialisation only; data order and noise use explicit generators
+    target = load_model(args.model, dtype="float32")
+    samples = load_shards(Path(args.data))
+    generator = torch.Generator().manual_seed(args.seed)
+    order = torch.randperm(len(samples), generator=generator).tolist()
+    n_val = max(1, len(samples) // 20)
+    val, train = [samples[i] for i in order[:n_val]], [samples[i] for i in order[n_val:]]
+    tok = target.tokenizer
+    always = sorted({tok.eos_token_id, *[tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")]})
+    vocab_index = choose_vocab(train, args.vocab, always, target.model.config.vocab_size)
+    embed = target.model.get_input_embeddings().weight.detach()
+    rows = embed[vocab_index] if target.model.config.tie_word_embeddings else \
+        target.model.get_output_embeddings().weight.detach()[vocab_index]
+    head = EagleHead(head_config(target.model.config, args.intermediate))
+    with torch.no_grad():
+        head.body.norm.weight.copy_(target.model.model.norm.weight)
+    params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    steps_per_epoch = (len(train) // args.batch)
+    total = steps_per_epoch * args.epochs
+    schedule = lambda s: min(1.0, (s + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    print(f"{len(train)} train / {len(val)} val sequences, {sum(len(s['tokens']) for s in train)} train positions, "
+          f"vocab {len(vocab_index)} covers {coverage(train, vocab_index):.3f} (train) {coverage(val, vocab_index):.3f} (val) "
+          f"of response tokens; {total} steps", flush=True)
+    start, step, history = time.perf_counter(), 0, []
+    for epoch in range(args.epochs):
+        head.train()
+        for tokens, features, mask, loss_mask in batches(train, args.batch, generator):
+            loss, stats = eagle_loss(head, tokens, features, mask, embed, rows, args.noise, generator,
+                                     args.distill_weight, args.unroll, loss_mask)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            if step % 10 == 0:
+                print(f"step {step}/{total} epoch {epoch} loss {float(loss):.3f} {json.dumps(stats)} "
+                      f"{time.perf_counter() - start:.0f} s", flush=True)
+        val_stats = evaluate_loss(head, val, embed, rows, args)
+        history.append({"epoch": epoch, "val": val_stats, "seconds": round(time.perf_counter() - start)})
+        print(f"epoch {epoch} val {json.dumps(val_stats)}", flush=True)
+        save(head, vocab_index, samples, train, val, history, start, args)     # every epoch: a stopped run still ships
+
+
+def save(head, vocab_index, samples, train, val, history, start, args) -> None:
+    from spec_engine.eagle import save_head
+    record = {"target": args.model, "command": "python -m bench.train_eagle " + " ".join(args.argv),
+              "prompts_sha256": hashlib.sha256(PROMPTS.read_bytes()).hexdigest(), "data_sha256": data_hash(samples),
+              "train_sequences": len(train), "val_sequences": len(val),
+              "train_positions": sum(len(s["tokens"]) for s in train), "vocab": len(vocab_index),
+              "vocab_coverage_val": round(coverage(val, vocab_index), 4), "train_seconds": round(time.perf_counter() - start),
+              "epochs_done": len(history), "history": history}
+    record = save_head(head, vocab_index, Path(args.out), record)
+    print(json.dumps({k: v for k, v in record.items() if k != "history"}, indent=1))
+
+
+@torch.no_grad()
+def evaluate_loss(head, samples, embed, rows, args) -> dict:
+    from spec_engine.eagle import eagle_loss
+    head.eval()
+    totals: dict = {}
+    generator = torch.Generator().manual_seed(0)
+    chunks = list(batches(samples, min(args.batch, len(samples)), generator))
+    for tokens, features, mask, loss_mask in chunks:
+        _, stats = eagle_loss(head, tokens, features, mask, embed, rows, 0.0, None, args.distill_weight, max(args.unroll, 3),
+                              loss_mask)
+        for step, values in stats.items():
+            for key, value in values.items():
+                totals.setdefault(step, {}).setdefault(key, 0.0)
+                totals[step][key] += value / len(chunks)
+    return {step: {k: round(v, 4) for k, v in values.items()} for step, values in totals.items()}
+
+
+def cmd_evaluate(args) -> None:
+    """Held-out acceptance: the real engine, greedy, on held-out prompts (topics never seen in training)."""
+    import spec_engine as se
+    from spec_engine.eagle import load_eagle_drafter
+    torch.set_num_threads(args.threads)
+    target = se.load_model(args.model, dtype="float32")
+    prompts = json.loads(PROMPTS.read_text())["held_out"][:args.limit]
+    results = {}
+    for params in (se.SamplingParams(0.0), se.SamplingParams(0.7, top_p=0.9)):
+        accepted = drafted = emitted = rounds = 0
+        for i, p in enumerate(prompts):
+            decoder = se.SpeculativeDecoder(target.model, load_eagle_drafter(target.model, Path(args.weights)))
+            r = decoder.generate(target.encode_prompt(p["text"]), k=args.k, max_new_tokens=args.tokens, sampling=params,
+                                 seed=i, eos_token_id=target.tokenizer.eos_token_id)
+            accepted += r.stats.accepted
+            drafted += r.stats.drafted
+            emitted += r.stats.new_tokens
+            rounds += r.stats.rounds
+        key = "greedy" if params.greedy else "T0.7-p0.9"
+        results[key] = {"acceptance": round(accepted / max(drafted, 1), 4), "tokens_per_forward": round(emitted / rounds, 3),
+                        "prompts": len(prompts), "k": args.k, "tokens": args.tokens}
+        print(key, results[key], flush=True)
+    record_path = Path(args.weights).with_suffix(".json")
+    record = json.loads(record_path.read_text())
+    record["held_out"] = results
+    record["held_out_command"] = "python -m bench.train_eagle " + " ".join(args.argv)
+    record_path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.train_eagle", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--model", default="smollm2-135m-instruct")
+    g.add_argument("--out", required=True)
+    g.add_argument("--batch", type=int, default=32)
+    g.add_argument("--new-tokens", type=int, default=96)
+    g.add_argument("--limit", type=int, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=1)
+    t = sub.add_parser("train")
+    t.add_argument("--model", default="smollm2-135m-instruct")
+    t.add_argument("--data", required=True)
+    t.add_argument("--out", default=str(DEFAULT_OUT))
+    t.add_argument("--vocab", type=int, default=8192)
+    t.add_argument("--intermediate", type=int, default=None, help="head MLP width (default: the target's)")
+    t.add_argument("--epochs", type=int, default=12)
+    t.add_argument("--batch", type=int, default=8)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--warmup", type=int, default=20)
+    t.add_argument("--noise", type=float, default=0.2, help="uniform noise on input features (EAGLE)")
+    t.add_argument("--distill-weight", type=float, default=0.5)
+    t.add_argument("--unroll", type=int, default=3, help="steps trained on the head's own predictions (1 = EAGLE-1)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=1)
+    e = sub.add_parser("evaluate")
+    e.add_argument("--model", default="smollm2-135m-instruct")
+    e.add_argument("--weights", default=str(DEFAULT_OUT))
+    e.add_argument("--limit", type=int, default=24)
+    e.add_argument("--k", type=int, default=4)
+    e.add_argument("--tokens", type=int, default=64)
+    e.add_argument("--threads", type=int, default=1)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    {"generate": cmd_generate, "train": cmd_train, "evaluate": cmd_evaluate}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
