@@ -20,6 +20,8 @@ torch.set_num_threads(1)
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: loads a large model or does a long computation")
+    config.addinivalue_line("markers", "e2e: launches the playground server and drives it over HTTP")
+    config.addinivalue_line("markers", "browser: drives the playground in headless Chromium (/usr/bin/chromium)")
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +34,25 @@ def smollm2():
 def gemma():
     """Gemma-3-270M base (Gemma3ForCausalLM, vocab 262144, no chat template, another tokenizer)."""
     return load_model("gemma-3-270m", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def playground_registry(smollm2):
+    """The playground's process-wide model registry, seeded with this session's SmolLM2 (no second copy)."""
+    from ui import registry
+    registry.REGISTRY.put(smollm2)
+    return registry.REGISTRY
+
+
+@pytest.fixture(scope="session")
+def playground(playground_registry):
+    """The app of app.py, launched once per session on 127.0.0.1 at a free port; yields its URL."""
+    import socket
+
+    import app
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app.demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    app.demo.close()

@@ -1,0 +1,216 @@
+"""Handlers called directly (no server) with the real offline default, SmolLM2-135M, and short outputs."""
+import gradio as gr
+import pytest
+import torch
+
+import spec_engine as se
+from ui import handlers
+from ui.handlers import RUN_OUTPUTS
+from ui.presets import load_presets
+from ui.state import SessionState
+
+PROMPT = "Name three colours."
+TARGET = "smollm2-135m-instruct"
+SUMMARY = RUN_OUTPUTS.index("summary")
+
+
+def run_args(**kw):
+    args = dict(prompt=PROMPT, target=TARGET, draft="layer-skip", k=3, temperature=0, top_p=1.0, top_k=0,
+                max_new_tokens=12, seed=0, rule="exact", chat=True, skip_layers="", exit_after=0,
+                auto_baseline=False, show_spaces=False)
+    args.update(kw)
+    return [args[name] for name in handlers.RUN_INPUTS]
+
+
+def is_summary(value):
+    return isinstance(value, dict) and "final" in value    # gr.skip() is a dict too
+
+
+def summaries(outputs):
+    return [out[SUMMARY] for out in outputs if is_summary(out[SUMMARY])]
+
+
+@pytest.fixture
+def every_round(monkeypatch):
+    monkeypatch.setattr(handlers, "RENDER_INTERVAL", 0.0)
+
+
+def engine_run(smollm2, draft, k, max_new_tokens, sampling, seed=0):
+    ids = smollm2.encode_prompt(PROMPT, chat=True)
+    decoder = se.SpeculativeDecoder(smollm2.model, se.make_drafter(draft, smollm2), rule="exact")
+    return decoder.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                            eos_token_id=smollm2.model.generation_config.eos_token_id)
+
+
+@pytest.mark.slow
+def test_run_streams_every_round_and_matches_the_engine(playground_registry, smollm2, every_round):
+    state = SessionState()
+    outputs = list(handlers.run(*run_args(auto_baseline=True), state))
+    streamed = [s for s in summaries(outputs) if not s["final"]]
+    final = outputs[-1][SUMMARY]
+    assert final["final"] and len(streamed) >= 2
+    assert [s["rounds"] for s in streamed] == list(range(1, final["rounds"] + 1))
+    reference = engine_run(smollm2, "layer-skip", 3, 12, se.SamplingParams(temperature=0))
+    assert final["tokens"] == reference.tokens
+    assert (final["accepted"], final["drafted"]) == (reference.stats.accepted, reference.stats.drafted)
+    assert final["acceptance_rate"] == pytest.approx(reference.stats.acceptance_rate)
+    assert final["speedup"] is not None and final["baseline_tokens_per_second"] > 0
+    assert final["matches_baseline"] is True                     # greedy + exact rule = plain decoding's text
+    html = outputs[-1][RUN_OUTPUTS.index("tokens")]
+    assert html.count('data-kind="accepted"') == final["accepted"]
+    assert 'class="round" data-round=' in html
+    history = outputs[-1][RUN_OUTPUTS.index("history")]
+    assert len(history) == 1 and history.iloc[0]["draft"] == "layer-skip"
+    assert len(state.history) == 1
+
+
+@pytest.mark.slow
+def test_sampling_run_matches_the_engine_with_the_same_seed(playground_registry, smollm2):
+    outputs = list(handlers.run(*run_args(draft="prompt-lookup", temperature=0.8, top_p=0.9, seed=7, k=4), SessionState()))
+    final = outputs[-1][SUMMARY]
+    reference = engine_run(smollm2, "prompt-lookup", 4, 12, se.SamplingParams(temperature=0.8, top_p=0.9), seed=7)
+    assert final["tokens"] == reference.tokens
+    assert "baseline pending" in outputs[-1][RUN_OUTPUTS.index("stats")]
+
+
+@pytest.mark.slow
+def test_stop_ends_the_run_within_one_round_and_records_it_once(playground_registry, every_round):
+    state = SessionState()
+    gen = handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=200), state)
+    seen = 0
+    for out in gen:
+        if is_summary(out[SUMMARY]) and out[SUMMARY]["rounds"] >= 2:
+            seen = out[SUMMARY]["rounds"]
+            break
+    stopped = handlers.stop(state)
+    assert "Stopped after" in stopped[RUN_OUTPUTS.index("stats")]
+    assert stopped[SUMMARY]["stop_reason"] == "cancelled"
+    rest = summaries(gen)
+    last_rounds = rest[-1]["rounds"] if rest else seen
+    assert last_rounds <= seen + 1
+    assert len(state.history) == 1 and state.history[0].stop_reason == "cancelled"
+    assert state.history[0].tokens and len(state.history[0].tokens) < 200
+
+
+@pytest.mark.slow
+def test_measure_baseline_button_adds_the_speedup(playground_registry):
+    state = SessionState()
+    list(handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=8), state))
+    outputs = list(handlers.measure_baseline(state))
+    final = outputs[-1][SUMMARY]
+    assert final["speedup"] is not None
+    assert "Speedup ×" in outputs[-1][RUN_OUTPUTS.index("speed_plot")].layout.title.text
+    again = list(handlers.measure_baseline(state))[-1][SUMMARY]               # measured again, same key
+    assert again["speedup"] is not None and len(state.baselines) == 1
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(temperature=-1), "temperature must be >= 0"),
+    (dict(k=0), "k must be between 1 and 16"),
+    (dict(k=2.5), "k must be a whole number"),
+    (dict(top_p=0), "top_p must be in (0, 1]"),
+    (dict(prompt="   "), "prompt is empty"),
+    (dict(draft="no-such-model"), "Draft"),
+    (dict(rule="sloppy"), "Verification rule"),
+    (dict(max_new_tokens=0), "max new tokens must be between"),
+    (dict(seed=-1), "seed must be between"),
+])
+def test_bad_parameters_raise_readable_errors(change, words):
+    with pytest.raises(gr.Error) as err:
+        list(handlers.run(*run_args(**change), SessionState()))
+    assert words in str(err.value.message)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, words", [
+    (dict(skip_layers="0-3"), "layers to skip must lie in [1, 29]"),
+    (dict(draft="early-exit", exit_after=40), "exit after 1 to 29"),
+])
+def test_bad_draft_options_raise_readable_errors(playground_registry, change, words):
+    with pytest.raises(gr.Error) as err:
+        list(handlers.run(*run_args(**change), SessionState()))
+    assert words in str(err.value.message)
+
+
+def test_unavailable_model_is_a_readable_error(monkeypatch):
+    monkeypatch.setattr(handlers.reg, "availability", lambda name: (False, "needs the Hugging Face Hub (offline here)"))
+    with pytest.raises(gr.Error) as err:
+        list(handlers.run(*run_args(), SessionState()))
+    assert "cannot be loaded here: needs the Hugging Face Hub" in str(err.value.message)
+
+
+def test_out_of_memory_becomes_a_readable_error():
+    with pytest.raises(gr.Error, match="Out of memory"):
+        with handlers.friendly_errors():
+            raise torch.OutOfMemoryError("CUDA out of memory")
+    with pytest.raises(gr.Error, match="Something went wrong: KeyError"):
+        with handlers.friendly_errors():
+            raise KeyError("x")
+
+
+def test_unavailable_target_warns_and_reverts(monkeypatch):
+    state = SessionState()
+    state.target = TARGET
+    monkeypatch.setattr(handlers.reg, "availability", lambda name: (name == TARGET, "needs the Hugging Face Hub"))
+    with pytest.warns(UserWarning, match="unavailable here: needs the Hugging Face Hub"):
+        target_update, draft_update = handlers.on_target("qwen2.5-1.5b-instruct", "layer-skip", state)
+    assert target_update["value"] == TARGET and "choices" not in draft_update
+
+
+def test_scenario_sets_every_control():
+    presets = load_presets()
+    values = handlers.apply_scenario("prompt-lookup-edit", presets, TARGET)
+    prompt, target, draft, k, temperature, top_p, top_k, max_new, seed, rule, chat, caption = values
+    assert "Rewrite" in prompt and target == TARGET and draft["value"] == "prompt-lookup" and k == 8
+    assert rule == "exact" and "Prompt lookup" in caption
+
+
+@pytest.mark.slow
+def test_show_spaces_rerenders_the_current_run(playground_registry):
+    state = SessionState()
+    list(handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=6), state))
+    assert "·" in handlers.rerender(True, state)
+    assert '<span class="ws">·</span>' not in handlers.rerender(False, state)
+
+
+@pytest.mark.slow
+def test_tokenizer_mismatch_demo(playground_registry, gemma, monkeypatch):
+    playground_registry.put(gemma)
+    monkeypatch.setattr(handlers, "MISMATCH_MAX_NEW_TOKENS", 8)
+    state = SessionState()
+    outputs = list(handlers.mismatch_demo(PROMPT, TARGET, 64, True, state))
+    status, table, figure, views, tokenization, history, _ = outputs[-1]
+    assert list(table["draft"].str[:4]) == ["(a) ", "(b) ", "(c) ", "(c')"]
+    naive, cross = table["acceptance"][0], table["acceptance"][1]
+    assert naive <= 0.25                      # unrelated ids: almost everything is rejected
+    assert list(figure.data[0].y) == pytest.approx(list(table["acceptance"]), abs=1e-3)
+    assert views.count('class="spec-view"') == 4
+    assert "SmolLM2" in tokenization and "Gemma" in tokenization
+    assert len(history) == 4 and len(state.history) == 4
+
+
+@pytest.mark.slow
+def test_sweep_k_fills_the_history_with_one_baseline(playground_registry, monkeypatch):
+    monkeypatch.setattr(handlers, "SWEEP_K", (1, 3))
+    state = SessionState()
+    outputs = list(handlers.sweep_k(*run_args(draft="prompt-lookup", max_new_tokens=6, auto_baseline=True), state))
+    assert [r.settings.k for r in state.history] == [1, 3]
+    assert len(state.baselines) == 1                         # k and the draft do not change plain decoding
+    history = outputs[-1][RUN_OUTPUTS.index("history")]
+    assert list(history["k"]) == [3, 1] and history["speedup"].notna().all()
+
+
+def test_stop_while_waiting_for_a_model_stops_waiting():
+    import threading
+    stop = threading.Event()
+
+    def loading():
+        for i in range(100):
+            if i == 2:
+                stop.set()
+            yield f"loading {i}"
+        return "model"
+
+    seen = []
+    gen = handlers.relay(loading(), lambda m: seen.append(m) or m, stop)
+    assert list(gen) == ["loading 0", "loading 1", "loading 2"] and seen[-1] == "loading 2"

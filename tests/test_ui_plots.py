@@ -1,0 +1,144 @@
+"""Plots, metrics, per-session state: synthetic RoundEvents in, figures and numbers out. No model."""
+import copy
+
+import pytest
+
+import spec_engine as se
+from ui import metrics, plots
+from ui.state import RunSettings, SessionState, history_row, summarize
+from test_ui_render import event
+
+
+def run_rounds():
+    # round 1: 2 of 4 accepted + correction; round 2: all 4 + bonus; round 3: 0 of 4 + correction
+    return [event([1, 2, 3, 4], 2, [1, 2, 6], correction=6, index=0),
+            event([1, 2, 3, 4], 4, [1, 2, 3, 4, 5], bonus=5, index=1),
+            event([1, 2, 3, 4], 0, [6], correction=6, index=2)]
+
+
+def trace(fig, name):
+    return next(t for t in fig.data if t.name == name)
+
+
+def test_expected_tokens_per_round_formula():
+    assert metrics.expected_tokens_per_round(0.0, 4) == pytest.approx(1.0)
+    assert metrics.expected_tokens_per_round(1.0, 4) == pytest.approx(5.0)
+    assert metrics.expected_tokens_per_round(0.5, 3) == pytest.approx((1 - 0.5 ** 4) / 0.5)
+
+
+def test_acceptance_figure_per_round_and_running():
+    fig = plots.acceptance_figure(run_rounds())
+    assert list(trace(fig, "this round").y) == [0.5, 1.0, 0.0]
+    assert list(trace(fig, "running").y) == pytest.approx([0.5, 0.75, 0.5])
+    assert "50%" in fig.layout.title.text
+
+
+def test_accepted_figure_against_k():
+    fig = plots.accepted_figure(run_rounds())
+    assert list(trace(fig, "accepted drafts").y) == [2, 4, 0]
+    assert list(trace(fig, "rejected + discarded").y) == [2, 0, 4]
+    assert list(trace(fig, "k").y) == [4, 4, 4]
+
+
+def test_forward_figure_has_measured_theory_and_plain():
+    fig = plots.forward_figure(run_rounds())
+    assert list(trace(fig, "this round").y) == [3, 5, 1]
+    assert list(trace(fig, "measured (running)").y) == pytest.approx([3, 4, 3])
+    theory = list(trace(fig, "theory (1−a^(k+1))/(1−a)").y)
+    assert theory[-1] == pytest.approx(metrics.expected_tokens_per_round(0.5, 4))
+    assert list(trace(fig, "plain decoding").y) == [1, 1]
+
+
+class FakeBaseline:
+    tokens = list(range(9))
+    prefill_seconds = 0.01
+    step_seconds = [0.02] * 8
+    total_seconds = 0.01 + 0.16
+
+    @property
+    def tokens_per_second(self):
+        return len(self.tokens) / self.total_seconds
+
+
+def test_speed_figure_pending_then_measured():
+    rounds = run_rounds()
+    pending = plots.speed_figure(rounds)
+    assert "baseline pending" in pending.layout.title.text and len(pending.data) == 1
+    assert list(pending.data[0].y) == [0, 3, 8, 9]
+    measured = plots.speed_figure(rounds, FakeBaseline())
+    assert len(measured.data) == 2 and "Speedup ×" in measured.layout.title.text
+    assert list(measured.data[1].y) == list(range(10))
+
+
+def test_kv_figure_and_rows():
+    rounds = run_rounds()
+    fig = plots.kv_figure(rounds)
+    assert list(trace(fig, "target before trim").y) == [14, 14, 14]
+    assert list(trace(fig, "target after trim").y) == [12, 14, 10]
+    assert not any(t.name.startswith("draft") for t in fig.data)   # no draft cache: no draft traces
+    rows = plots.kv_rows(rounds)
+    assert rows[0][0] == 3 and "14 → 10 (−4)" in rows[0][4] and rows[0][5] == "–"
+
+
+def test_empty_figures_say_so():
+    for fig in (plots.acceptance_figure([]), plots.speed_figure([]), plots.comparison_figure([]),
+                plots.mismatch_figure([])):
+        assert fig.layout.annotations and not fig.data
+
+
+def settings(**kw):
+    base = dict(target="t", draft="layer-skip", k=4, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=16, seed=0,
+                rule="exact", chat=True, prompt="hi")
+    return RunSettings(**{**base, **kw})
+
+
+def test_summary_speedup_only_from_a_baseline():
+    state = SessionState()
+    record = state.new_run(settings(), "layer-skip", [1, 2, 3])
+    record.rounds.extend(run_rounds())
+    s = summarize(record)
+    assert s["acceptance_rate"] == 0.5 and s["new_tokens"] == 9 and s["speedup"] is None
+    base = FakeBaseline()
+    state.baselines[record.baseline_key] = base
+    s = summarize(record, state.baseline_for(record))
+    assert s["speedup"] == pytest.approx(s["tokens_per_second"] / base.tokens_per_second)
+    assert s["matches_baseline"] is False and s["first_difference"] == 0   # greedy + exact: text compared
+    row = history_row(s, record.settings)
+    assert row[0] == record.run_id and row[-2] == round(s["speedup"], 2)
+
+
+def test_baseline_key_ignores_draft_and_k_and_seed_when_greedy():
+    a, b = settings(k=2, draft="prompt-lookup", seed=1), settings(k=8, seed=5)
+    assert a.baseline_key((1, 2)) == b.baseline_key((1, 2))
+    assert settings(temperature=0.7, seed=1).baseline_key((1,)) != settings(temperature=0.7, seed=2).baseline_key((1,))
+
+
+def test_session_state_records_a_run_once_and_deep_copies_fresh_locks():
+    state = SessionState()
+    record = state.new_run(settings(), "layer-skip", [1])
+    assert not state.finish(record)            # no rounds: nothing to record
+    record.rounds.append(run_rounds()[0])
+    assert state.finish(record, "cancelled") and not state.finish(record)
+    assert len(state.history) == 1 and record.stop_reason == "cancelled"
+    copy_ = copy.deepcopy(state)
+    assert copy_.stop_event is not state.stop_event and len(copy_.history) == 1
+    state.stop_event.set()
+    assert not copy_.stop_event.is_set()
+    assert len(state.history_rows()) == 1
+    state.clear_history()
+    assert state.history == []
+
+
+def test_comparison_figure_groups_by_draft():
+    state = SessionState()
+    for k, draft in ((2, "layer-skip"), (4, "layer-skip"), (4, "prompt-lookup")):
+        record = state.new_run(settings(k=k, draft=draft), draft, [1])
+        record.rounds.extend(run_rounds())
+        state.finish(record)
+    fig = plots.comparison_figure(state.summaries(), "k")
+    names = {t.name for t in fig.data}
+    assert names == {"layer-skip", "prompt-lookup"}
+    skip_acc = next(t for t in fig.data if t.name == "layer-skip")
+    assert list(skip_acc.x) == [2, 4]
+    by_draft = plots.comparison_figure(state.summaries(), "draft")
+    assert "prompt-lookup" in list(by_draft.data[-2].x) + list(by_draft.data[-1].x)

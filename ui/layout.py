@@ -1,0 +1,207 @@
+"""The Blocks layout: controls on the left; streamed tokens, numbers and plots on the right.
+
+`build_demo()` returns the app without launching it, so tests and app.py share it. Handlers live in
+`handlers`; this module only places components and wires events.
+"""
+from __future__ import annotations
+
+import functools
+
+import gradio as gr
+
+import spec_engine as se
+
+from . import handlers, plots, render
+from . import registry as reg
+from .presets import Presets, load_presets
+from .state import HISTORY_COLUMNS, SessionState
+
+TITLE = "Speculative decoding playground"
+INTRO = """# Speculative decoding playground
+A small **draft** proposes *k* tokens; the **target** checks them all in one forward pass and keeps a prefix.
+With the exact rule the output follows the target's distribution exactly; only the speed changes.
+Hover any token for p, q, min(1, p/q), the draw and the decision."""
+
+MISMATCH_EXPLANATION = """**Why token ids cannot cross tokenizers.** A token id is just an index into one tokenizer's vocabulary.
+(a) The *naive-id* draft runs Gemma 3 and hands its ids to SmolLM2 unchanged: the same number names unrelated
+strings in the two vocabularies, so SmolLM2 rejects almost every draft (the output stays exact, the speed-up is gone).
+(b) The *cross-tokenizer* draft decodes Gemma's tokens to text and re-encodes that text with SmolLM2's tokenizer:
+the same text, cut at different token boundaries, now arrives as SmolLM2's own ids.
+(c) Same-tokenizer drafts (prompt lookup, layer skip) never have the problem.
+All runs: the prompt above, greedy, k = 4, at most 40 new tokens."""
+
+TOKEN_VIEW_HEIGHT = 430      # px; longer outputs scroll (and follow the newest round) so the plots stay in view
+RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }"
+THEME = gr.themes.Soft(primary_hue="emerald", secondary_hue="blue")
+
+LAYOUT_CSS = """
+.gradio-container { max-width: 1500px !important; }
+#spec-tokens { min-height: 200px; }
+"""
+
+
+def build_demo(default_target: str | None = None, presets: Presets | None = None, preload: bool = True) -> gr.Blocks:
+    presets = presets or load_presets()
+    default_target = default_target or se.models.default_model_name()
+    if preload:
+        reg.REGISTRY.start(default_target)
+    initial = handlers.initial_outputs()
+    skip_default = describe_default_skip(default_target)
+
+    with gr.Blocks(title=TITLE) as demo:
+        state = gr.State(SessionState)
+        gr.Markdown(INTRO)
+        model_md = gr.Markdown(f"⏳ Loading {reg.display_name(default_target)}…", elem_id="spec-model-status")
+        c: dict[str, gr.components.Component] = {}
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=4, min_width=340):
+                scenario = gr.Dropdown([(s.label, s.id) for s in presets.scenarios], value=None,
+                                       label="Classroom scenario", info="Sets every control below",
+                                       elem_id="spec-scenario")
+                caption = gr.Markdown("", elem_id="spec-caption")
+                example = gr.Dropdown([(p.label, p.id) for p in presets.prompts], value=None, label="Example prompt")
+                c["prompt"] = gr.Textbox(presets.prompts[0].text, lines=5, max_lines=14, label="Prompt", elem_id="spec-prompt")
+                c["chat"] = gr.Checkbox(True, label="Apply the chat template")
+                c["target"] = gr.Dropdown(reg.target_choices(), value=default_target, label="Target model",
+                                          info="Hub models are listed but need network access")
+                c["draft"] = gr.Dropdown(reg.draft_choices(default_target), value="layer-skip", label="Draft",
+                                         elem_id="spec-draft")
+                draft_info = gr.Markdown(reg.KINDS_BY_KEY["layer-skip"].lesson, elem_id="spec-draft-info")
+                c["k"] = gr.Slider(1, se.MAX_K, value=4, step=1, label="k: draft tokens per round", elem_id="spec-k")
+                with gr.Row():
+                    c["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
+                    c["top_p"] = gr.Slider(0.05, 1, value=1, step=0.01, label="top-p")
+                with gr.Row():
+                    c["top_k"] = gr.Number(0, precision=0, minimum=0, label="top-k (0 = off)")
+                    c["max_new_tokens"] = gr.Slider(1, handlers.UI_MAX_NEW_TOKENS, value=64, step=1,
+                                                    label="max new tokens", elem_id="spec-max-new")
+                    c["seed"] = gr.Number(0, precision=0, minimum=0, label="seed")
+                c["rule"] = gr.Radio(handlers.RULE_CHOICES, value="exact", label="Verification rule")
+                with gr.Accordion("Draft options", open=False):
+                    c["skip_layers"] = gr.Textbox("", label="Layer-skip: layers to skip",
+                                                  placeholder=f"default: {skip_default}",
+                                                  info="e.g. 21, 23, 25-27; empty = the default set")
+                    c["exit_after"] = gr.Slider(0, 64, value=0, step=1, label="Early exit: after this many layers",
+                                                info="0 = half of the target's layers")
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="spec-run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="spec-stop")
+                with gr.Row():
+                    baseline_btn = gr.Button("Measure plain decoding", size="sm", elem_id="spec-baseline")
+                    sweep_btn = gr.Button(f"Sweep k {list(handlers.SWEEP_K)}", size="sm", elem_id="spec-sweep")
+                with gr.Row():
+                    c["auto_baseline"] = gr.Checkbox(True, label="Measure plain decoding after each run")
+                    c["show_spaces"] = gr.Checkbox(False, label="Show spaces as ·")
+
+            with gr.Column(scale=7, min_width=480):
+                out: dict[str, gr.components.Component] = {}
+                out["stats"] = gr.HTML(initial["stats"], css_template=render.CSS, elem_id="spec-stats")
+                with gr.Tabs():
+                    with gr.Tab("Tokens"):
+                        gr.HTML(render.legend_view(), css_template=render.CSS, elem_id="spec-legend")
+                        out["tokens"] = gr.HTML(initial["tokens"], css_template=render.CSS, elem_id="spec-tokens",
+                                                max_height=TOKEN_VIEW_HEIGHT, autoscroll=True,
+                                                js_on_load=render.TOOLTIP_JS)
+                    with gr.Tab("Generated text"):
+                        out["text"] = gr.Textbox("", lines=8, label="Generated text (decoded)",
+                                                 buttons=["copy"], elem_id="spec-text")
+                    with gr.Tab("Run details (JSON)"):
+                        out["summary"] = gr.JSON({}, label="Summary of the latest run", elem_id="spec-summary")
+                with gr.Row():
+                    out["acceptance_plot"] = gr.Plot(initial["acceptance_plot"], show_label=False, elem_id="plot-acceptance")
+                    out["accepted_plot"] = gr.Plot(initial["accepted_plot"], show_label=False, elem_id="plot-accepted")
+                with gr.Row():
+                    out["forward_plot"] = gr.Plot(initial["forward_plot"], show_label=False, elem_id="plot-forward")
+                    out["speed_plot"] = gr.Plot(initial["speed_plot"], show_label=False, elem_id="plot-speed")
+        with gr.Tabs():
+            with gr.Tab("Compare runs") as compare_tab:
+                axis = gr.Radio(list(plots.COMPARE_AXES), value="k", label="Compare by")
+                out["compare_plot"] = gr.Plot(initial["compare_plot"], show_label=False, elem_id="plot-compare")
+                out["history"] = gr.Dataframe(initial["history"], headers=HISTORY_COLUMNS, interactive=False,
+                                              label="Finished runs (newest first)", wrap=False,
+                                              elem_id="spec-history", max_height=360)
+                clear_btn = gr.Button("Clear history", size="sm")
+            with gr.Tab("KV cache") as kv_tab:
+                gr.Markdown("After the verify forward the target's cache holds the committed text plus all "
+                            "drafts; trimming keeps only the committed text (minus the newest token). "
+                            "Markers: before trimming; lines: after.")
+                with gr.Row():
+                    out["kv_plot"] = gr.Plot(initial["kv_plot"], show_label=False, elem_id="plot-kv", scale=3)
+                    out["kv_table"] = gr.Dataframe(initial["kv_table"], headers=plots.KV_COLUMNS,
+                                                   interactive=False, label="Per round (newest first)",
+                                                   max_height=300, elem_id="spec-kv-table", scale=2)
+            with gr.Tab("Tokenizer mismatch") as mm_tab:
+                gr.Markdown(MISMATCH_EXPLANATION)
+                mm_btn = gr.Button("Run the tokenizer-mismatch demo", variant="primary", elem_id="spec-mismatch")
+                mm: dict[str, gr.components.Component] = {}
+                mm["mm_status"] = gr.Markdown("")
+                mm["mm_table"] = gr.Dataframe(headers=handlers.MISMATCH_COLUMNS, interactive=False, wrap=True,
+                                              label="Same prompt, three kinds of draft")
+                with gr.Row():
+                    mm["mm_plot"] = gr.Plot(plots.mismatch_figure([]), show_label=False, scale=2)
+                    mm["mm_tokenization"] = gr.HTML("", css_template=render.CSS, scale=3)
+                mm["mm_views"] = gr.HTML("", css_template=render.CSS, js_on_load=render.TOOLTIP_JS)
+            with gr.Tab("About"):
+                gr.Markdown(about_text(default_target, skip_default))
+
+        run_inputs = [c[name] for name in handlers.RUN_INPUTS] + [state]
+        run_outputs = [out[name] for name in handlers.RUN_OUTPUTS]
+        compute = {"concurrency_id": "compute", "concurrency_limit": 1}
+        run_event = run_btn.click(handlers.run, run_inputs, run_outputs, api_name="run", **compute)
+        sweep_event = sweep_btn.click(handlers.sweep_k, run_inputs, run_outputs, api_name="sweep_k", **compute)
+        base_event = baseline_btn.click(handlers.measure_baseline, [state], run_outputs, api_name="baseline", **compute)
+        mm_outputs = [mm[name] if name in mm else out[name] for name in handlers.MISMATCH_OUTPUTS]
+        mm_event = mm_btn.click(handlers.mismatch_demo, [c["prompt"], c["target"], c["max_new_tokens"], c["chat"], state],
+                                mm_outputs, api_name="mismatch", **compute)
+        stop_btn.click(handlers.stop, [state], run_outputs, api_name="stop", concurrency_limit=None,
+                       cancels=[run_event, sweep_event, base_event, mm_event])
+
+        private = {"api_visibility": "private"}
+        c["target"].input(handlers.on_target, [c["target"], c["draft"], state], [c["target"], c["draft"]], **private)
+        c["draft"].change(handlers.on_draft, [c["draft"], c["target"]], [draft_info], **private)
+        scenario.input(functools.partial(handlers.apply_scenario, presets=presets, default_target=default_target),
+                       [scenario],
+                       [c[n] for n in ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k",
+                                       "max_new_tokens", "seed", "rule", "chat")] + [caption], **private)
+        example.input(functools.partial(handlers.apply_prompt, presets=presets), [example], [c["prompt"], c["chat"]],
+                      **private)
+        c["show_spaces"].change(handlers.rerender, [c["show_spaces"], state], [out["tokens"]], **private)
+        axis.change(handlers.set_compare_axis, [axis, state], [out["compare_plot"]], **private)
+        clear_btn.click(handlers.clear_history, [state], [out["history"], out["compare_plot"]], **private)
+        demo.load(functools.partial(handlers.model_status, default_target), None, [model_md], **private)
+        for tab in (compare_tab, kv_tab, mm_tab):   # plots drawn while their tab was hidden get their width now
+            tab.select(None, None, None, js=RESIZE_JS, **private)
+    demo.spec_components = {**c, **out, **mm, "scenario": scenario, "example": example}   # for tests
+    return demo
+
+
+def describe_default_skip(target: str) -> str:
+    return f"layers {', '.join(map(str, reg.default_skip_layers()))} (spec_engine.DEFAULT_SKIP_LAYERS)"
+
+
+def about_text(default_target: str, skip_default: str) -> str:
+    return f"""**Words.** *Draft tokens*: the k proposals of a round. *Accepted*: the prefix the rule kept (green).
+*Rejected*: the first draft the rule refused (red, struck through, shown where it was proposed). *Discarded*: the
+drafts after it, never judged (faded). *Correction*: the token drawn at the rejection (orange). *Bonus*: the extra
+token drawn when all k drafts were accepted (blue). A thin bar with a small number starts each round.
+
+**Numbers.** Acceptance = accepted / drafted. Tokens per target forward = tokens per round; the theory line is
+(1 − a^(k+1)) / (1 − a) from the measured acceptance a. Speedup is measured: the same prompt, settings and seed are
+decoded plainly (one target forward per token) in this session, and tokens per second are compared (engine time,
+prefill included, UI rendering excluded). It is never estimated. Timings are wall-clock: on a shared machine they
+vary from run to run, so press "Measure plain decoding" to measure the baseline again.
+
+**Models.** The default target is {reg.display_name(default_target)}, which runs offline on a CPU. Layer-skip
+default: {skip_default}. The UI only renders the engine's per-round events; it never computes a probability.
+
+| model | parameters | available here |
+|---|---|---|
+{models_table()}"""
+
+
+def models_table() -> str:
+    rows = []
+    for preset in se.list_presets():
+        ok, reason = reg.availability(preset.name)
+        rows.append(f"| {preset.display_name} | {preset.params} | {'yes: ' if ok else 'no: '}{reason} |")
+    return "\n".join(rows)

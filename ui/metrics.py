@@ -1,0 +1,55 @@
+"""Arithmetic over RoundEvents for the plots and the headline numbers (no token probability is computed here).
+
+`expected_tokens_per_round` is the analytic expectation of Leviathan et al. (2023) for i.i.d. acceptance a and
+k drafts: E[tokens per target forward] = (1 - a^(k+1)) / (1 - a). If spec_engine grows a metrics module
+with the same function, that one is used so the CLI, benchmarks and UI agree.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+
+
+def expected_tokens_per_round(acceptance: float, k: int) -> float:
+    try:
+        from spec_engine import metrics   # type: ignore[attr-defined]
+        return float(metrics.expected_tokens_per_round(acceptance, k))
+    except (ImportError, AttributeError):
+        pass
+    a = min(max(float(acceptance), 0.0), 1.0)
+    if a >= 1.0 - 1e-12:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def running(values: list[float]) -> list[float]:
+    return list(accumulate(values))
+
+
+def round_acceptance(ev) -> float | None:
+    """accepted / drafted of one round; None when nothing was drafted."""
+    return ev.accepted / len(ev.drafted) if ev.drafted else None
+
+
+def running_acceptance(rounds) -> list[float]:
+    drafted = running([len(r.drafted) for r in rounds])
+    accepted = running([r.accepted for r in rounds])
+    return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+
+
+def elapsed_seconds(rounds) -> list[float]:
+    """Engine time after each round: prefill + the rounds so far (UI rendering between rounds not counted)."""
+    prefill = rounds[0].prefill_seconds if rounds else 0.0
+    return [prefill + t for t in running([r.round_seconds for r in rounds])]
+
+
+def tokens_so_far(rounds) -> list[int]:
+    return running([len(r.emitted) for r in rounds])
+
+
+def baseline_curve(baseline) -> tuple[list[float], list[int]]:
+    """(seconds, tokens) of plain decoding: the first token after the prefill, then one per step."""
+    if baseline is None or not baseline.tokens:
+        return [], []
+    times = [baseline.prefill_seconds + t for t in [0.0] + running(list(baseline.step_seconds))]
+    times = times[:len(baseline.tokens)]
+    return times, list(range(1, len(times) + 1))

@@ -1,0 +1,217 @@
+"""RoundEvents and run history -> Plotly figures. Pure functions: same input, same figure; no model, no Gradio."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from . import metrics
+
+HEIGHT = 300
+COLORS = {"accepted": "#2f9e5b", "rejected": "#d64545", "correction": "#e39a26", "bonus": "#4a7fe0",
+          "theory": "#7c3aed", "plain": "#6b7280", "target": "#1f77b4", "draft": "#e36a1f"}
+
+
+AXIS = {"gridcolor": "#e5e7eb", "zeroline": False, "linecolor": "#d1d5db", "automargin": True}
+
+
+def layout(title: str, x_title: str, y_title: str, height: int = HEIGHT, **extra) -> dict:
+    """A compact light layout, spelled out (no named template) so figures can skip validation."""
+    out = {
+        "title": {"text": title, "font": {"size": 13}, "x": 0.01, "xanchor": "left"},
+        "height": height, "margin": {"l": 48, "r": 12, "t": 34, "b": 84},
+        "paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"size": 11, "color": "#374151"},
+        "legend": {"orientation": "h", "yanchor": "top", "y": -0.3, "xanchor": "left", "x": 0, "font": {"size": 10}},
+        "xaxis": dict(AXIS, title={"text": x_title}), "yaxis": dict(AXIS, title={"text": y_title}),
+        "uirevision": "keep",
+    }
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def figure(traces: list[dict], layout_: dict) -> go.Figure:
+    """Built from plain dicts without Plotly's validation: these figures are rebuilt on every streamed round,
+    and validation costs more than the model's forward pass on a small CPU."""
+    return go.Figure(data=traces, layout=layout_, _validate=False)
+
+
+def base_layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int = HEIGHT) -> go.Figure:
+    fig.update_layout(**layout(title, x_title, y_title, height))
+    return fig
+
+
+def empty_figure(title: str, message: str = "Run to see this plot") -> go.Figure:
+    note = {"text": message, "showarrow": False, "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper",
+            "font": {"size": 13, "color": "#9ca3af"}}
+    return figure([], layout(title, "", "", annotations=[note], xaxis={"visible": False}, yaxis={"visible": False}))
+
+
+def round_numbers(rounds) -> list[int]:
+    return [r.index + 1 for r in rounds]
+
+
+def scatter(x, y, name: str, mode: str = "lines", **style) -> dict:
+    return {"type": "scatter", "x": list(x), "y": list(y), "name": name, "mode": mode, **style}
+
+
+def acceptance_figure(rounds) -> go.Figure:
+    """Per-round acceptance (accepted / drafted) and the running acceptance rate."""
+    if not rounds:
+        return empty_figure("Acceptance rate")
+    x = round_numbers(rounds)
+    run = metrics.running_acceptance(rounds)
+    traces = [
+        scatter(x, [metrics.round_acceptance(r) for r in rounds], "this round", "markers",
+                marker={"color": COLORS["accepted"], "size": 6, "opacity": 0.7}),
+        scatter(x, run, "running", line={"color": "#111827", "width": 2}),
+    ]
+    return figure(traces, layout(f"Acceptance rate: {run[-1]:.0%} of drafted tokens", "round", "accepted / drafted",
+                                 yaxis={"range": [-0.05, 1.05], "tickformat": ".0%"}))
+
+
+def accepted_figure(rounds) -> go.Figure:
+    """Accepted draft tokens per round (bars) against k."""
+    if not rounds:
+        return empty_figure("Accepted tokens per round vs k")
+    x = round_numbers(rounds)
+    k = max(r.k for r in rounds)
+    mean = sum(r.accepted for r in rounds) / len(rounds)
+    traces = [
+        {"type": "bar", "x": x, "y": [r.accepted for r in rounds], "name": "accepted drafts",
+         "marker": {"color": COLORS["accepted"]}},
+        {"type": "bar", "x": x, "y": [len(r.drafted) - r.accepted for r in rounds], "name": "rejected + discarded",
+         "marker": {"color": "#e5e7eb"}},
+        scatter(x, [r.k for r in rounds], "k", line={"color": "#111827", "dash": "dash", "width": 1.5, "shape": "hvh"}),
+    ]
+    return figure(traces, layout(f"Accepted per round: mean {mean:.2f} of k = {k}", "round", "draft tokens",
+                                 barmode="stack", bargap=0.15, yaxis={"range": [0, k + 0.6]}))
+
+
+def forward_figure(rounds) -> go.Figure:
+    """Tokens per target forward (= per round): this round, running mean, the theory from the measured
+    acceptance, and plain decoding's 1."""
+    if not rounds:
+        return empty_figure("Tokens per target forward")
+    x = round_numbers(rounds)
+    toks = metrics.tokens_so_far(rounds)
+    mean = [t / n for t, n in zip(toks, range(1, len(x) + 1))]
+    k = max(r.k for r in rounds)
+    theory = [metrics.expected_tokens_per_round(a, k) for a in metrics.running_acceptance(rounds)]
+    traces = [
+        scatter(x, [len(r.emitted) for r in rounds], "this round", "markers",
+                marker={"color": COLORS["bonus"], "size": 6, "opacity": 0.6}),
+        scatter(x, mean, "measured (running)", line={"color": "#111827", "width": 2}),
+        scatter(x, theory, "theory (1−a^(k+1))/(1−a)", line={"color": COLORS["theory"], "dash": "dot", "width": 2}),
+        scatter([x[0], x[-1]], [1, 1], "plain decoding", line={"color": COLORS["plain"], "dash": "dash", "width": 1}),
+    ]
+    return figure(traces, layout(f"Tokens per target forward: {mean[-1]:.2f} (theory {theory[-1]:.2f})",
+                                 "round", "tokens", yaxis={"range": [0, k + 1.4]}))
+
+
+def speed_figure(rounds, baseline=None) -> go.Figure:
+    """Tokens generated vs engine time, speculative against measured plain decoding; the title says the
+    measured speedup, or that the baseline is pending."""
+    if not rounds:
+        return empty_figure("Speed vs plain decoding")
+    t = metrics.elapsed_seconds(rounds)
+    toks = metrics.tokens_so_far(rounds)
+    spec_tps = toks[-1] / t[-1] if t[-1] > 0 else 0.0
+    traces = [scatter([0.0] + t, [0] + toks, f"speculative {spec_tps:.1f} tok/s", "lines+markers",
+                      line={"color": COLORS["accepted"], "width": 2, "shape": "hv"}, marker={"size": 4})]
+    bt, btoks = metrics.baseline_curve(baseline)
+    notes = []
+    if bt:
+        base_tps = baseline.tokens_per_second
+        traces.append(scatter([0.0] + bt, [0] + btoks, f"plain {base_tps:.1f} tok/s",
+                              line={"color": COLORS["plain"], "width": 2, "dash": "dash"}))
+        speedup = spec_tps / base_tps if base_tps > 0 else 0.0
+        title = f"Speedup ×{speedup:.2f} vs plain decoding (measured)"
+    else:
+        title = f"Speculative {spec_tps:.1f} tok/s: baseline pending"
+        notes.append({"text": "plain decoding: baseline pending", "showarrow": False, "x": 0.02, "y": 0.95,
+                      "xref": "paper", "yref": "paper", "xanchor": "left", "font": {"size": 11, "color": COLORS["plain"]}})
+    return figure(traces, layout(title, "seconds (engine time)", "tokens generated", annotations=notes))
+
+
+def kv_figure(rounds) -> go.Figure:
+    """Cache lengths per round: after the verify forward (before trimming) and after trimming."""
+    if not rounds:
+        return empty_figure("KV cache length per round")
+    x = round_numbers(rounds)
+    traces = [
+        scatter(x, [r.target_cache_len_before for r in rounds], "target before trim", "markers",
+                marker={"symbol": "triangle-up", "color": COLORS["target"], "size": 7, "opacity": 0.6}),
+        scatter(x, [r.target_cache_len for r in rounds], "target after trim", line={"color": COLORS["target"], "width": 2}),
+    ]
+    if any(r.draft_cache_len is not None for r in rounds):
+        traces += [
+            scatter(x, [r.draft_cache_len_before for r in rounds], "draft before trim", "markers",
+                    marker={"symbol": "x", "color": COLORS["draft"], "size": 6}),
+            scatter(x, [r.draft_cache_len for r in rounds], "draft after trim",
+                    line={"color": COLORS["draft"], "width": 1.5, "dash": "dot"}),
+        ]
+    traces.append(scatter(x, [r.committed_len for r in rounds], "committed tokens",
+                          line={"color": "#9ca3af", "width": 1, "dash": "dash"}))
+    return figure(traces, layout("KV cache length per round (positions)", "round", "positions", height=300))
+
+
+def kv_rows(rounds, last: int = 200) -> list[list]:
+    """Table rows: round, drafted, accepted, target before → after (trimmed), draft before → after."""
+    rows = []
+    for r in rounds[-last:]:
+        draft = ("–" if r.draft_cache_len is None else
+                 f"{r.draft_cache_len_before} → {r.draft_cache_len} (−{r.draft_cache_len_before - r.draft_cache_len})")
+        rows.append([r.index + 1, len(r.drafted), r.accepted, r.committed_len,
+                     f"{r.target_cache_len_before} → {r.target_cache_len} (−{r.target_cache_len_before - r.target_cache_len})",
+                     draft])
+    return rows[::-1]
+
+
+KV_COLUMNS = ["round", "drafted", "accepted", "committed", "target cache", "draft cache"]
+
+COMPARE_AXES = {"k": "k", "temperature": "temperature", "top-p": "top_p", "draft": "draft", "rule": "rule"}
+
+
+def comparison_figure(summaries: list[tuple[dict, object]], axis: str = "k") -> go.Figure:
+    """Acceptance and measured speedup of every finished run against one setting, one colour per draft."""
+    from plotly.subplots import make_subplots
+    if not summaries:
+        return empty_figure("Runs compared", "Finished runs appear here")
+    attr = COMPARE_AXES.get(axis, "k")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance rate", "speedup vs plain (measured)"),
+                        horizontal_spacing=0.1)
+    by_draft: dict[str, list] = {}
+    for summary, settings in summaries:
+        by_draft.setdefault(summary["draft_label"], []).append((summary, settings))
+    palette = ["#2f9e5b", "#4a7fe0", "#e39a26", "#d64545", "#7c3aed", "#0e9aa7", "#6b7280", "#b45309"]
+    for n, (label, runs) in enumerate(by_draft.items()):
+        color = palette[n % len(palette)]
+        xs = [summary["draft_label"] if attr == "draft" else getattr(settings, attr) for summary, settings in runs]
+        text = [f"run {s['run_id']}: k={st.k}, T={st.temperature}, top-p={st.top_p}, {st.rule}" for s, st in runs]
+        fig.add_trace(go.Scatter(x=xs, y=[s["acceptance_rate"] for s, _ in runs], mode="markers", name=label,
+                                 marker={"color": color, "size": 9}, text=text, legendgroup=label), row=1, col=1)
+        sp = [(x, s["speedup"], t) for x, (s, _), t in zip(xs, runs, text) if s["speedup"] is not None]
+        fig.add_trace(go.Scatter(x=[a for a, _, _ in sp], y=[b for _, b, _ in sp], mode="markers", name=label,
+                                 marker={"color": color, "size": 9, "symbol": "diamond"}, text=[c for _, _, c in sp],
+                                 legendgroup=label, showlegend=False), row=1, col=2)
+    fig.add_hline(y=1.0, line={"color": "#9ca3af", "dash": "dash", "width": 1}, row=1, col=2)
+    fig.update_yaxes(range=[-0.05, 1.05], tickformat=".0%", row=1, col=1)
+    fig.update_xaxes(title_text=axis, dtick=1 if attr == "k" else None)
+    fig.update_annotations(font_size=12)
+    fig = base_layout(fig, f"Runs compared by {axis}", "", "", height=330)
+    fig.update_layout(margin={"l": 48, "r": 12, "t": 70, "b": 40})
+    fig.update_xaxes(title_text=axis)
+    return fig
+
+
+def mismatch_figure(results: list[dict]) -> go.Figure:
+    """Side-by-side acceptance of the tokenizer-mismatch demo's drafts."""
+    if not results:
+        return empty_figure("Acceptance by draft", "Press the button to run the demo")
+    bars = {"type": "bar", "x": [r["label"] for r in results], "y": [r["acceptance_rate"] for r in results],
+            "text": [f'{r["acceptance_rate"]:.0%}' for r in results], "textposition": "outside",
+            "marker": {"color": ["#d64545", "#e39a26", "#2f9e5b", "#4a7fe0"][:len(results)]}}
+    return figure([bars], layout("Acceptance rate by draft (same prompt, greedy)", "", "accepted / drafted",
+                                 height=300, yaxis={"range": [0, 1.15], "tickformat": ".0%"}))

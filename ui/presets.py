@@ -1,0 +1,187 @@
+"""Example prompts and classroom scenarios, read from presets/scenarios.yaml and validated on load.
+
+Every error names the file, the entry and the field, e.g.
+`presets/scenarios.yaml: scenarios[2] ('big-k'): field 'k' must be an integer in [1, 16], got 40`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS_PATH = ROOT / "presets" / "scenarios.yaml"
+
+
+@dataclass(frozen=True)
+class ExamplePrompt:
+    id: str
+    label: str
+    text: str
+    chat: bool = True
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    label: str
+    prompt: str            # the prompt text (a prompt id in the file is resolved on load)
+    chat: bool
+    draft: str             # a draft choice value: "layer-skip", "cross-tokenizer:gemma-3-270m", ...
+    k: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    rule: str
+    seed: int
+    caption: str
+    target: str | None = None   # None: the default target
+
+
+@dataclass(frozen=True)
+class Presets:
+    prompts: list[ExamplePrompt]
+    scenarios: list[Scenario]
+
+    def prompt(self, prompt_id: str) -> ExamplePrompt:
+        return next(p for p in self.prompts if p.id == prompt_id)
+
+    def scenario(self, scenario_id: str) -> Scenario:
+        return next(s for s in self.scenarios if s.id == scenario_id)
+
+
+PROMPT_FIELDS = {"id": str, "label": str, "text": str, "chat": bool}
+SCENARIO_FIELDS = {"id": str, "label": str, "prompt": str, "text": str, "chat": bool, "target": str, "draft": str,
+                   "k": int, "temperature": float, "top_p": float, "top_k": int, "max_new_tokens": int,
+                   "rule": str, "seed": int, "caption": str}
+TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+SCENARIO_REQUIRED = ("id", "label", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "rule", "caption")
+
+
+def display(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def load_presets(path: str | Path | None = None, draft_check=None, target_check=None) -> Presets:
+    """Read and validate the file. `draft_check(value) -> str | None` and `target_check(name) -> str | None`
+    return an error message for an unknown draft or target (defaults: ui.registry's)."""
+    path = Path(path) if path is not None else SCENARIOS_PATH
+    label = display(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{label}: cannot read the file ({exc.strerror or exc})") from exc
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{label}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{label}: the top level must be a mapping with 'prompts' and 'scenarios'")
+    unknown = sorted(set(data) - {"prompts", "scenarios"})
+    if unknown:
+        raise ValueError(f"{label}: unknown top-level key(s) {unknown}; expected 'prompts' and 'scenarios'")
+    if draft_check is None or target_check is None:
+        from . import registry
+        draft_check = draft_check or registry.check_draft_value
+        target_check = target_check or registry.check_target_name
+    prompts = [parse_prompt(entry, f"{label}: prompts[{i}]") for i, entry in enumerate(as_list(data, "prompts", label))]
+    unique([p.id for p in prompts], f"{label}: prompts")
+    by_id = {p.id: p for p in prompts}
+    scenarios = [parse_scenario(entry, f"{label}: scenarios[{i}]", by_id, draft_check, target_check)
+                 for i, entry in enumerate(as_list(data, "scenarios", label))]
+    unique([s.id for s in scenarios], f"{label}: scenarios")
+    return Presets(prompts, scenarios)
+
+
+def as_list(data: dict, key: str, label: str) -> list:
+    value = data.get(key)
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{label}: '{key}' must be a non-empty list")
+    return value
+
+
+def unique(ids: list[str], where: str) -> None:
+    seen = set()
+    for i, x in enumerate(ids):
+        if x in seen:
+            raise ValueError(f"{where}[{i}]: field 'id' duplicates an earlier entry ({x!r})")
+        seen.add(x)
+
+
+def check_fields(entry, spec: dict, required, where: str) -> dict:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: must be a mapping of fields, got {type(entry).__name__}")
+    if isinstance(entry.get("id"), str):
+        where = f"{where} ({entry['id']!r})"
+    for key in entry:
+        if key not in spec:
+            raise ValueError(f"{where}: unknown field {key!r} (known fields: {', '.join(spec)})")
+    for key in required:
+        if entry.get(key) is None:
+            raise ValueError(f"{where}: field {key!r} is required")
+    out = {}
+    for key, value in entry.items():
+        kind = spec[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{where}: field {key!r} must be {TYPE_WORDS[kind]}, got {value!r}")
+        if kind is str and not value.strip():
+            raise ValueError(f"{where}: field {key!r} must not be empty")
+        out[key] = value
+    out["_where"] = where
+    return out
+
+
+def parse_prompt(entry, where: str) -> ExamplePrompt:
+    e = check_fields(entry, PROMPT_FIELDS, ("id", "label", "text"), where)
+    return ExamplePrompt(e["id"], e["label"], e["text"].strip("\n"), e.get("chat", True))
+
+
+def parse_scenario(entry, where: str, prompts: dict[str, ExamplePrompt], draft_check, target_check) -> Scenario:
+    import spec_engine as se
+    e = check_fields(entry, SCENARIO_FIELDS, SCENARIO_REQUIRED, where)
+    where = e["_where"]
+
+    def fail(field: str, message: str):
+        raise ValueError(f"{where}: field {field!r} {message}")
+
+    if ("prompt" in e) == ("text" in e):
+        raise ValueError(f"{where}: exactly one of the fields 'prompt' (a prompt id) and 'text' must be set")
+    if "prompt" in e:
+        if e["prompt"] not in prompts:
+            fail("prompt", f"must be one of the prompt ids ({', '.join(prompts)}), got {e['prompt']!r}")
+        prompt = prompts[e["prompt"]]
+        text, chat = prompt.text, e.get("chat", prompt.chat)
+    else:
+        text, chat = e["text"].strip("\n"), e.get("chat", True)
+    if not 1 <= e["k"] <= se.MAX_K:
+        fail("k", f"must be an integer in [1, {se.MAX_K}], got {e['k']}")
+    if not 1 <= e["max_new_tokens"] <= se.MAX_NEW_TOKENS:
+        fail("max_new_tokens", f"must be an integer in [1, {se.MAX_NEW_TOKENS}], got {e['max_new_tokens']}")
+    if e["rule"] not in se.RULES:
+        fail("rule", f"must be one of {', '.join(se.RULES)}, got {e['rule']!r}")
+    if not math.isfinite(e["temperature"]) or e["temperature"] < 0:
+        fail("temperature", f"must be a number >= 0 (0 = greedy), got {e['temperature']}")
+    if not 0 < e["top_p"] <= 1:
+        fail("top_p", f"must be in (0, 1], got {e['top_p']}")
+    if e["top_k"] < 0:
+        fail("top_k", f"must be >= 0 (0 = off), got {e['top_k']}")
+    seed = e.get("seed", 0)
+    if seed < 0:
+        fail("seed", f"must be >= 0, got {seed}")
+    problem = draft_check(e["draft"])
+    if problem:
+        fail("draft", problem)
+    if "target" in e:
+        problem = target_check(e["target"])
+        if problem:
+            fail("target", problem)
+    return Scenario(id=e["id"], label=e["label"], prompt=text, chat=chat, draft=e["draft"], k=e["k"],
+                    temperature=e["temperature"], top_p=e["top_p"], top_k=e["top_k"],
+                    max_new_tokens=e["max_new_tokens"], rule=e["rule"], seed=seed,
+                    caption=" ".join(e["caption"].split()), target=e.get("target"))

@@ -1,0 +1,181 @@
+"""Per-session state: kept in a `gr.State`, one object per browser session (never a module global).
+
+It holds the finished runs (the comparison history), the measured plain-decoding baselines (cached per
+target, prompt, sampling, seed and max_new_tokens), the run in progress, and the Stop flag that the engine
+polls between rounds.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+
+from . import metrics
+
+HISTORY_COLUMNS = ["#", "target", "draft", "k", "T", "top-p", "top-k", "rule", "seed", "max", "tokens", "rounds",
+                   "accept", "tok/fwd", "theory", "tok/s", "plain tok/s", "speedup", "stop"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    target: str
+    draft: str                       # a draft choice value (see ui.registry.DRAFT_KINDS)
+    k: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    seed: int
+    rule: str
+    chat: bool
+    prompt: str
+    skip_layers: str = ""            # layer-skip draft: "" = default set, else "3,5-9"
+    exit_after: int = 0              # early-exit draft: 0 = half of the layers
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def sampling(self):
+        import spec_engine as se
+        return se.SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    def baseline_key(self, prompt_ids: tuple[int, ...]) -> tuple:
+        """What plain decoding depends on. Greedy ignores the seed, and top-k/top-p, so those are left out."""
+        if self.greedy:
+            return (self.target, prompt_ids, 0.0, 0, 1.0, 0, self.max_new_tokens)
+        return (self.target, prompt_ids, self.temperature, self.top_k, self.top_p, self.seed, self.max_new_tokens)
+
+
+@dataclass
+class RunRecord:
+    run_id: int
+    settings: RunSettings
+    draft_label: str
+    prompt_ids: tuple[int, ...]
+    rounds: list = field(default_factory=list)          # RoundEvents so far
+    fragments: list[str] = field(default_factory=list)  # rendered HTML of each round (rendered once)
+    stop_reason: str | None = None
+    recorded: bool = False
+
+    @property
+    def baseline_key(self) -> tuple:
+        return self.settings.baseline_key(self.prompt_ids)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for r in self.rounds for t in r.emitted]
+
+    @property
+    def engine_seconds(self) -> float:
+        times = metrics.elapsed_seconds(self.rounds)
+        return times[-1] if times else 0.0
+
+
+def summarize(record: RunRecord, baseline=None) -> dict:
+    """Headline numbers of a run; speedup only from a measured baseline with the same key."""
+    rounds = record.rounds
+    drafted = sum(len(r.drafted) for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    tokens = record.tokens
+    seconds = record.engine_seconds
+    acceptance = accepted / drafted if drafted else 0.0
+    out = {
+        "run_id": record.run_id,
+        "target": record.settings.target,
+        "draft": record.settings.draft,
+        "draft_label": record.draft_label,
+        "k": record.settings.k,
+        "rounds": len(rounds),
+        "new_tokens": len(tokens),
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": acceptance,
+        "tokens_per_forward": len(tokens) / len(rounds) if rounds else 0.0,
+        "expected_tokens_per_forward": metrics.expected_tokens_per_round(acceptance, record.settings.k),
+        "seconds": seconds,
+        "tokens_per_second": len(tokens) / seconds if seconds > 0 else 0.0,
+        "stop_reason": record.stop_reason,
+        "tokens": tokens,
+        "baseline_tokens_per_second": None,
+        "baseline_seconds": None,
+        "speedup": None,
+        "matches_baseline": None,
+        "first_difference": None,
+    }
+    if baseline is not None and baseline.tokens_per_second > 0 and out["tokens_per_second"] > 0:
+        out["baseline_tokens_per_second"] = baseline.tokens_per_second
+        out["baseline_seconds"] = baseline.total_seconds
+        out["speedup"] = out["tokens_per_second"] / baseline.tokens_per_second
+        if record.settings.greedy and record.settings.rule == "exact":
+            n = min(len(tokens), len(baseline.tokens))
+            diff = next((i for i in range(n) if tokens[i] != baseline.tokens[i]), None)
+            out["matches_baseline"] = diff is None
+            out["first_difference"] = diff
+    return out
+
+
+def history_row(summary: dict, settings: RunSettings) -> list:
+    def r(x, nd=2):
+        return None if x is None else round(x, nd)
+    return [summary["run_id"], settings.target, summary["draft_label"], settings.k, settings.temperature,
+            settings.top_p, settings.top_k, settings.rule, settings.seed, settings.max_new_tokens,
+            summary["new_tokens"], summary["rounds"], r(summary["acceptance_rate"], 3), r(summary["tokens_per_forward"]),
+            r(summary["expected_tokens_per_forward"]), r(summary["tokens_per_second"], 1),
+            r(summary["baseline_tokens_per_second"], 1), r(summary["speedup"]), summary["stop_reason"] or ""]
+
+
+class SessionState:
+    """Everything one visitor has: Gradio deep-copies the initial value per session, so the lock and the
+    Stop event are recreated by `__deepcopy__` instead of being copied."""
+
+    def __init__(self):
+        self.history: list[RunRecord] = []
+        self.baselines: dict[tuple, object] = {}      # baseline key -> spec_engine.BaselineResult
+        self.current: RunRecord | None = None
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self._next_id = 1
+        self.active = None                            # runner.Prepared of the latest run (for Stop and re-render)
+        self.target: str | None = None                # last target that could load (a bad pick reverts to it)
+        self.compare_axis = "k"
+
+    def __deepcopy__(self, memo):
+        fresh = SessionState()
+        fresh.history = copy.deepcopy(self.history, memo)
+        fresh.baselines = dict(self.baselines)
+        fresh.current = self.current
+        fresh._next_id = self._next_id
+        fresh.target, fresh.compare_axis = self.target, self.compare_axis
+        return fresh
+
+    def new_run(self, settings: RunSettings, draft_label: str, prompt_ids) -> RunRecord:
+        with self.lock:
+            record = RunRecord(self._next_id, settings, draft_label, tuple(int(t) for t in prompt_ids))
+            self._next_id += 1
+            self.current = record
+            return record
+
+    def finish(self, record: RunRecord, stop_reason: str | None = None) -> bool:
+        """Add a run to the history once (the run handler and the Stop handler may both try)."""
+        with self.lock:
+            if record.recorded or not record.rounds:
+                return False
+            record.recorded = True
+            if stop_reason and not record.stop_reason:
+                record.stop_reason = stop_reason
+            self.history.append(record)
+            return True
+
+    def baseline_for(self, record: RunRecord | None):
+        return None if record is None else self.baselines.get(record.baseline_key)
+
+    def summaries(self) -> list[tuple[dict, RunSettings]]:
+        return [(summarize(r, self.baselines.get(r.baseline_key)), r.settings) for r in self.history]
+
+    def history_rows(self) -> list[list]:
+        return [history_row(s, settings) for s, settings in self.summaries()][::-1]   # newest first
+
+    def clear_history(self) -> None:
+        with self.lock:
+            self.history.clear()
