@@ -214,3 +214,9 @@ def test_stop_while_waiting_for_a_model_stops_waiting():
     seen = []
     gen = handlers.relay(loading(), lambda m: seen.append(m) or m, stop)
     assert list(gen) == ["loading 0", "loading 1", "loading 2"] and seen[-1] == "loading 2"
+
+
+def test_a_draft_that_does_not_fit_the_target_is_a_readable_error():
+    with pytest.raises(gr.Error) as err:
+        list(handlers.run(*run_args(target="gemma-3-270m", draft="eagle"), SessionState()))
+    assert "not available for Gemma" in str(err.value.message) and "trained for smollm2" in str(err.value.message)

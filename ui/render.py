@@ -71,7 +71,8 @@ CSS = """
 .spec-tokcmp { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 13px; line-height: 2; }
 .spec-tokcmp .row { margin: 4px 0; }
 .spec-tokcmp .lbl { font-family: system-ui, sans-serif; font-size: 12px; color: #6b7280; display: inline-block; min-width: 150px; }
-.spec-tokcmp .tok { border: 1px solid #b8bec7; border-radius: 4px; padding: 1px 2px; margin: 0 1px; white-space: pre-wrap; }
+.spec-tokcmp .tok { display: inline-block; border: 1px solid #b8bec7; border-radius: 4px; padding: 0 2px; margin: 1px;
+  white-space: pre; line-height: 1.6; }
 .spec-tokcmp .tok sub { font-size: 9px; color: #6b7280; }
 .spec-tokcmp .tok.alt { background: #eef2ff; }
 """
@@ -261,8 +262,9 @@ def round_html(ev, label: Labeler, opts: RenderOptions = RenderOptions()) -> str
     note = f'<span class="note" title="{esc(ev.note)}">※</span>' if ev.note else ""
     title = (f"round {ev.index + 1}: drafted {len(ev.drafted)}, accepted {ev.accepted}, "
              f"emitted {len(ev.emitted)}" + (f"; {ev.note}" if ev.note else ""))
+    # <wbr>: a line may break between any two tokens, even when spaces are drawn as '·'.
     return (f'<span class="round" data-round="{ev.index}" data-n="{ev.index + 1}" title="{esc(title)}">'
-            f'{"".join(spans)}{note}</span>')
+            f'{"<wbr>".join(spans)}{note}</span><wbr>')
 
 
 def _num(values: list[float], i: int) -> str | None:
