@@ -100,7 +100,7 @@ BAD_PRESETS = [
     (lambda d: d["pairs"][0].update(target="nope"), "pair #1 (nope <- layer-skip): field 'target' must be a model preset"),
     (lambda d: d["pairs"][2].update(draft="gemma-3-270m"), "pair #3 (smollm2-135m-instruct <- gemma-3-270m): field 'draft' names a model with another tokenizer"),
     (lambda d: d["pairs"][2].update(draft="gemma-3-270m:sideways"), "field 'draft' mode must be one of"),
-    (lambda d: d["pairs"][0].update(draft="speculate-harder"), "field 'draft' must be one of layer-skip, prompt-lookup"),
+    (lambda d: d["pairs"][0].update(draft="speculate-harder"), "field 'draft' must be one of layer-skip, early-exit, prompt-lookup"),
 ]
 
 
