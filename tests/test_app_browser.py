@@ -50,14 +50,23 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
                            timeout=60_000)
 
     # Hovering a token shows its tooltip: a floating box filled from data-tip (the CSS ::after fallback is
-    # switched off once the script runs).
-    token = page.locator("#spec-tokens .tokens .tok").first
-    token.hover()
-    tip = token.get_attribute("data-tip")
-    assert "p(x)" in tip and "q(x)" in tip
+    # switched off once the script runs). Tokens keep streaming while we hover, so the page may re-render
+    # under the pointer: read the floating tooltip and the tip of the element actually hovered in one
+    # evaluation, retrying if a re-render came between.
     floating = page.locator("#spec-tip")
-    floating.wait_for(state="visible", timeout=5_000)
-    assert floating.inner_text().replace("\n", " ").split() == tip.replace("\n", " ").split()
+    hovered = ("() => { const t = document.querySelector('#spec-tokens .tokens .tok:hover');"
+               " return [document.querySelector('#spec-tip')?.innerText ?? '', t ? t.dataset.tip : null]; }")
+    for _ in range(10):
+        token = page.locator("#spec-tokens .tokens .tok").first
+        token.hover()
+        floating.wait_for(state="visible", timeout=5_000)
+        shown, tip = page.evaluate(hovered)
+        if tip and shown.split() == tip.split():
+            break
+        page.mouse.move(0, 0)
+        time.sleep(0.3)
+    assert tip and "p(x)" in tip and "q(x)" in tip
+    assert shown.replace("\n", " ").split() == tip.replace("\n", " ").split()
     box, anchor = floating.bounding_box(), token.bounding_box()
     assert abs(box["x"] - anchor["x"]) < 500 and box["width"] > 100
     page.screenshot(path=str(tmp_path / "playground-running.png"), full_page=True)
