@@ -1,24 +1,12 @@
 """Arithmetic over RoundEvents for the plots and the headline numbers (no token probability is computed here).
 
-`expected_tokens_per_round` is the analytic expectation of Leviathan et al. (2023) for i.i.d. acceptance a and
-k drafts: E[tokens per target forward] = (1 - a^(k+1)) / (1 - a). If spec_engine grows a metrics module
-with the same function, that one is used so the CLI, benchmarks and UI agree.
+`expected_tokens_per_round` (the analytic expectation) comes from the engine, so CLI, benchmarks and UI agree.
 """
 from __future__ import annotations
 
 from itertools import accumulate
 
-
-def expected_tokens_per_round(acceptance: float, k: int) -> float:
-    try:
-        from spec_engine import metrics   # type: ignore[attr-defined]
-        return float(metrics.expected_tokens_per_round(acceptance, k))
-    except (ImportError, AttributeError):
-        pass
-    a = min(max(float(acceptance), 0.0), 1.0)
-    if a >= 1.0 - 1e-12:
-        return float(k + 1)
-    return (1.0 - a ** (k + 1)) / (1.0 - a)
+from spec_engine.metrics import expected_tokens_per_round  # noqa: F401  (re-exported for the plots)
 
 
 def running(values: list[float]) -> list[float]:
