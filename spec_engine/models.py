@@ -682,17 +682,21 @@ def _assemble(preset: ModelPreset) -> Path:
 
 
 def _gguf_fingerprint(gguf: Path) -> str:
-    """A short key that changes when the GGUF file or the transformers major version does.
+    """A short key that changes when the GGUF's content or the transformers major version does.
 
-    Name, size and mtime are enough to notice a reinstalled package without hashing
-    hundreds of MB; the major version guards against an incompatible saved format.
+    Size plus the first and last MiB identify the file without hashing hundreds of MB, and, unlike an
+    mtime, stay the same when the same package is installed into another virtual environment (which
+    otherwise made two checkouts dequantize and evict each other's cache in turn).
     """
     import transformers
 
-    stat = gguf.stat()
-    major = transformers.__version__.split(".")[0]
-    key = f"{gguf.name}|{stat.st_size}|{stat.st_mtime_ns}|transformers{major}"
-    return hashlib.sha256(key.encode()).hexdigest()[:12]
+    size = gguf.stat().st_size
+    digest = hashlib.sha256(f"{gguf.name}|{size}|transformers{transformers.__version__.split('.')[0]}".encode())
+    with gguf.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(size - (1 << 20), 0))
+        digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:12]
 
 
 def _cache_info(preset: ModelPreset, gguf: Path) -> dict:

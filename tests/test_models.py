@@ -224,6 +224,8 @@ def test_cache_key_changes_with_the_gguf_file(tmp_path):
     key = models._gguf_fingerprint(gguf)
     assert key == models._gguf_fingerprint(gguf)
     os.utime(gguf, ns=(0, gguf.stat().st_mtime_ns + 1_000_000_000))
+    assert models._gguf_fingerprint(gguf) == key          # a reinstall of the same file keeps the cache
+    gguf.write_bytes(b"GGUF" + bytes(99) + b"\x01")
     assert models._gguf_fingerprint(gguf) != key
 
 
