@@ -60,16 +60,27 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
+TOP_P_CANDIDATES = 256
+
+
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p, renormalised.
 
-    probs: [..., vocab]. The token that crosses the threshold is kept, so the set is never empty.
+    probs: [..., vocab]. The token that crosses the threshold is kept, so the set is never empty. The set is
+    searched among the top candidates (widened until their mass reaches top_p) instead of sorting the whole
+    vocabulary: the same set, since every token outside the candidates has at least their mass before it,
+    but a sort of 5 x 49k probabilities cost 18 ms here against ~1 ms for topk(256).
     """
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    drop_sorted = mass_before >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    kept = probs.masked_fill(drop, 0.0)
+    vocab = probs.shape[-1]
+    count = min(vocab, TOP_P_CANDIDATES)
+    while True:
+        values, order = torch.topk(probs, count, dim=-1)                    # [..., count], descending
+        mass_through = torch.cumsum(values, dim=-1)
+        if count == vocab or bool((mass_through[..., -1] >= top_p).all()):
+            break
+        count = min(vocab, count * 8)
+    keep_sorted = (mass_through - values) < top_p                             # mass before each candidate
+    kept = torch.zeros_like(probs).scatter(-1, order, values * keep_sorted)
     return kept / kept.sum(dim=-1, keepdim=True)
 
 

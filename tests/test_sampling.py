@@ -76,3 +76,15 @@ def test_inverse_cdf_sampler_matches_the_distribution_and_never_draws_zero_proba
     assert counts[probs == 0].sum() == 0
     support = probs > 0
     assert chisquare(counts[support].numpy(), (probs[support] * 20_000).numpy()).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999, 0.99999])
+def test_top_p_candidate_search_equals_a_full_sort(top_p):
+    """The candidate search widens until the mass is reached; flat distributions force it to widen."""
+    for scale in (0.1, 1.0, 5.0):
+        probs = torch.softmax(torch.randn(3, 5000, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * scale, -1)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, (torch.cumsum(sorted_probs, -1) - sorted_probs) >= top_p)
+        reference = probs.masked_fill(drop, 0.0)
+        reference = reference / reference.sum(-1, keepdim=True)
+        assert torch.allclose(top_p_filter(probs, top_p), reference, atol=1e-15)
