@@ -25,6 +25,20 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
+def target():
+    """Tiny random target (vocabulary 8, 3 layers) for the engine and statistical tests."""
+    from tiny import tiny_llama
+    return tiny_llama(vocab=8, layers=3, seed=0)
+
+
+@pytest.fixture(scope="session")
+def draft():
+    """Tiny random draft with the target's vocabulary (1 layer, other weights)."""
+    from tiny import tiny_llama
+    return tiny_llama(vocab=8, layers=1, seed=1)
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct (LlamaForCausalLM, vocab 49152, ChatML chat template)."""
     return load_model("smollm2-135m-instruct", device="cpu", dtype="float32")

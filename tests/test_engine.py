@@ -15,16 +15,6 @@ GREEDY = se.SamplingParams(0.0)
 SAMPLED = se.SamplingParams(0.9, top_k=6, top_p=0.95)
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(vocab=8, layers=3, seed=0)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return tiny_llama(vocab=8, layers=1, seed=1)
-
-
 def drafters(target, draft):
     return {
         "model": lambda: se.ModelDrafter(draft),

@@ -24,16 +24,6 @@ K = 2
 PROMPT = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2]])    # repeats, so prompt lookup has n-grams to find
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(vocab=8, layers=3, seed=0)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return tiny_llama(vocab=8, layers=1, seed=1)
-
-
 @torch.inference_mode()
 def exact_joint(model, prompt: torch.Tensor, params: se.SamplingParams) -> dict[tuple, float]:
     """P(first LENGTH tokens) under plain sampling, enumerated with one batched forward."""
