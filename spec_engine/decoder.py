@@ -17,7 +17,7 @@ from .cache import check_invariant, forward_logits, new_cache, trim_cache, cache
 from .drafters import Drafter, Proposal
 from .events import BaselineResult, GenerationResult, RoundEvent, run_stats
 from .sampling import SamplingParams, choose_token, make_generator
-from .verify import RULES, Verdict, drafted_probs, top_candidates, verify
+from .verify import RULES, Verdict, drafted_probs, verify
 
 MAX_K = 16
 MAX_NEW_TOKENS = 2048

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
-from .cache import cache_len, check_invariant, trim_cache
+from .cache import check_invariant, trim_cache
 from .drafters import Drafter, Proposal, vocab_size
 from .sampling import SamplingParams, choose_token
 
