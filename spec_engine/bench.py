@@ -1,12 +1,24 @@
 """Benchmark harness: speculative decoding vs plain decoding vs Hugging Face assisted generation, measured
 in one process, interleaved per prompt and repeat, medians reported. Not a test: run it by hand.
 
-    python -m spec_engine.bench --drafts prompt-lookup layer-skip --k 2 4 --temperatures 0 0.7 \
-        --repeats 3 --tokens 64 --out bench/results/offline
+    python -m spec_engine.bench --drafts prompt-lookup eagle --k 2 4 6 8 --temperatures 0 0.7 \
+        --repeats 3 --tokens 96 --threads 1 --out bench/results/offline
 
 For each (draft, sampling, k, prompt, repeat) it runs plain decoding, the engine and, where transformers has
 an equivalent (`prompt_lookup_num_tokens`, `assistant_model`, `assistant_tokenizer`), `generate()` with the same
 models and settings. Ratios are per prompt and repeat (same machine state), then the median over repeats.
+Runs stop at EOS like a user's would (`--no-eos` forces exactly --tokens tokens).
+
+Every row also carries the cost model of the run: c_draft = draft time per draft token and c_verify = time of a
+verify round's target forward, both relative to one plain-decoding step (c_target), and the speedup that the
+textbook formula predicts from the measured acceptance a and those measured costs:
+    predicted = E[tokens per round](a, n) * c_target / (mean round time),  E = (1 - a^(n+1)) / (1 - a)
+averaged over the rounds' draft lengths n, with prefill added to both sides; a is the judged acceptance
+(accepted / judged drafts, `spec_engine.metrics.judged_acceptance`). `realised / predicted` shows how
+far the i.i.d.-acceptance model is from the measured run (bursty drafters such as prompt lookup beat it).
+
+`--target random:llama-1b` (or random:llama-3b) builds a random-weight Llama of that size with SmolLM2's
+tokenizer: no download, for the memory-bound regime on a GPU.
 """
 from __future__ import annotations
 
@@ -23,7 +35,8 @@ import torch
 
 from .decoder import SpeculativeDecoder, autoregressive_generate
 from .factory import make_drafter, parse_draft
-from .models import DEFAULT_MODEL, load_model
+from .metrics import expected_tokens_per_round
+from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .sampling import SamplingParams
 
 PROMPTS = {
@@ -48,6 +61,7 @@ class Row:
     k: int
     prompt: str
     acceptance: float
+    judged_acceptance: float   # accepted / judged drafts: the per-token a of the textbook formula
     accepted_per_round: float
     tokens_per_forward: float
     draft_share: float
@@ -59,6 +73,11 @@ class Row:
     speedup_vs_plain: float
     speedup_vs_hf: float | None
     new_tokens: int
+    c_target_ms: float         # one plain-decoding step (a 1-token target forward + sampling)
+    c_draft: float             # draft time per draft token / c_target
+    c_verify: float            # verify time per round (target forward over n + 1 tokens + rule) / c_target
+    predicted_speedup: float   # textbook formula from measured acceptance and measured costs (see module doc)
+    realised_over_predicted: float
 
 
 def hf_kwargs(spec, k: int, target, draft, hf_assistant) -> dict | None:
@@ -80,7 +99,8 @@ def hf_assistant_for(spec, draft):
     return draft.model if draft is not None else None
 
 
-def hf_generate(target, prompt_ids, sampling: SamplingParams, tokens: int, seed: int, extra: dict, k: int) -> tuple[float, int]:
+def hf_generate(target, prompt_ids, sampling: SamplingParams, tokens: int, seed: int, extra: dict, k: int,
+                eos: bool) -> tuple[float, int]:
     if "assistant_model" in extra:
         extra["assistant_model"].generation_config.num_assistant_tokens = k
         extra["assistant_model"].generation_config.num_assistant_tokens_schedule = "constant"
@@ -88,8 +108,9 @@ def hf_generate(target, prompt_ids, sampling: SamplingParams, tokens: int, seed:
         "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
     torch.manual_seed(seed)
     start = time.perf_counter()
+    stop = {"eos_token_id": target.tokenizer.eos_token_id} if eos else {"min_new_tokens": tokens}
     out = target.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=tokens,
-                                min_new_tokens=tokens, pad_token_id=target.tokenizer.eos_token_id, **sample, **extra)
+                                pad_token_id=target.tokenizer.eos_token_id, **stop, **sample, **extra)
     return time.perf_counter() - start, int(out.shape[1] - prompt_ids.shape[1])
 
 
@@ -115,28 +136,50 @@ class ForwardClock:
             handle.remove()
 
 
-def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assistant, with_hf: bool) -> dict:
-    plain = autoregressive_generate(target.model, prompt_ids, max_new_tokens=tokens, sampling=sampling, seed=seed)
+def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assistant, with_hf: bool,
+            eos: bool = True) -> dict:
+    eos_id = target.tokenizer.eos_token_id if eos else None
+    plain = autoregressive_generate(target.model, prompt_ids, max_new_tokens=tokens, sampling=sampling, seed=seed,
+                                    eos_token_id=eos_id)
     drafter = make_drafter(spec, target, draft)
     decoder = SpeculativeDecoder(target.model, drafter)
     clock = ForwardClock([target.model, getattr(drafter, "model", None), getattr(drafter, "head", None)])
     try:
-        result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed)
+        result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed,
+                                  eos_token_id=eos_id)
     finally:
         clock.close()
     hf = None
     extra = hf_kwargs(spec, k, target, draft, hf_assistant) if with_hf else None
     if extra is not None:
-        hf_seconds, hf_tokens = hf_generate(target, prompt_ids, sampling, tokens, seed, extra, k)
+        hf_seconds, hf_tokens = hf_generate(target, prompt_ids, sampling, tokens, seed, extra, k, eos)
         hf = hf_tokens / hf_seconds
     s = result.stats
-    return {"acceptance": s.acceptance_rate, "accepted_per_round": s.accepted / max(s.rounds, 1),
+    return {"acceptance": s.acceptance_rate, "judged_acceptance": s.judged_acceptance, "accepted_per_round": s.accepted / max(s.rounds, 1),
             "tokens_per_forward": s.tokens_per_round, "draft_share": s.draft_seconds / result.total_seconds,
             "verify_share": s.verify_seconds / result.total_seconds,
             "overhead_share": 1 - clock.seconds / result.total_seconds, "spec_tok_s": s.tokens_per_second,
             "plain_tok_s": plain.tokens_per_second, "hf_tok_s": hf,
             "speedup_vs_plain": s.tokens_per_second / plain.tokens_per_second,
-            "speedup_vs_hf": None if hf is None else s.tokens_per_second / hf, "new_tokens": s.new_tokens}
+            "speedup_vs_hf": None if hf is None else s.tokens_per_second / hf, "new_tokens": s.new_tokens,
+            **cost_model(result, plain)}
+
+
+def cost_model(result, plain) -> dict:
+    """Measured unit costs of the run and the speedup the i.i.d.-acceptance formula predicts from them."""
+    rounds = result.rounds
+    c_target = statistics.median(plain.step_seconds) if plain.step_seconds else plain.total_seconds
+    drafted = sum(len(r.drafted) for r in rounds)
+    c_draft = sum(r.draft_seconds for r in rounds) / max(drafted, 1)
+    c_verify = statistics.mean(r.verify_seconds for r in rounds)
+    a = result.stats.judged_acceptance
+    expected = statistics.mean(expected_tokens_per_round(a, len(r.drafted)) for r in rounds)
+    round_seconds = statistics.mean(r.round_seconds for r in rounds)
+    predicted_seconds = result.prefill_seconds + result.stats.new_tokens / expected * round_seconds
+    predicted = (result.stats.new_tokens / predicted_seconds) / plain.tokens_per_second
+    realised = result.stats.tokens_per_second / plain.tokens_per_second
+    return {"c_target_ms": c_target * 1e3, "c_draft": c_draft / c_target, "c_verify": c_verify / c_target,
+            "predicted_speedup": predicted, "realised_over_predicted": realised / predicted}
 
 
 def median_row(samples: list[dict]) -> dict:
@@ -148,62 +191,106 @@ def median_row(samples: list[dict]) -> dict:
 
 
 def markdown(rows: list[Row]) -> str:
-    head = ("| draft | T / top-p | k | prompt | acceptance | tokens/forward | draft share | spec tok/s | plain tok/s "
-            "| HF tok/s | vs plain | vs HF | overhead |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| draft | T / top-p | k | prompt | acceptance | tokens/forward | draft cost | verify cost | spec tok/s "
+            "| plain tok/s | HF tok/s | vs plain | vs HF | predicted | overhead |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     fmt = lambda v, f="{:.2f}": "–" if v is None else f.format(v)
     lines = [f"| {r.draft} | {r.temperature:g} / {r.top_p:g} | {r.k} | {r.prompt} | {r.acceptance:.2f} | "
-             f"{r.tokens_per_forward:.2f} | {r.draft_share:.0%} | {r.spec_tok_s:.1f} | {r.plain_tok_s:.1f} | "
-             f"{fmt(r.hf_tok_s, '{:.1f}')} | **{r.speedup_vs_plain:.2f}x** | {fmt(r.speedup_vs_hf, '{:.2f}x')} | "
-             f"{r.overhead_share:.1%} |" for r in rows]
+             f"{r.tokens_per_forward:.2f} | {r.c_draft:.2f} | {r.c_verify:.2f} | {r.spec_tok_s:.1f} | "
+             f"{r.plain_tok_s:.1f} | {fmt(r.hf_tok_s, '{:.1f}')} | **{r.speedup_vs_plain:.2f}x** | "
+             f"{fmt(r.speedup_vs_hf, '{:.2f}x')} | {r.predicted_speedup:.2f}x | {r.overhead_share:.1%} |" for r in rows]
     return "\n".join([head] + lines)
+
+
+RANDOM_SIZES = {   # real Llama shapes (SmolLM2-1.7B and a 3B of the Llama-3.2 shape), random weights
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                     num_key_value_heads=32),
+    "llama-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                     num_key_value_heads=8),
+}
+
+
+def random_target(name: str, device=None, dtype=None, tokenizer_from: str = DEFAULT_MODEL) -> LoadedModel:
+    """`random:llama-1b`: a seeded random-weight Llama of a real shape with the offline default's tokenizer.
+    Its text is noise, but its cost per forward is that of a real model of the size: what the memory-bound
+    regime of a GPU needs, without a download."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .models import resolve_device, resolve_dtype
+    size = name.removeprefix("random:")
+    if size not in RANDOM_SIZES:
+        raise ValueError(f"unknown random target {name!r}; choose from {', '.join('random:' + k for k in RANDOM_SIZES)}")
+    base = load_model(tokenizer_from, device="cpu", dtype="float32")
+    device, dtype = resolve_device(device), resolve_dtype(dtype, resolve_device(device))
+    config = LlamaConfig(vocab_size=base.model.config.vocab_size, max_position_embeddings=8192, tie_word_embeddings=False,
+                         bos_token_id=base.tokenizer.bos_token_id, eos_token_id=base.tokenizer.eos_token_id,
+                         **RANDOM_SIZES[size])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return LoadedModel(name=name, model=model, tokenizer=base.tokenizer, source=f"random:{size}", device=device,
+                       dtype=dtype, load_seconds=0.0)
+
+
+def load_target(name: str, device, dtype) -> LoadedModel:
+    return random_target(name, device, dtype) if name.startswith("random:") else load_model(name, device, dtype)
+
+
+COLUMNS = """Columns: acceptance = accepted / drafted; tokens/forward = tokens per target verify forward; draft cost =
+draft time per draft token and verify cost = verify time per round, both in units of one plain-decoding step;
+vs plain / vs HF = tokens/s ratios measured in the same process (median over repeats); predicted = the textbook
+speedup from the measured acceptance and costs; overhead = share of engine time outside model forwards."""
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m spec_engine.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--drafts", nargs="+", default=["prompt-lookup", "layer-skip", "early-exit"])
-    parser.add_argument("--k", nargs="+", type=int, default=[4])
+    parser.add_argument("--model", "--target", dest="model", default=DEFAULT_MODEL,
+                        help="preset, directory, hub id, or random:llama-1b / random:llama-3b")
+    parser.add_argument("--drafts", nargs="+", default=["prompt-lookup", "eagle", "layer-skip"])
+    parser.add_argument("--k", nargs="+", type=int, default=[2, 4, 6, 8])
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
     parser.add_argument("--top-p", type=float, default=0.9, help="used with temperatures > 0")
     parser.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
+    parser.add_argument("--no-eos", action="store_true", help="always generate --tokens tokens, ignoring EOS")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_model(args.model, dtype=args.dtype)
+    target = load_target(args.model, args.device, args.dtype)
     drafts = {}
     for name in args.drafts:
         spec = parse_draft(name)
         draft = load_model(spec.model, target.device, target.dtype) if spec.needs_model else None
         drafts[name] = (spec, draft, hf_assistant_for(spec, draft))
-    rows = []
+    rows, eos = [], not args.no_eos
     for name, (spec, draft, hf_assistant) in drafts.items():
         for temperature in args.temperatures:
             sampling = SamplingParams(temperature, 0, args.top_p if temperature > 0 else 1.0)
             for k in args.k:
                 for prompt_name in args.prompts:
                     prompt_ids = target.encode_prompt(PROMPTS[prompt_name])
-                    measure(target, draft, spec, prompt_ids, sampling, k, 8, 0, hf_assistant, not args.no_hf)   # warm-up
+                    measure(target, draft, spec, prompt_ids, sampling, k, 8, 0, hf_assistant, not args.no_hf, eos)  # warm-up
                     samples = [measure(target, draft, spec, prompt_ids, sampling, k, args.tokens, seed, hf_assistant,
-                                       not args.no_hf)
+                                       not args.no_hf, eos)
                                for seed in range(args.repeats)]
                     rows.append(Row(name, temperature, sampling.top_p, k, prompt_name, **median_row(samples)))
                     print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     table = markdown(rows)
     meta = {"model": target.name, "dtype": str(target.dtype), "device": str(target.device), "tokens": args.tokens,
-            "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "machine": platform.machine(), "command": "python -m spec_engine.bench " + " ".join(argv or [])}
+            "eos": eos, "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "machine": platform.machine(), "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,
+            "command": "python -m spec_engine.bench " + " ".join(argv or [])}
     print("\n" + table)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text(f"{table}\n\n{json.dumps(meta)}\n")
+        out.with_suffix(".md").write_text(f"{table}\n\n{COLUMNS}\n\n{json.dumps(meta)}\n")
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
 
 

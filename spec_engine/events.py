@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from .metrics import judged_acceptance
+
 
 @dataclass(frozen=True)
 class RoundEvent:
@@ -78,6 +80,7 @@ class RunStats:
     total_seconds: float
     tokens_per_second: float
     accepted_histogram: list[int]       # count of rounds by number of accepted drafts, index 0..k
+    judged_acceptance: float = 0.0      # accepted / judged drafts: the per-token a of the i.i.d. formula
 
 
 def run_stats(rounds: list[RoundEvent], total_seconds: float) -> RunStats:
@@ -100,6 +103,7 @@ def run_stats(rounds: list[RoundEvent], total_seconds: float) -> RunStats:
         total_seconds=total_seconds,
         tokens_per_second=new_tokens / total_seconds if total_seconds > 0 else 0.0,
         accepted_histogram=histogram,
+        judged_acceptance=judged_acceptance(rounds),
     )
 
 

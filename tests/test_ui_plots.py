@@ -45,7 +45,8 @@ def test_forward_figure_has_measured_theory_and_plain():
     assert list(trace(fig, "this round").y) == [3, 5, 1]
     assert list(trace(fig, "measured (running)").y) == pytest.approx([3, 4, 3])
     theory = list(trace(fig, "theory (1−a^(k+1))/(1−a)").y)
-    assert theory[-1] == pytest.approx(metrics.expected_tokens_per_round(0.5, 4))
+    # a = accepted / judged drafts: rounds judged 3, 4 and 1 drafts (6 accepted), not accepted / drafted = 0.5
+    assert theory == pytest.approx([metrics.expected_tokens_per_round(a, 4) for a in (2 / 3, 6 / 7, 6 / 8)])
     assert list(trace(fig, "plain decoding").y) == [1, 1]
 
 

@@ -24,6 +24,13 @@ def running_acceptance(rounds) -> list[float]:
     return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
 
 
+def running_judged_acceptance(rounds) -> list[float]:
+    """The i.i.d. formula's a after each round: accepted / judged drafts (spec_engine.metrics.judged_acceptance)."""
+    accepted = running([r.accepted for r in rounds])
+    rejected = running([int(r.correction is not None) for r in rounds])
+    return [a / (a + j) if a + j else 0.0 for a, j in zip(accepted, rejected)]
+
+
 def elapsed_seconds(rounds) -> list[float]:
     """Engine time after each round: prefill + the rounds so far (UI rendering between rounds not counted)."""
     prefill = rounds[0].prefill_seconds if rounds else 0.0

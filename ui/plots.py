@@ -91,14 +91,14 @@ def accepted_figure(rounds) -> go.Figure:
 
 def forward_figure(rounds) -> go.Figure:
     """Tokens per target forward (= per round): this round, running mean, the theory from the measured
-    acceptance, and plain decoding's 1."""
+    per-token acceptance a (accepted / judged drafts), and plain decoding's 1."""
     if not rounds:
         return empty_figure("Tokens per target forward")
     x = round_numbers(rounds)
     toks = metrics.tokens_so_far(rounds)
     mean = [t / n for t, n in zip(toks, range(1, len(x) + 1))]
     k = max(r.k for r in rounds)
-    theory = [metrics.expected_tokens_per_round(a, k) for a in metrics.running_acceptance(rounds)]
+    theory = [metrics.expected_tokens_per_round(a, k) for a in metrics.running_judged_acceptance(rounds)]
     traces = [
         scatter(x, [len(r.emitted) for r in rounds], "this round", "markers",
                 marker={"color": COLORS["bonus"], "size": 6, "opacity": 0.6}),

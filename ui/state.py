@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 
 from . import metrics
+from spec_engine.metrics import judged_acceptance
 
 HISTORY_COLUMNS = ["#", "target", "draft", "k", "T", "top-p", "top-k", "rule", "seed", "max", "tokens", "rounds",
                    "accept", "tok/fwd", "theory", "tok/s", "plain tok/s", "speedup", "stop"]
@@ -92,7 +93,8 @@ def summarize(record: RunRecord, baseline=None) -> dict:
         "accepted": accepted,
         "acceptance_rate": acceptance,
         "tokens_per_forward": len(tokens) / len(rounds) if rounds else 0.0,
-        "expected_tokens_per_forward": metrics.expected_tokens_per_round(acceptance, record.settings.k),
+        "judged_acceptance": judged_acceptance(rounds),
+        "expected_tokens_per_forward": metrics.expected_tokens_per_round(judged_acceptance(rounds), record.settings.k),
         "seconds": seconds,
         "tokens_per_second": len(tokens) / seconds if seconds > 0 else 0.0,
         "stop_reason": record.stop_reason,
