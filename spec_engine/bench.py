@@ -143,7 +143,8 @@ def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assis
                                     eos_token_id=eos_id)
     drafter = make_drafter(spec, target, draft)
     decoder = SpeculativeDecoder(target.model, drafter)
-    clock = ForwardClock([target.model, getattr(drafter, "model", None), getattr(drafter, "head", None)])
+    clock = ForwardClock([target.model, getattr(drafter, "model", None), getattr(drafter, "head", None),
+                          getattr(drafter, "lm_head", None)])
     try:
         result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed,
                                   eos_token_id=eos_id)

@@ -72,6 +72,18 @@ def reduced_rows(target_model, vocab_index: torch.Tensor) -> torch.Tensor:
     return target_model.get_output_embeddings().weight.detach()[vocab_index.to(torch.long)]
 
 
+class ReducedLMHead(nn.Module):
+    """features [..., H] -> logits [..., N] over the reduced vocabulary (a module, so that profilers and the
+    benchmark's forward clock count it as draft-model time)."""
+
+    def __init__(self, rows: torch.Tensor):
+        super().__init__()
+        self.register_buffer("rows", rows, persistent=False)                          # [N, H]
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features @ self.rows.T
+
+
 def eagle_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, embed: torch.Tensor,
                rows: torch.Tensor, noise: float = 0.0, generator: torch.Generator | None = None,
                distill_weight: float = 0.5, unroll: int = 1, loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
@@ -131,7 +143,7 @@ class EagleDrafter(Drafter):
         self.name = name
         self.vocab_index = vocab_index.to(torch.long)                                  # [N] target ids
         self.embed = target_model.get_input_embeddings().weight                        # [vocab, H], shared
-        self.rows = reduced_rows(target_model, self.vocab_index)                       # [N, H]
+        self.lm_head = ReducedLMHead(reduced_rows(target_model, self.vocab_index))     # [N, H] rows
         self.cache = None
         self.cache_ids: list[int] = []
         self._predicted = None          # [H] the head's predicted feature of the newest committed token
@@ -175,7 +187,7 @@ class EagleDrafter(Drafter):
         assert self.cache_ids == committed[:-1], "the head cache must hold committed[:-1] before drafting"
         feature, tokens, probs = self._predicted, [], []
         for i in range(k):
-            index, reduced_probs = choose_token(feature @ self.rows.T, params, generator)        # [N] logits
+            index, reduced_probs = choose_token(self.lm_head(feature), params, generator)        # [N] logits
             tokens.append(int(self.vocab_index[index]))
             probs.append(reduced_probs)
             if i + 1 < k:
