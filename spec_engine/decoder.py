@@ -163,14 +163,21 @@ class SpeculativeDecoder:
         tail = emitted[accepted:]
         correction = tail[0] if tail and verdict.accepted < n else None
         bonus = tail[0] if tail and verdict.accepted == n else None
-        q = [1.0] * n if proposal.probs is None else drafted_probs(proposal.probs, drafted).tolist()
-        top_values, top_ids = torch.topk(target_probs, min(TARGET_TOP, target_probs.shape[-1]), dim=-1)   # [n + 1, 3]
+        top_values, top_ids = torch.topk(target_probs, min(TARGET_TOP, target_probs.shape[-1]), dim=-1)   # [n + 1, m]
+        parts = [drafted_probs(target_probs[:n], drafted), top_values.flatten(), top_ids.flatten().to(top_values.dtype)]
+        if proposal.probs is not None:
+            parts.append(drafted_probs(proposal.probs, drafted).to(top_values.dtype))
+        host = torch.cat(parts).tolist()               # one device-to-host transfer for the whole event
+        m = top_values.numel()
+        p_drafted, top_values, top_ids = host[:n], host[n:n + m], [int(i) for i in host[n + m:n + 2 * m]]
+        q = [1.0] * n if proposal.probs is None else host[n + 2 * m:]
+        width = min(TARGET_TOP, target_probs.shape[-1])
         return RoundEvent(
             index=index, drafted=list(proposal.tokens), accepted=accepted, emitted=emitted,
             correction=correction, bonus=bonus,
-            target_probs=drafted_probs(target_probs[:n], drafted).tolist(), draft_probs=q,
+            target_probs=p_drafted, draft_probs=q,
             accept_probs=verdict.accept_probs, uniforms=verdict.uniforms, next_top=verdict.next_probs_top,
-            target_top=[list(zip(ids, vals)) for ids, vals in zip(top_ids.tolist(), top_values.tolist())],
+            target_top=[list(zip(top_ids[i:i + width], top_values[i:i + width])) for i in range(0, m, width)],
             k=k, target_cache_len_before=target_before, target_cache_len=cache_len(target_cache),
             draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
             committed_len=len(committed), draft_seconds=draft_done - round_start,

@@ -93,6 +93,11 @@ def count_accepted(accept_probs: torch.Tensor, uniforms: torch.Tensor) -> int:
     return int(rejected[0, 0]) if rejected.numel() else int(accept_probs.shape[0])
 
 
+def count_accepted_host(accept_probs: list[float], uniforms: list[float]) -> int:
+    """`count_accepted` on host lists (the verdict needs them on the host anyway: one transfer, not two)."""
+    return next((i for i, (a, u) in enumerate(zip(accept_probs, uniforms)) if u >= a), len(accept_probs))
+
+
 def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP) -> list[tuple[int, float]]:
     values, ids = torch.topk(probs, min(n, probs.shape[-1]))
     return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist()) if v > 0]
@@ -100,13 +105,13 @@ def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP) -> list[tuple[int
 
 def verify_greedy(drafted: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """drafted [n], target_logits [n + 1, vocab]: accept while draft == argmax, then take the argmax."""
-    argmax = target_logits.argmax(dim=-1)                     # [n + 1]
     n = drafted.shape[0]
-    mismatch = (argmax[:n] != drafted).nonzero()
-    accepted = int(mismatch[0, 0]) if mismatch.numel() else n
+    host = torch.cat([target_logits.argmax(dim=-1), drafted]).tolist()   # [n + 1 argmax, n drafted]: one transfer
+    argmax, drafted_ids = host[:n + 1], host[n + 1:]
+    accepted = next((i for i in range(n) if argmax[i] != drafted_ids[i]), n)
     decided = min(accepted + 1, n)
     accept_probs = [1.0] * accepted + [0.0] * (decided - accepted)
-    next_token = int(argmax[accepted])
+    next_token = argmax[accepted]
     return Verdict(accepted, next_token, accept_probs, [], [(next_token, 1.0)])
 
 
@@ -124,21 +129,17 @@ def verify_sampled(
     draft_q = torch.ones_like(target_p) if draft_probs is None else drafted_probs(draft_probs, drafted)
     uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=target_probs.dtype)
     accept = rule_acceptance(rule, target_p, draft_q)
-    accepted = count_accepted(accept, uniforms)
+    host = torch.cat([accept, uniforms, drafted.to(accept.dtype)]).tolist()   # one transfer for the decision
+    accept_list, uniform_list, drafted_ids = host[:n], host[n:2 * n], [int(t) for t in host[2 * n:]]
+    accepted = count_accepted_host(accept_list, uniform_list)
     decided = min(accepted + 1, n)
     if accepted < n:
-        q_row = one_hot_row(int(drafted[accepted]), target_probs[accepted]) if draft_probs is None else draft_probs[accepted]
+        q_row = one_hot_row(drafted_ids[accepted], target_probs[accepted]) if draft_probs is None else draft_probs[accepted]
         next_dist = rule_correction_distribution(rule, target_probs[accepted], q_row)
     else:
         next_dist = target_probs[n]
     next_token = sample(next_dist, generator)
-    return Verdict(
-        accepted,
-        next_token,
-        accept[:decided].tolist(),
-        uniforms[:decided].tolist(),
-        top_candidates(next_dist),
-    )
+    return Verdict(accepted, next_token, accept_list[:decided], uniform_list[:decided], top_candidates(next_dist))
 
 
 def verify(
