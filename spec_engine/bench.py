@@ -17,8 +17,8 @@ averaged over the rounds' draft lengths n, with prefill added to both sides; a i
 (accepted / judged drafts, `spec_engine.metrics.judged_acceptance`). `realised / predicted` shows how
 far the i.i.d.-acceptance model is from the measured run (bursty drafters such as prompt lookup beat it).
 
-`--target random:llama-1b` (or random:llama-3b) builds a random-weight Llama of that size with SmolLM2's
-tokenizer: no download, for the memory-bound regime on a GPU.
+`--target random-llama-1b` (also random-smollm2-135m, random-llama-3b, usable as draft names too) builds a
+seeded random-weight Llama of that shape with SmolLM2's tokenizer: no download, for the memory-bound regime on a GPU.
 """
 from __future__ import annotations
 
@@ -111,6 +111,8 @@ def hf_generate(target, prompt_ids, sampling: SamplingParams, tokens: int, seed:
     stop = {"eos_token_id": target.tokenizer.eos_token_id} if eos else {"min_new_tokens": tokens}
     out = target.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=tokens,
                                 pad_token_id=target.tokenizer.eos_token_id, **stop, **sample, **extra)
+    if out.device.type == "cuda":
+        torch.cuda.synchronize(out.device)
     return time.perf_counter() - start, int(out.shape[1] - prompt_ids.shape[1])
 
 
@@ -203,37 +205,52 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join([head] + lines)
 
 
-RANDOM_SIZES = {   # real Llama shapes (SmolLM2-1.7B and a 3B of the Llama-3.2 shape), random weights
+RANDOM_SIZES = {   # real shapes, random weights: SmolLM2-135M, SmolLM2-1.7B, and a 3B of the Llama-3.2 shape
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, tie_word_embeddings=True),
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
-                     num_key_value_heads=32),
+                     num_key_value_heads=32, tie_word_embeddings=True),
     "llama-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-                     num_key_value_heads=8),
+                     num_key_value_heads=8, tie_word_embeddings=False),
 }
+RANDOM_PREFIX = "random-"
 
 
-def random_target(name: str, device=None, dtype=None, tokenizer_from: str = DEFAULT_MODEL) -> LoadedModel:
-    """`random:llama-1b`: a seeded random-weight Llama of a real shape with the offline default's tokenizer.
-    Its text is noise, but its cost per forward is that of a real model of the size: what the memory-bound
-    regime of a GPU needs, without a download."""
+def random_tokenizer():
+    """SmolLM2's tokenizer: from $SPEC_TOKENIZER_DIR (bench/gpu_prepare.sh saves it there for machines without
+    the packaged GGUF), else from the offline default."""
+    import os
+    if os.environ.get("SPEC_TOKENIZER_DIR"):
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(os.environ["SPEC_TOKENIZER_DIR"])
+    return load_model(DEFAULT_MODEL, device="cpu", dtype="float32").tokenizer
+
+
+def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedModel:
+    """`random-llama-1b`: a seeded random-weight Llama of a real shape with SmolLM2's tokenizer (vocabulary 49152).
+    Its text is noise, but a forward costs what a real model of the size costs: the memory-bound regime of a GPU
+    without a download. The same name always gives the same weights, so `--drafts random-smollm2-135m` with
+    `--target random-smollm2-135m` is a self-draft (acceptance 1 under greedy)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from .models import resolve_device, resolve_dtype
-    size = name.removeprefix("random:")
+    size = name.removeprefix(RANDOM_PREFIX)
     if size not in RANDOM_SIZES:
-        raise ValueError(f"unknown random target {name!r}; choose from {', '.join('random:' + k for k in RANDOM_SIZES)}")
-    base = load_model(tokenizer_from, device="cpu", dtype="float32")
-    device, dtype = resolve_device(device), resolve_dtype(dtype, resolve_device(device))
-    config = LlamaConfig(vocab_size=base.model.config.vocab_size, max_position_embeddings=8192, tie_word_embeddings=False,
-                         bos_token_id=base.tokenizer.bos_token_id, eos_token_id=base.tokenizer.eos_token_id,
-                         **RANDOM_SIZES[size])
+        raise ValueError(f"unknown random model {name!r}; choose from {', '.join(RANDOM_PREFIX + k for k in RANDOM_SIZES)}")
+    tokenizer = tokenizer or random_tokenizer()
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    config = LlamaConfig(vocab_size=49152, max_position_embeddings=8192, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, **RANDOM_SIZES[size])
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval().requires_grad_(False)
-    return LoadedModel(name=name, model=model, tokenizer=base.tokenizer, source=f"random:{size}", device=device,
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype=dtype).eval().requires_grad_(False)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"random weights, {size} shape", device=device,
                        dtype=dtype, load_seconds=0.0)
 
 
-def load_target(name: str, device, dtype) -> LoadedModel:
-    return random_target(name, device, dtype) if name.startswith("random:") else load_model(name, device, dtype)
+def load_any(name: str, device, dtype) -> LoadedModel:
+    return random_target(name, device, dtype) if name.startswith(RANDOM_PREFIX) else load_model(name, device, dtype)
 
 
 COLUMNS = """Columns: acceptance = accepted / drafted; tokens/forward = tokens per target verify forward; draft cost =
@@ -246,7 +263,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m spec_engine.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", "--target", dest="model", default=DEFAULT_MODEL,
-                        help="preset, directory, hub id, or random:llama-1b / random:llama-3b")
+                        help="preset, directory, hub id, or random-smollm2-135m / random-llama-1b / random-llama-3b")
     parser.add_argument("--drafts", nargs="+", default=["prompt-lookup", "eagle", "layer-skip"])
     parser.add_argument("--k", nargs="+", type=int, default=[2, 4, 6, 8])
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
@@ -263,11 +280,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.model, args.device, args.dtype)
+    target = load_any(args.model, args.device, args.dtype)
     drafts = {}
     for name in args.drafts:
         spec = parse_draft(name)
-        draft = load_model(spec.model, target.device, target.dtype) if spec.needs_model else None
+        draft = load_any(spec.model, target.device, target.dtype) if spec.needs_model else None
         drafts[name] = (spec, draft, hf_assistant_for(spec, draft))
     rows, eos = [], not args.no_eos
     for name, (spec, draft, hf_assistant) in drafts.items():

@@ -464,10 +464,13 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     *,
     quantization: str | None = None,
+    device_map: str | None = None,
     progress: Progress | None = None,
 ) -> LoadedModel:
     """Load a preset, a local model directory or a Hugging Face Hub id.
 
+    ``device_map="auto"`` (accelerate) spreads a directory or hub model that is larger than one GPU over
+    the GPUs (then CPU memory); the packaged GGUF presets are small and ignore it.
     ``progress`` receives short stage messages so a UI can show what a slow first
     load is doing. Raises ModelLoadError (a ValueError) when the model is unavailable.
     """
@@ -476,16 +479,19 @@ def load_model(
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     check_quantization(quantization, device)
+    if device_map not in (None, "auto"):
+        raise ValueError(f"device_map must be None or 'auto', got {device_map!r}")
+    placement = {"quantization": quantization, "device_map": device_map}
     preset = _find_preset(name_or_path)
     if preset is not None and preset.kind == "gguf-package" and _packaged_or_offline(preset):
         model, tokenizer, source = _load_packaged(preset, device, dtype, quantization, report)
     elif preset is not None and preset.kind == "gguf-package":
         report(f"{preset.package} is not installed; loading {preset.hub_id} from the Hub instead")
-        model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, quantization, report)
+        model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, placement, report)
     elif preset is not None:
-        model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, quantization, report)
+        model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, placement, report)
     else:
-        model, tokenizer, source = _load_path_or_hub(name_or_path, device, dtype, quantization, report)
+        model, tokenizer, source = _load_path_or_hub(name_or_path, device, dtype, placement, report)
     _freeze(model)
     seconds = time.perf_counter() - started
     report(f"ready in {seconds:.1f} s")
@@ -494,7 +500,7 @@ def load_model(
         model=model,
         tokenizer=tokenizer,
         source=source,
-        device=device,
+        device=model.device if device_map else device,     # accelerate puts the embedding on model.device
         dtype=dtype,
         load_seconds=seconds,
         preset=preset,
@@ -552,16 +558,16 @@ def _freeze(model) -> None:
     model.requires_grad_(False)
 
 
-def _load_path_or_hub(name: str, device, dtype, quantization, report):
+def _load_path_or_hub(name: str, device, dtype, placement: dict, report):
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         report(f"loading {path}")
-        model, tokenizer = _from_pretrained(str(path), device, dtype, quantization)
+        model, tokenizer = _from_pretrained(str(path), device, dtype, **placement)
         return model, tokenizer, f"local:{path.resolve()}"
     if path.exists():
         raise ModelLoadError(f"{path} is not a model directory (it has no config.json)")
     if _HUB_ID.fullmatch(name) and not name.startswith((".", "~")):
-        return _load_hub(name, device, dtype, quantization, report)
+        return _load_hub(name, device, dtype, placement, report)
     known = ", ".join(p.name for p in list_presets())
     raise ModelLoadError(
         f"unknown model {name!r}: not a preset ({known}), not an existing directory, "
@@ -569,7 +575,7 @@ def _load_path_or_hub(name: str, device, dtype, quantization, report):
     )
 
 
-def _load_hub(hub_id: str, device, dtype, quantization, report):
+def _load_hub(hub_id: str, device, dtype, placement: dict, report):
     reason = hub_offline_reason()
     if reason is not None:
         offline = ", ".join(p.name for p in list_presets() if p.offline)
@@ -579,21 +585,23 @@ def _load_hub(hub_id: str, device, dtype, quantization, report):
         )
     report(f"loading {hub_id} from the Hugging Face Hub")
     try:
-        model, tokenizer = _from_pretrained(hub_id, device, dtype, quantization, use_safetensors=True)
+        model, tokenizer = _from_pretrained(hub_id, device, dtype, **placement, use_safetensors=True)
     except OSError as exc:
         raise ModelLoadError(f"could not load {hub_id} from the Hugging Face Hub: {exc}") from exc
     return model, tokenizer, f"hub:{hub_id}"
 
 
-def _from_pretrained(source: str, device, dtype, quantization, use_safetensors: bool | None = None):
+def _from_pretrained(source: str, device, dtype, quantization=None, device_map=None, use_safetensors: bool | None = None):
     """Load with from_pretrained; hub downloads insist on safetensors so no pickle is ever unpickled."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False, "use_safetensors": use_safetensors}
     if quantization:
-        kwargs.update(quantization_config=_bnb_config(quantization, dtype), device_map={"": device})
+        kwargs.update(quantization_config=_bnb_config(quantization, dtype))
+    if quantization or device_map:
+        kwargs["device_map"] = device_map or {"": device}
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    if not quantization:
+    if not (quantization or device_map):
         model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     return model, tokenizer
