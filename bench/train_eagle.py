@@ -3,6 +3,7 @@
     python -m bench.train_eagle generate --out /tmp/eagle    # the target's own responses + final hidden states
     python -m bench.train_eagle train --data /tmp/eagle      # fit the head, write spec_engine/weights/ + JSON
     python -m bench.train_eagle evaluate                     # held-out acceptance with the real engine
+    python -m bench.train_eagle extract --out /tmp/eagle-corpus  # optional: teacher-forced features of local text
 
 Prompts come from bench/data/eagle_prompts.json (bench/eagle_prompts.py; held-out topics never appear in training).
 `generate` answers every training prompt with the target itself (left-padded batched `generate`, 3 of 4 greedy,
@@ -81,6 +82,52 @@ def cmd_generate(args) -> None:
               f"{time.perf_counter() - start:.0f} s", flush=True)
 
 
+def corpus_files(limit_bytes: int = 400_000) -> dict[str, list[Path]]:
+    """Text already on this machine, in a fixed order: the Python standard library's modules (code) and the
+    Markdown / reStructuredText documentation of the installed packages (prose). Licences and changelogs skipped."""
+    import sysconfig
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    code = sorted(p for p in stdlib.glob("*.py") if 2_000 < p.stat().st_size < limit_bytes)
+    site = Path(sysconfig.get_paths()["purelib"])
+    skip = ("licen", "changelog", "changes", "history", "authors", "notice", "copying")
+    prose = sorted(p for ext in ("*.md", "*.rst") for p in site.rglob(ext)
+                   if 2_000 < p.stat().st_size < limit_bytes and not any(w in p.name.lower() for w in skip))
+    return {"code": code, "prose": prose}
+
+
+def cmd_extract(args) -> None:
+    """Teacher-forced training pairs from local text (EAGLE trains on fixed text, not only the target's own
+    answers): chunks of --length tokens, the target's final hidden states for each, in shards like `generate`'s
+    (prompt_len 1: every position is a training target). --max-tokens per kind, chunks drawn in a seeded order."""
+    import random
+    from spec_engine.models import load_model
+    torch.set_num_threads(args.threads)
+    target = load_model(args.model, dtype="float32")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    chunks: list[list[int]] = []
+    for kind, files in corpus_files().items():
+        pieces = []
+        for path in files:
+            ids = target.tokenizer(path.read_text(errors="ignore"), add_special_tokens=False)["input_ids"]
+            pieces += [ids[i:i + args.length] for i in range(0, len(ids) - args.length + 1, args.length)]
+        random.Random(args.seed).shuffle(pieces)
+        take = pieces[:args.max_tokens // args.length]
+        print(f"{kind}: {len(files)} files, {len(pieces)} chunks of {args.length} tokens, using {len(take)}", flush=True)
+        chunks += take
+    random.Random(args.seed + 1).shuffle(chunks)
+    start = time.perf_counter()
+    for b in range(0, len(chunks), args.batch):
+        shard = out / f"shard{b // args.batch:04d}.pt"
+        if shard.exists():
+            continue
+        batch = chunks[b:b + args.batch]
+        torch.save({"tokens": batch, "prompt_lens": [1] * len(batch), "features": final_features(target.model, batch),
+                    "sampled": False, "corpus": True}, shard)
+        if (b // args.batch) % 10 == 0:
+            print(f"{shard.name}: {b + len(batch)}/{len(chunks)} chunks, {time.perf_counter() - start:.0f} s", flush=True)
+
+
 def load_shards(data: Path) -> list[dict]:
     """[{tokens, prompt_len, features [len, H] fp16}] from every shard, in shard order."""
     samples = []
@@ -145,16 +192,26 @@ def cmd_train(args) -> None:
     generator = torch.Generator().manual_seed(args.seed)
     order = torch.randperm(len(samples), generator=generator).tolist()
     n_val = max(1, len(samples) // 20)
+    # Validation: the same 5% of the target's own answers whatever --extra-data adds (extra data only trains).
     val, train = [samples[i] for i in order[:n_val]], [samples[i] for i in order[n_val:]]
+    answers = list(train)
+    for extra in args.extra_data:
+        train += load_shards(Path(extra))
+    samples = answers + val + train[len(answers):]
     tok = target.tokenizer
     always = sorted({tok.eos_token_id, *[tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")]})
-    vocab_index = choose_vocab(train, args.vocab, always, target.model.config.vocab_size)
+    if args.init:          # continue from a trained head (and keep its vocabulary)
+        from spec_engine.eagle import load_head
+        head, vocab_index = load_head(Path(args.init), dtype=torch.float32)
+        head.train().requires_grad_(True)
+    else:
+        vocab_index = choose_vocab(answers, args.vocab, always, target.model.config.vocab_size)
+        head = EagleHead(head_config(target.model.config, args.intermediate))
+        with torch.no_grad():
+            head.body.norm.weight.copy_(target.model.model.norm.weight)
     embed = target.model.get_input_embeddings().weight.detach()
     rows = embed[vocab_index] if target.model.config.tie_word_embeddings else \
         target.model.get_output_embeddings().weight.detach()[vocab_index]
-    head = EagleHead(head_config(target.model.config, args.intermediate))
-    with torch.no_grad():
-        head.body.norm.weight.copy_(target.model.model.norm.weight)
     params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     steps_per_epoch = (len(train) // args.batch)
@@ -193,6 +250,9 @@ def save(head, vocab_index, samples, train, val, history, start, args) -> None:
               "train_positions": sum(len(s["tokens"]) for s in train), "vocab": len(vocab_index),
               "vocab_coverage_val": round(coverage(val, vocab_index), 4), "train_seconds": round(time.perf_counter() - start),
               "epochs_done": len(history), "history": history}
+    if args.init:          # the chain of commands that reproduces these weights
+        previous = json.loads(Path(args.init).with_suffix(".json").read_text())
+        record["init"] = {k: previous.get(k) for k in ("command", "sha256", "data_sha256", "train_positions", "init")}
     record = save_head(head, vocab_index, Path(args.out), record)
     print(json.dumps({k: v for k, v in record.items() if k != "history"}, indent=1))
 
@@ -257,7 +317,9 @@ def main(argv=None) -> None:
     g.add_argument("--threads", type=int, default=1)
     t = sub.add_parser("train")
     t.add_argument("--model", default="smollm2-135m-instruct")
-    t.add_argument("--data", required=True)
+    t.add_argument("--data", required=True, help="shards of `generate` (the target's answers; 5%% held for validation)")
+    t.add_argument("--extra-data", nargs="*", default=[], help="more shards for training only (e.g. `extract`)")
+    t.add_argument("--init", default=None, help="continue from these head weights (their vocabulary is kept)")
     t.add_argument("--out", default=str(DEFAULT_OUT))
     t.add_argument("--vocab", type=int, default=8192)
     t.add_argument("--intermediate", type=int, default=None, help="head MLP width (default: the target's)")
@@ -270,6 +332,14 @@ def main(argv=None) -> None:
     t.add_argument("--unroll", type=int, default=3, help="steps trained on the head's own predictions (1 = EAGLE-1)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=1)
+    x = sub.add_parser("extract")
+    x.add_argument("--model", default="smollm2-135m-instruct")
+    x.add_argument("--out", required=True)
+    x.add_argument("--length", type=int, default=256)
+    x.add_argument("--max-tokens", type=int, default=150_000, help="per kind (code, prose)")
+    x.add_argument("--batch", type=int, default=8)
+    x.add_argument("--seed", type=int, default=0)
+    x.add_argument("--threads", type=int, default=1)
     e = sub.add_parser("evaluate")
     e.add_argument("--model", default="smollm2-135m-instruct")
     e.add_argument("--weights", default=str(DEFAULT_OUT))
@@ -280,7 +350,7 @@ def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
-    {"generate": cmd_generate, "train": cmd_train, "evaluate": cmd_evaluate}[args.cmd](args)
+    {"generate": cmd_generate, "train": cmd_train, "evaluate": cmd_evaluate, "extract": cmd_extract}[args.cmd](args)
 
 
 if __name__ == "__main__":

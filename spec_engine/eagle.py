@@ -132,12 +132,18 @@ class EagleDrafter(Drafter):
 
     Greedy: argmax of the head's reduced logits, probs None. Sampling: draws from the warped reduced
     distribution (same temperature / top-k / top-p) and reports it over the full target vocabulary.
+    With `min_confidence` > 0 a round drafts fewer than k tokens when the head's own top probability (softmax of
+    its logits) drops below it: the draft length depends on the draft alone, so the output stays exact.
     """
 
     name = "eagle"
     uses_target_features = True
 
-    def __init__(self, head: EagleHead, target_model, vocab_index: torch.Tensor, name: str = "eagle"):
+    def __init__(self, head: EagleHead, target_model, vocab_index: torch.Tensor, name: str = "eagle",
+                 min_confidence: float = 0.0):
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
+        self.min_confidence = min_confidence       # stop drafting when the head's top probability falls below it
         self.head = head.eval()
         self.target = target_model
         self.name = name
@@ -187,7 +193,10 @@ class EagleDrafter(Drafter):
         assert self.cache_ids == committed[:-1], "the head cache must hold committed[:-1] before drafting"
         feature, tokens, probs = self._predicted, [], []
         for i in range(k):
-            index, reduced_probs = choose_token(self.lm_head(feature), params, generator)        # [N] logits
+            logits = self.lm_head(feature)                                                    # [N]
+            if i and self.min_confidence and float(torch.softmax(logits.float(), -1).max()) < self.min_confidence:
+                break       # dynamic draft length: decided from the head's own distribution only, so still exact
+            index, reduced_probs = choose_token(logits, params, generator)
             tokens.append(int(self.vocab_index[index]))
             probs.append(reduced_probs)
             if i + 1 < k:
@@ -259,10 +268,10 @@ def load_head(path: Path = DEFAULT_WEIGHTS, dtype: torch.dtype = torch.float32, 
     return head.to(device=device, dtype=dtype).eval(), vocab_index.to(device)
 
 
-def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS) -> EagleDrafter:
+def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS, min_confidence: float = 0.0) -> EagleDrafter:
     """The shipped head for `target_model`, in the target's dtype and on its device."""
     head, vocab_index = load_head(path, dtype=target_model.dtype, device=target_model.device)
-    return EagleDrafter(head, target_model, vocab_index)
+    return EagleDrafter(head, target_model, vocab_index, min_confidence=min_confidence)
 
 
 def random_eagle_drafter(target_model, vocab_index: torch.Tensor | None = None, seed: int = 0,

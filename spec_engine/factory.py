@@ -3,7 +3,8 @@
     layer-skip                     the target without DEFAULT_SKIP_LAYERS (self-speculative)
     early-exit[:N]                 the target's first N layers (default EARLY_EXIT_AFTER), a lesson, not a default
     prompt-lookup[:N]              n-gram lookup, n <= N (default 3)
-    eagle                          the shipped EAGLE head for the offline default (spec_engine/weights/)
+    eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/weights/); with C,
+                                   a round stops drafting when the head's top probability < C / 100
     <preset or path>               a separate draft model with the target's tokenizer
     <preset>:cross-tokenizer       a draft with another tokenizer, text re-tokenized
     <preset>:naive-ids             the tokenizer-mismatch mistake: ids passed through unchanged
@@ -23,7 +24,7 @@ MODES = ("layer-skip", "early-exit", "prompt-lookup", "eagle", "same-tokenizer",
 class DraftSpec:
     mode: str                    # one of MODES
     model: str | None = None     # the draft model's preset name or path, for model drafts
-    arg: int | None = None       # early-exit layers or prompt-lookup n-gram size
+    arg: int | None = None       # early-exit layers, prompt-lookup n-gram size or eagle confidence percentage
 
     @property
     def needs_model(self) -> bool:
@@ -36,9 +37,9 @@ def parse_draft(name: str) -> DraftSpec:
         raise ValueError("draft name is empty; use layer-skip, early-exit, prompt-lookup, or a model preset")
     head, _, tail = name.strip().partition(":")
     if head == "eagle":
-        if tail:
-            raise ValueError("eagle takes no argument; build EagleDrafter(head, target, vocab_index) for other heads")
-        return DraftSpec("eagle")
+        if tail and not (tail.isdigit() and int(tail) < 100):
+            raise ValueError(f"eagle:C needs a confidence percentage C in 0..99, got {tail!r}")
+        return DraftSpec("eagle", None, int(tail) if tail else None)
     if head in ("layer-skip", "early-exit", "prompt-lookup"):
         if head == "layer-skip" and tail:
             raise ValueError("layer-skip takes no argument; build LayerSkipDrafter(target, skip_layers) for other sets")
@@ -69,7 +70,7 @@ def make_drafter(spec: DraftSpec | str, target, draft=None) -> Drafter:
         return PromptLookupDrafter(max_ngram=spec.arg or 3)
     if spec.mode == "eagle":
         from .eagle import load_eagle_drafter
-        return load_eagle_drafter(target.model)
+        return load_eagle_drafter(target.model, min_confidence=(spec.arg or 0) / 100)
     if spec.mode == "cross-tokenizer":
         return CrossTokenizerDrafter(draft.model, draft.tokenizer, target.tokenizer, name=f"{spec.model}:cross-tokenizer")
     if spec.mode == "naive-ids":

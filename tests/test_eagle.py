@@ -67,10 +67,11 @@ def test_training_step_lowers_the_loss(trained):
 def drafters(target, trained):
     return {"random": lambda: random_eagle_drafter(target, seed=1),
             "random-reduced": lambda: random_eagle_drafter(target, REDUCED, seed=2),
-            "trained-reduced": lambda: EagleDrafter(trained[0], target, REDUCED)}
+            "trained-reduced": lambda: EagleDrafter(trained[0], target, REDUCED),
+            "trained-dynamic": lambda: EagleDrafter(trained[0], target, REDUCED, min_confidence=0.5)}
 
 
-@pytest.mark.parametrize("kind", ["random", "random-reduced", "trained-reduced"])
+@pytest.mark.parametrize("kind", ["random", "random-reduced", "trained-reduced", "trained-dynamic"])
 @pytest.mark.parametrize("params", [GREEDY, se.SamplingParams(0.9, top_k=6, top_p=0.95)], ids=["greedy", "sampled"])
 def test_head_cache_holds_committed_positions_every_round(target, trained, kind, params):
     drafter = drafters(target, trained)[kind]()
@@ -103,7 +104,7 @@ def test_head_cache_equals_a_fresh_pass_over_true_features(target, trained):
     assert torch.allclose(drafter._predicted, fresh, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["random", "random-reduced", "trained-reduced"])
+@pytest.mark.parametrize("kind", ["random", "random-reduced", "trained-reduced", "trained-dynamic"])
 def test_greedy_identity_with_plain_decoding(target, trained, kind):
     base = se.autoregressive_generate(target, PROMPT, max_new_tokens=30, sampling=GREEDY)
     for k in (1, 3, 8):
@@ -121,7 +122,20 @@ def test_one_token_prompt(target, trained):
     assert result.tokens == base.tokens and result.rounds[0].drafted == []
 
 
-@pytest.mark.parametrize("make", ["random-reduced", "trained-reduced"])
+def test_dynamic_draft_length_drafts_fewer_when_unsure(target, trained):
+    """min_confidence cuts rounds short (some drafted < k, never empty while features exist) and 0 never does."""
+    lengths = {}
+    for confidence in (0.0, 0.5):
+        drafter = EagleDrafter(trained[0], target, REDUCED, min_confidence=confidence)
+        result = se.SpeculativeDecoder(target, drafter).generate(PROMPT, k=4, max_new_tokens=40, sampling=GREEDY)
+        lengths[confidence] = [len(r.drafted) for r in result.rounds if r.k == 4 and r.committed_len < len(PROMPT[0]) + 36]
+    assert set(lengths[0.0]) == {4}
+    assert min(lengths[0.5]) >= 1 and any(n < 4 for n in lengths[0.5])
+    with pytest.raises(ValueError, match="min_confidence"):
+        EagleDrafter(trained[0], target, REDUCED, min_confidence=1.0)
+
+
+@pytest.mark.parametrize("make", ["random-reduced", "trained-reduced", "trained-dynamic"])
 def test_sampled_output_follows_the_target_distribution(target, trained, make):
     params = se.SamplingParams(0.7, top_p=0.9) if make == "random-reduced" else se.SamplingParams(1.0, top_k=5)
     samples = speculative_samples(target, drafters(target, trained)[make], params)
@@ -175,3 +189,11 @@ def test_greedy_identity_on_the_offline_default(smollm2):
         assert result.tokens == expected, smollm2.tokenizer.decode(result.tokens)
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
     assert accepted / drafted > 0.15     # trained (an untrained head is near 0 here); held-out numbers are in its JSON
+
+
+def test_eagle_draft_names():
+    assert se.parse_draft("eagle") == se.DraftSpec("eagle")
+    assert se.parse_draft("eagle:30").arg == 30
+    for bad in ("eagle:100", "eagle:x", "eagle:0.3"):
+        with pytest.raises(ValueError, match="confidence percentage"):
+            se.parse_draft(bad)
