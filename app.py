@@ -1,19 +1,47 @@
 """Speculative decoding playground: `python app.py` serves it on http://127.0.0.1:7860 (a Hugging Face Space
-runs the same file). The default target (SmolLM2-135M, offline) starts loading at once; the page shows progress."""
+runs the same file). The default target (SmolLM2-135M, offline) starts loading at once; the page shows progress.
+
+Limits for a public server (each flag overrides its SPEC_* environment variable; see ui/limits.py):
+    --allow-custom-models   let visitors name Hugging Face Hub ids besides the presets (SPEC_ALLOW_CUSTOM_MODELS=1);
+                            safetensors only, never remote code, never local paths
+    --max-extra-models N    models kept loaded besides the default, least recently used dropped (SPEC_MAX_EXTRA_MODELS)
+    --max-run-seconds S     wall-clock cap of one run, its baseline or a sweep (SPEC_MAX_RUN_SECONDS)
+    --max-new-tokens N      token cap of one run (SPEC_MAX_NEW_TOKENS)
+    --queue-size N          requests waiting before "queue is full" (SPEC_QUEUE_SIZE)
+    --concurrency N         runs decoding at once; 1 keeps timings honest (SPEC_CONCURRENCY)
+"""
+import argparse
 import logging
+import sys
 
 try:   # ZeroGPU on Hugging Face Spaces wants `spaces` imported before torch; elsewhere it is absent
     import spaces  # noqa: F401
 except ImportError:
     pass
 
+from ui import limits
 from ui.layout import LAYOUT_CSS, THEME, build_demo
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Speculative decoding playground")
+    parser.add_argument("--allow-custom-models", action="store_true", default=None,
+                        help="allow Hugging Face Hub ids besides the presets (safetensors only, no remote code)")
+    parser.add_argument("--max-extra-models", type=int, help="models kept loaded besides the default")
+    parser.add_argument("--max-run-seconds", type=float, help="wall-clock cap of one run")
+    parser.add_argument("--max-new-tokens", type=int, help="token cap of one run")
+    parser.add_argument("--queue-size", type=int, help="requests waiting before 'queue is full'")
+    parser.add_argument("--concurrency", type=int, help="runs decoding at once")
+    return parser.parse_args(argv)
+
 
 logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
 logging.getLogger("ui").setLevel(logging.INFO)      # model loading progress on the console
 
+# Flags only when run as a script: tests import this module under pytest's own argv.
+limits.configure(limits.from_env(**vars(parse_args(sys.argv[1:] if __name__ == "__main__" else []))))
 demo = build_demo()
-demo.queue(default_concurrency_limit=4, max_size=64)
+demo.queue(default_concurrency_limit=4, max_size=limits.current().queue_size)
 
 if __name__ == "__main__":
     demo.launch(theme=THEME, css=LAYOUT_CSS)

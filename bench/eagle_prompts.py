@@ -2,7 +2,6 @@
 topic with training prompts. Deterministic: `python -m bench.eagle_prompts` rewrites bench/data/eagle_prompts.json."""
 from __future__ import annotations
 
-import itertools
 import json
 import random
 from pathlib import Path

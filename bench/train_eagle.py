@@ -73,7 +73,7 @@ def cmd_generate(args) -> None:
         if shard.exists():
             continue
         batch = encoded[b:b + args.batch]
-        sampled = (b // args.batch) % 4 == 3
+        sampled = args.all_sampled or (b // args.batch) % 4 == 3
         responses = respond(target.model, target.tokenizer, batch, args.new_tokens, sampled, seed=args.seed + b)
         sequences = [p + r for p, r in zip(batch, responses)]
         features = final_features(target.model, sequences)
@@ -183,7 +183,7 @@ def batches(samples: list[dict], batch: int, generator: torch.Generator):
 
 
 def cmd_train(args) -> None:
-    from spec_engine.eagle import EagleHead, eagle_loss, head_config, save_head
+    from spec_engine.eagle import EagleHead, eagle_loss, head_config
     from spec_engine.models import load_model
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)          # module initialisation only; data order and noise use explicit generators
@@ -315,6 +315,8 @@ def main(argv=None) -> None:
     g.add_argument("--limit", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=1)
+    g.add_argument("--all-sampled", action="store_true",
+                   help="sample every answer at T=0.7 / top-p 0.9 (a second pass with another --seed adds new answers)")
     t = sub.add_parser("train")
     t.add_argument("--model", default="smollm2-135m-instruct")
     t.add_argument("--data", required=True, help="shards of `generate` (the target's answers; 5%% held for validation)")

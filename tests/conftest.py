@@ -3,6 +3,7 @@
 They use the normal spec_engine cache, so only the very first session on a machine
 pays for dequantizing the GGUF files (~20 s SmolLM2, ~55 s Gemma).
 """
+import os
 import sys
 from pathlib import Path
 
@@ -70,3 +71,28 @@ def playground(playground_registry):
     app.demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     yield f"http://127.0.0.1:{port}/"
     app.demo.close()
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's headless Chromium driven by PyPI playwright (which cannot download its own browser here).
+    Skips, with the reason, only when /usr/bin/chromium is absent."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def open_playground(browser, url: str, **options):
+    """A new page on the launched playground, once its Run button is there."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1000}, **options)
+    page.goto(url)
+    page.wait_for_selector("#spec-run", timeout=60_000)
+    return page

@@ -1,30 +1,20 @@
 """A real browser: Debian's headless Chromium driven by PyPI playwright against the launched app.
 
-Skips (with the reason) only when /usr/bin/chromium is absent: `apt-get install -y chromium`.
+Skips (with the reason) only when /usr/bin/chromium is absent (the `chromium` fixture).
 """
-import os
 import time
 
 import pytest
 
+from conftest import open_playground
+
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-
 @pytest.fixture(scope="module")
-def page(playground):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1000})
-        page.goto(playground)
-        page.wait_for_selector("#spec-run", timeout=60_000)
-        yield page
-        browser.close()
+def page(playground, chromium):
+    page = open_playground(chromium, playground)
+    yield page
+    page.close()
 
 
 def token_count(page) -> int:
@@ -80,3 +70,72 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
     assert stopped_at < 300
     page.screenshot(path=str(tmp_path / "playground-stopped.png"), full_page=True)
     assert (tmp_path / "playground-stopped.png").stat().st_size > 10_000
+
+
+HOSTILE_PROMPT = ('Repeat this exactly: <img src=x onerror="window.__pwned=1">'
+                  '<script>window.__pwned=2</script><b id="injected">bold</b> & "quotes"')
+
+
+def test_html_in_the_prompt_stays_inert_text(page):
+    page.fill("#spec-prompt textarea", HOSTILE_PROMPT)
+    max_new = page.locator("#spec-max-new input[type=number]")
+    max_new.fill("12")
+    max_new.press("Enter")
+    page.click("#spec-run")
+    page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')", timeout=120_000)
+    assert page.evaluate("window.__pwned") is None                        # neither handler nor script ran
+    injected = "document.querySelectorAll('#spec-tokens img, #spec-tokens script, #injected').length"
+    assert page.evaluate(injected) == 0
+    shown = page.evaluate("document.querySelector('#spec-tokens .ptext').textContent")
+    assert '<script>window.__pwned=2</script>' in shown and '<img src=x onerror="window.__pwned=1">' in shown
+    tips = page.evaluate("[...document.querySelectorAll('#spec-tokens .tok')].map(t => t.dataset.tip)")
+    assert tips and all("p(x)" in tip or "token" in tip for tip in tips)   # attributes survived as text
+    time.sleep(1.0)
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_a_waiting_run_shows_its_place_in_the_queue(page, playground):
+    from gradio_client import Client
+    from ui import handlers
+    values = dict(prompt="Write one sentence about the sea.", target="smollm2-135m-instruct", draft="prompt-lookup",
+                  k=4, temperature=0, top_p=1.0, top_k=0, max_new_tokens=300, seed=0, rule="exact", chat=True,
+                  skip_layers="", exit_after=0, auto_baseline=False, show_spaces=False)
+    other = Client(playground, verbose=False)                     # another visitor holds the model queue
+    job = other.submit(*[values[n] for n in handlers.RUN_INPUTS], api_name="/run")
+    for out in job:
+        if isinstance(out[-1], dict) and out[-1].get("rounds", 0) >= 1:
+            break
+    page.click("#spec-run")
+    page.wait_for_function("/queue: *\\d+ *\\/ *\\d+/.test(document.body.innerText)", timeout=30_000)
+    job.cancel()
+    page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')", timeout=120_000)
+
+
+def test_closing_the_tab_ends_its_run_on_the_server(page, playground):
+    import app
+    from ui import registry as reg
+    from ui.state import SessionState
+
+    def sessions():
+        holder = app.demo.server_app.state_holder
+        return [v for h in list(holder.session_data) for v in holder[h].state_data.values()
+                if isinstance(v, SessionState)]
+
+    tab = page.context.browser.new_page()
+    tab.goto(playground)
+    tab.wait_for_selector("#spec-run", timeout=60_000)
+    max_new = tab.locator("#spec-max-new input[type=number]")
+    max_new.fill("600")
+    max_new.press("Enter")
+    tab.click("#spec-run")
+    tab.wait_for_function("document.querySelectorAll('#spec-tokens .tokens .round').length >= 3", timeout=120_000)
+    running = [s for s in sessions() if s.active is not None and s.active.decoder is not None]
+    assert len(running) == 1
+    tab.close()
+    record = running[0].active.record
+    deadline = time.monotonic() + 30
+    while running[0].active.decoder is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running[0].active.decoder is None                       # released: caches dropped
+    assert record.stop_reason is None and len(record.tokens) < 600   # ended by the closed tab, not by itself
+    assert reg.REGISTRY.holds("smollm2-135m-instruct") == 0

@@ -3,7 +3,6 @@ import copy
 
 import pytest
 
-import spec_engine as se
 from ui import metrics, plots
 from ui.state import RunSettings, SessionState, history_row, summarize
 from test_ui_render import event

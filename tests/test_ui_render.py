@@ -2,8 +2,6 @@
 import html
 import re
 
-import pytest
-
 import spec_engine as se
 from ui import render
 from ui.render import RenderOptions

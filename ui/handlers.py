@@ -1,14 +1,18 @@
 """Gradio handlers: generators that turn settings into streamed UI updates.
 
-They validate inputs (user mistakes become `gr.Error`), call `runner` and render with `render` and `plots`.
-Every output tuple follows RUN_OUTPUTS (or MISMATCH_OUTPUTS); values not worth resending are `gr.skip()`.
-Per-user data lives in the `SessionState` passed in; the only process-wide object is the model registry.
+They validate inputs with `validate` (user mistakes become `gr.Error`; the same checks run earlier as the
+events' `validator=`), call `runner` and render with `render` and `plots`. Every output tuple follows RUN_OUTPUTS
+(or MISMATCH_OUTPUTS); values not worth resending are `gr.skip()`. Per-user data lives in the `SessionState`
+passed in; the only process-wide objects are the model registry and the limits.
+
+Computing handlers yield once per engine round (an all-skip update between renders), so when Gradio closes
+the generator (Stop's `cancels=`, a cancelled API job, a closed tab) it ends within one round; every run ends
+in `runner.release`, which drops its caches and the models it held, however it ended.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from time import perf_counter
 
 import gradio as gr
@@ -16,7 +20,7 @@ import pandas as pd
 
 import spec_engine as se
 
-from . import plots, render, runner
+from . import limits, plots, render, runner, validate
 from . import registry as reg
 from .presets import Presets
 from .state import HISTORY_COLUMNS, RunSettings, SessionState, summarize
@@ -31,7 +35,7 @@ except Exception:   # not on a Space, or no `spaces` package: run as is
         return fn
 
 RENDER_INTERVAL = 0.15          # seconds between streamed UI updates (the final round is always sent)
-UI_MAX_NEW_TOKENS = 1024
+UI_MAX_NEW_TOKENS = 1024        # the engine allows 2048; the server's cap is limits.current().max_new_tokens
 SWEEP_K = (1, 2, 3, 4, 6, 8, 12)
 MISMATCH_MAX_NEW_TOKENS = 40
 MISMATCH_DRAFT_MODEL = "gemma-3-270m"
@@ -50,85 +54,64 @@ RULE_CHOICES = [("exact (rejection sampling)", "exact"), ("top-p membership (wro
 # ----------------------------------------------------------------------------------------- input checks
 
 def as_int(name: str, value, lo: int, hi: int) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise gr.Error(f"{name} must be a whole number, got {value!r}") from None
-    if not math.isfinite(number) or number != int(number):
-        raise gr.Error(f"{name} must be a whole number, got {value!r}")
-    if not lo <= number <= hi:
-        raise gr.Error(f"{name} must be between {lo} and {hi}, got {int(number)}")
-    return int(number)
+    """A whole number in [lo, hi] or gr.Error naming `name` (see validate.check_int)."""
+    return validate.check_int(name, value, lo, hi)
 
 
 def as_float(name: str, value) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise gr.Error(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise gr.Error(f"{name} must be a finite number, got {value!r}")
-    return number
+    """A finite number or gr.Error naming `name` (see validate.check_number)."""
+    return validate.check_number(name, value)
 
 
 def parse_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                    skip_layers="", exit_after=0) -> RunSettings:
-    """Widget values -> RunSettings, or gr.Error saying what to change."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise gr.Error("The prompt is empty: type something for the model to continue.")
-    if target not in reg.preset_names():
-        raise gr.Error(f"Unknown target model {target!r}; pick one from the list.")
-    problem = reg.check_draft_value(draft or "")
-    if problem:
-        raise gr.Error(f"Draft: {problem}")
-    if rule not in se.RULES:
-        raise gr.Error(f"Verification rule must be one of {', '.join(se.RULES)}, got {rule!r}")
-    settings = RunSettings(
-        target=target, draft=draft, k=as_int("k", k, 1, se.MAX_K),
-        temperature=as_float("temperature", temperature), top_p=as_float("top-p", top_p),
-        top_k=as_int("top-k", top_k, 0, 1_000_000),
-        max_new_tokens=as_int("max new tokens", max_new_tokens, 1, min(UI_MAX_NEW_TOKENS, se.MAX_NEW_TOKENS)),
-        seed=as_int("seed", seed, 0, 2**63 - 1), rule=rule, chat=bool(chat), prompt=prompt,
-        skip_layers=str(skip_layers or ""), exit_after=as_int("exit after", exit_after or 0, 0, 1000))
-    try:
-        settings.sampling()
-    except ValueError as exc:
-        raise gr.Error(f"Sampling: {exc}") from None
-    return settings
+    """Widget or API values -> RunSettings, or gr.Error saying what to change (validate.check_settings)."""
+    return validate.check_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
+                                   chat, skip_layers, exit_after)
+
+
+validate_run = validate.run_validator            # validator= of run and sweep_k (same inputs)
+validate_mismatch = validate.mismatch_validator  # validator= of mismatch
 
 
 class friendly_errors:
-    """Context manager: engine and loading errors -> gr.Error with a readable message; the app keeps serving."""
+    """Context manager: engine and loading errors -> gr.Error with a readable message and no local paths;
+    the app keeps serving."""
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, exc, tb):
-        if exc is None or isinstance(exc, (gr.Error, GeneratorExit)):
+        if exc is None or isinstance(exc, GeneratorExit):
+            return False
+        if isinstance(exc, gr.Error):
+            exc.message = validate.public_message(exc.message)
             return False
         import torch
         if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
             raise gr.Error("Out of memory: lower max new tokens, shorten the prompt or pick a smaller model.") from exc
         if isinstance(exc, ValueError):
-            raise gr.Error(str(exc)) from exc
+            raise gr.Error(validate.public_message(exc), print_exception=False) from exc
         if isinstance(exc, Exception):
             log.exception("run failed")
-            raise gr.Error(f"Something went wrong: {type(exc).__name__}: {exc}") from exc
+            raise gr.Error(validate.public_message(f"Something went wrong: {type(exc).__name__}: {exc}")) from exc
         return False
 
 
 def relay(gen, view, stop=None):
     """Re-yield a generator's progress messages as UI updates; returns its return value, or None when the
     `stop` event is set first (loading goes on in the registry's thread; this run just stops waiting)."""
-    while True:
-        if stop is not None and stop.is_set():
-            gen.close()
-            return None
-        try:
-            message = next(gen)
-        except StopIteration as done:
-            return done.value
-        yield view(message)
+    try:
+        while True:
+            if stop is not None and stop.is_set():
+                return None
+            try:
+                message = next(gen)
+            except StopIteration as done:
+                return done.value
+            yield view(message)
+    finally:
+        gen.close()     # also when this generator is closed: the inner one's cleanup runs now
 
 
 # ------------------------------------------------------------------------------------------------ views
@@ -144,8 +127,9 @@ def compare_figure(state: SessionState):
 def status_text(record, summary: dict, running: bool) -> str:
     if running:
         return f"Decoding… round {summary['rounds']}, {summary['new_tokens']} tokens"
-    reason = {"eos": "end of sequence", "max_new_tokens": "max new tokens reached",
-              "cancelled": "stopped"}.get(record.stop_reason or "", record.stop_reason or "done")
+    reason = {"eos": "end of sequence", "max_new_tokens": "max new tokens reached", "cancelled": "stopped",
+              runner.TIME_LIMIT: f"stopped at this server's time limit ({limits.current().max_run_seconds:g} s)"
+              }.get(record.stop_reason or "", record.stop_reason or "done")
     return f"Run {record.run_id} finished: {reason} after {summary['rounds']} rounds, {summary['new_tokens']} tokens"
 
 
@@ -195,30 +179,46 @@ def initial_outputs() -> dict[str, object]:
 
 # --------------------------------------------------------------------------------------------- handlers
 
+SKIP_RUN = (gr.skip(),) * len(RUN_OUTPUTS)
+
+
 def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_baseline: bool):
     """The run pipeline as UI updates: load (progress), rounds (throttled), baseline, final view."""
     state.stop_event.clear()
-    prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, show_spaces), message_view, state.stop_event)
+    budget = runner.Budget(state.stop_event)
+    prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, show_spaces, budget, hold=True),
+                            message_view, state.stop_event)
     if prep is None:
         yield message_view("Stopped while loading; the model keeps loading in the background for the next run.")
         return
-    state.active = prep
-    last = 0.0
-    for event in runner.rounds(prep, state):
-        now = perf_counter()
-        if (event.finished or now - last >= RENDER_INTERVAL) and not state.stop_event.is_set():
-            last = now
-            yield run_view(prep, state)
-    record = prep.record
-    if record.recorded:        # the Stop handler recorded and rendered it; a later view would only race with it
-        return
-    if auto_baseline and record.stop_reason != "cancelled" and state.baseline_for(record) is None:
-        yield message_view("Measuring plain decoding with the same prompt, settings and seed…")
-        runner.baseline(prep.target, record, state)
-        if record.recorded:
+    try:
+        state.active = prep
+        last = 0.0
+        for event in runner.rounds(prep, state):
+            now = perf_counter()
+            if (event.finished or now - last >= RENDER_INTERVAL) and not state.stop_event.is_set():
+                last = now
+                yield run_view(prep, state)
+            else:
+                yield SKIP_RUN                # one message per round: a cancel or a closed tab lands here
+        record = prep.record
+        if record.recorded:        # the Stop handler recorded and rendered it; a later view would only race with it
             return
-    state.finish(record)
-    yield run_view(prep, state, final=True)
+        if auto_baseline and record.stop_reason not in ("cancelled", runner.TIME_LIMIT) \
+                and state.baseline_for(record) is None:
+            yield message_view("Measuring plain decoding with the same prompt, settings and seed…")
+            yield from relay(runner.baseline(prep.target, record, state, budget=budget),
+                             lambda m: message_view(f"Measuring plain decoding with the same prompt, settings and "
+                                                    f"seed… {m}"))
+            if record.recorded:
+                return
+        state.finish(record)
+        status = None
+        if budget.timed_out and record.stop_reason != runner.TIME_LIMIT and state.baseline_for(record) is None:
+            status = status_text(record, summarize(record), running=False) + " (plain decoding hit the time limit)"
+        yield run_view(prep, state, status=status, final=True)
+    finally:
+        runner.release(prep, reg.REGISTRY)
 
 
 @gpu
@@ -247,42 +247,83 @@ def measure_baseline(state: SessionState):
     everywhere (every run in the history with the same baseline key uses the new measurement)."""
     prep = getattr(state, "active", None)
     if prep is None or not prep.record.rounds:
-        raise gr.Error("Run something first: the baseline uses the latest run's prompt, settings and seed.")
+        raise gr.Error("Run something first: the baseline uses the latest run's prompt, settings and seed.",
+                       print_exception=False)
     state.stop_event.clear()
+    name = prep.record.settings.target
     with friendly_errors():
         yield message_view("Measuring plain decoding with the same prompt, settings and seed…")
-        if runner.baseline(prep.target, prep.record, state, force=True) is None:
-            yield message_view("Baseline stopped.")
-            return
-        yield run_view(prep, state, final=True)
+        held: list[str] = []
+        models = yield from relay(runner.load([name], reg.REGISTRY, held), message_view, state.stop_event)
+        try:
+            if models is None:
+                yield message_view("Baseline stopped.")
+                return
+            result = yield from relay(runner.baseline(models[name], prep.record, state, force=True),
+                                      lambda m: message_view(f"Measuring plain decoding… {m}"))
+            if result is None:
+                yield message_view("Baseline stopped.")
+                return
+            yield run_view(prep, state, final=True)
+        finally:
+            for model in held:
+                reg.REGISTRY.release(model)
+
+
+def drive(prep: runner.Prepared, state: SessionState, view, label: str):
+    """Run a prepared run to its end without rendering it: a throttled progress message, else an all-skip
+    update, once per round (so the generator can be closed within one round)."""
+    last = 0.0
+    for event in runner.rounds(prep, state):
+        now = perf_counter()
+        if event.finished or now - last >= RENDER_INTERVAL:
+            last = now
+            tokens = event.committed_len - len(prep.record.prompt_ids)
+            yield view(f"{label}: round {event.index + 1}, {tokens} tokens")
+        else:
+            yield view(None)
 
 
 @gpu
 def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
             exit_after, auto_baseline, show_spaces, state: SessionState):
-    """Run the current settings for several k (one plain-decoding baseline serves all) into the history."""
+    """Run the current settings for several k (one plain-decoding baseline serves all) into the history.
+    The whole sweep shares one time budget."""
     base = parse_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                           skip_layers, exit_after)
     state.stop_event.clear()
+    budget = runner.Budget(state.stop_event)
+
+    def progress(message):
+        return SKIP_RUN if message is None else message_view(message)
+
     with friendly_errors():
         for n, k_value in enumerate(SWEEP_K):
-            if state.stop_event.is_set():
+            if state.stop_event.is_set() or budget.timed_out:
                 break
             settings = dataclasses.replace(base, k=k_value)
             label = f"Sweep {n + 1}/{len(SWEEP_K)}: k = {k_value}"
-            prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, bool(show_spaces)),
-                                    lambda m: message_view(f"{label}: {m}"))
-            state.active = prep
-            yield message_view(f"{label}: decoding…")
-            for _ in runner.rounds(prep, state):
-                pass
-            if prep.record.recorded:
+            preparing = runner.prepare(settings, state, reg.REGISTRY, bool(show_spaces), budget, hold=True)
+            prep = yield from relay(preparing, lambda m: message_view(f"{label}: {m}"), state.stop_event)
+            if prep is None:
                 return
-            if state.baseline_for(prep.record) is None:
-                yield message_view(f"{label}: measuring plain decoding once for the sweep…")
-                runner.baseline(prep.target, prep.record, state)
-            state.finish(prep.record)
-            yield run_view(prep, state, status=f"{label} done", final=True)
+            try:
+                state.active = prep
+                yield message_view(f"{label}: decoding…")
+                yield from drive(prep, state, progress, label)
+                if prep.record.recorded:
+                    return
+                if state.baseline_for(prep.record) is None and not budget.timed_out:
+                    yield message_view(f"{label}: measuring plain decoding once for the sweep…")
+                    yield from relay(runner.baseline(prep.target, prep.record, state, budget=budget),
+                                     lambda m: message_view(f"{label}: measuring plain decoding… {m}"))
+                state.finish(prep.record)
+                yield run_view(prep, state, status=f"{label} done", final=True)
+            finally:
+                runner.release(prep, reg.REGISTRY)
+        if budget.timed_out:
+            yield message_view(f"Sweep stopped at this server's time limit ({budget.seconds:g} s); "
+                               "the finished runs are in the history.")
 
 
 def mismatch_drafts(target: str) -> list[tuple[str, str, str]]:
@@ -298,34 +339,48 @@ def mismatch_drafts(target: str) -> list[tuple[str, str, str]]:
 @gpu
 def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
     """Same prompt, greedy, k=4, with a naive-id draft, a cross-tokenizer draft and same-tokenizer drafts."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise gr.Error("The prompt is empty: type something first.")
-    n_tokens = min(as_int("max new tokens", max_new_tokens, 1, UI_MAX_NEW_TOKENS), MISMATCH_MAX_NEW_TOKENS)
+    clean, problems = validate.check_mismatch(prompt, target, max_new_tokens, chat)
+    if problems:
+        field = next(iter(problems))
+        raise validate.InputError(field, problems[field])
+    n_tokens = min(clean["max_new_tokens"], MISMATCH_MAX_NEW_TOKENS)
     state.stop_event.clear()
+    budget = runner.Budget(state.stop_event)
     results, views = [], []
     skip = (gr.skip(),) * (len(MISMATCH_OUTPUTS) - 1)
+
+    def progress(message):
+        return (gr.skip(),) + skip if message is None else (message,) + skip
+
     with friendly_errors():
-        for draft, label, receives in mismatch_drafts(target):
-            settings = RunSettings(target=target, draft=draft, k=4, temperature=0.0, top_p=1.0, top_k=0,
-                                   max_new_tokens=n_tokens, seed=0, rule="exact", chat=bool(chat), prompt=prompt)
-            prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY),
-                                    lambda m: (f"{label}: {m}",) + skip)
-            yield (f"{label}: decoding {n_tokens} tokens…",) + skip
-            for _ in runner.rounds(prep, state):
-                pass
-            state.finish(prep.record)
+        for draft, label, receives in mismatch_drafts(clean["target"]):
+            if state.stop_event.is_set() or budget.timed_out:
+                break
+            settings = RunSettings(target=clean["target"], draft=draft, k=4, temperature=0.0, top_p=1.0, top_k=0,
+                                   max_new_tokens=n_tokens, seed=0, rule="exact", chat=clean["chat"],
+                                   prompt=clean["prompt"])
+            prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, budget=budget, hold=True),
+                                    lambda m: (f"{label}: {m}",) + skip, state.stop_event)
+            if prep is None:
+                break
+            try:
+                yield (f"{label}: decoding {n_tokens} tokens…",) + skip
+                yield from drive(prep, state, progress, label)
+                state.finish(prep.record)
+            finally:
+                runner.release(prep, reg.REGISTRY)
             summary = summarize(prep.record)
             notes = sorted({r.note for r in prep.record.rounds if r.note})
             results.append(dict(summary, label=label, receives=receives, note="; ".join(notes)))
             views.append((label, receives, summary, prep))
-            if state.stop_event.is_set():
-                break
         table = pd.DataFrame([[r["label"] + ": " + r["draft"], r["receives"], round(r["acceptance_rate"], 3),
                                round(r["tokens_per_forward"], 2), round(r["tokens_per_second"], 1), r["rounds"],
                                r["note"]] for r in results], columns=MISMATCH_COLUMNS)
-        yield ("Done: hover the tokens to see why each draft was accepted or rejected.", table,
-               plots.mismatch_figure(results), mismatch_views_html(views), tokenization_demo(views, target),
-               history_frame(state), compare_figure(state))
+        done = "Done: hover the tokens to see why each draft was accepted or rejected."
+        if budget.timed_out:
+            done = f"Stopped at this server's time limit ({budget.seconds:g} s). " + done
+        yield (done, table, plots.mismatch_figure(results), mismatch_views_html(views),
+               tokenization_demo(views, clean["target"]), history_frame(state), compare_figure(state))
 
 
 def mismatch_views_html(views) -> str:
@@ -378,10 +433,15 @@ def clear_history(state: SessionState):
 
 def on_target(target, draft, state: SessionState):
     """A target that cannot load here warns and reverts; otherwise the draft list follows the target."""
-    ok, reason = reg.availability(target)
     previous = getattr(state, "target", None) or next(iter(reg.preset_names()))
+    try:
+        target = validate.check_target(target)
+    except validate.InputError as exc:
+        gr.Warning(render.esc(exc.message))
+        return gr.update(value=previous), gr.update()
+    ok, reason = reg.availability(target)
     if not ok:
-        gr.Warning(f"{reg.display_name(target)} is unavailable here: {reason}")
+        gr.Warning(render.esc(f"{reg.display_name(target)} is unavailable here: {validate.public_message(reason)}"))
         return gr.update(value=previous), gr.update()
     state.target = target
     choices = reg.draft_choices(target)
@@ -398,7 +458,7 @@ def on_draft(draft, target):
     if spec.model is not None:
         ok, reason = reg.availability(spec.model)
         if not ok:
-            gr.Warning(f"{reg.display_name(spec.model)} is unavailable here: {reason}")
+            gr.Warning(render.esc(f"{reg.display_name(spec.model)} is unavailable here: {reason}"))
     return kind.lesson
 
 
@@ -424,7 +484,8 @@ def model_status(default_target: str):
     """Page load: show the default target's loading progress until it is ready."""
     entry = reg.REGISTRY.start(default_target)
     while not entry.done.wait(0.5):
-        yield f"⏳ {reg.display_name(default_target)}: {reg.REGISTRY.status(default_target)}"
+        status = validate.public_message(reg.REGISTRY.status(default_target))
+        yield f"⏳ {reg.display_name(default_target)}: {status}"
     yield model_status_line(default_target)
 
 
@@ -433,5 +494,5 @@ def model_status_line(default_target: str) -> str:
     for preset in se.list_presets():
         status = reg.REGISTRY.status(preset.name)
         if status != "not loaded":
-            parts.append(f"{preset.display_name}: {status}")
+            parts.append(f"{preset.display_name}: {validate.public_message(status)}")
     return "Models: " + (" · ".join(parts) if parts else "none loaded yet")

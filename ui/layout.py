@@ -11,7 +11,8 @@ import gradio as gr
 
 import spec_engine as se
 
-from . import handlers, plots, render
+from . import classroom, handlers, limits, plots, render, sweeps
+from . import lab as exactness_lab
 from . import registry as reg
 from .presets import Presets, load_presets
 from .state import HISTORY_COLUMNS, SessionState
@@ -62,10 +63,13 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 example = gr.Dropdown([(p.label, p.id) for p in presets.prompts], value=None, label="Example prompt")
                 c["prompt"] = gr.Textbox(presets.prompts[0].text, lines=5, max_lines=14, label="Prompt", elem_id="spec-prompt")
                 c["chat"] = gr.Checkbox(True, label="Apply the chat template")
+                custom = limits.current().allow_custom_models
                 c["target"] = gr.Dropdown(reg.target_choices(), value=default_target, label="Target model",
-                                          info="Hub models are listed but need network access")
+                                          info="Hub models are listed but need network access"
+                                          + ("; or type a Hub id (owner/name)" if custom else ""),
+                                          allow_custom_value=custom, elem_id="spec-target")
                 c["draft"] = gr.Dropdown(reg.draft_choices(default_target), value="layer-skip", label="Draft",
-                                         elem_id="spec-draft")
+                                         allow_custom_value=custom, elem_id="spec-draft")
                 draft_info = gr.Markdown(reg.KINDS_BY_KEY["layer-skip"].lesson, elem_id="spec-draft-info")
                 c["k"] = gr.Slider(1, se.MAX_K, value=4, step=1, label="k: draft tokens per round", elem_id="spec-k")
                 with gr.Row():
@@ -73,7 +77,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                     c["top_p"] = gr.Slider(0.05, 1, value=1, step=0.01, label="top-p")
                 with gr.Row():
                     c["top_k"] = gr.Number(0, precision=0, minimum=0, label="top-k (0 = off)")
-                    c["max_new_tokens"] = gr.Slider(1, handlers.UI_MAX_NEW_TOKENS, value=64, step=1,
+                    c["max_new_tokens"] = gr.Slider(1, limits.current().max_new_tokens, value=64, step=1,
                                                     label="max new tokens", elem_id="spec-max-new")
                     c["seed"] = gr.Number(0, precision=0, minimum=0, label="seed")
                 c["rule"] = gr.Radio(handlers.RULE_CHOICES, value="exact", label="Verification rule")
@@ -102,6 +106,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                         out["tokens"] = gr.HTML(initial["tokens"], css_template=render.CSS, elem_id="spec-tokens",
                                                 max_height=TOKEN_VIEW_HEIGHT, autoscroll=True,
                                                 js_on_load=render.TOOLTIP_JS)
+                        out["explain"] = gr.Markdown("", elem_id="spec-explain")
                     with gr.Tab("Generated text"):
                         out["text"] = gr.Textbox("", lines=8, label="Generated text (decoded)",
                                                  buttons=["copy"], elem_id="spec-text")
@@ -141,21 +146,32 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                     mm["mm_plot"] = gr.Plot(plots.mismatch_figure([]), show_label=False, scale=2)
                     mm["mm_tokenization"] = gr.HTML("", css_template=render.CSS, scale=3)
                 mm["mm_views"] = gr.HTML("", css_template=render.CSS, js_on_load=render.TOOLTIP_JS)
+            lab = classroom.build_tabs(c, state)
+            lab_events = exactness_lab.build_tab(c, state, RESIZE_JS) + sweeps.build_tab(c, state, RESIZE_JS)
             with gr.Tab("About"):
                 gr.Markdown(about_text(default_target, skip_default))
 
         run_inputs = [c[name] for name in handlers.RUN_INPUTS] + [state]
         run_outputs = [out[name] for name in handlers.RUN_OUTPUTS]
-        compute = {"concurrency_id": "compute", "concurrency_limit": 1}
-        run_event = run_btn.click(handlers.run, run_inputs, run_outputs, api_name="run", **compute)
-        sweep_event = sweep_btn.click(handlers.sweep_k, run_inputs, run_outputs, api_name="sweep_k", **compute)
+        # One model queue: at most `concurrency` runs decode at once (1 by default: honest timings); the rest wait
+        # in Gradio's queue (at most limits.queue_size), which shows each waiting visitor its position.
+        # preprocess=False: the validators and handlers check the raw values themselves (validate.py), so an
+        # API caller gets the same named, readable errors as the UI, before the request takes a queue place.
+        compute = {"concurrency_id": "compute", "concurrency_limit": limits.current().concurrency}
+        checked = {"preprocess": False, "validator": handlers.validate_run}
+        run_event = run_btn.click(handlers.run, run_inputs, run_outputs, api_name="run", **compute, **checked)
+        sweep_event = sweep_btn.click(handlers.sweep_k, run_inputs, run_outputs, api_name="sweep_k", **compute,
+                                      **checked)
         base_event = baseline_btn.click(handlers.measure_baseline, [state], run_outputs, api_name="baseline", **compute)
         mm_outputs = [mm[name] if name in mm else out[name] for name in handlers.MISMATCH_OUTPUTS]
         mm_event = mm_btn.click(handlers.mismatch_demo, [c["prompt"], c["target"], c["max_new_tokens"], c["chat"], state],
-                                mm_outputs, api_name="mismatch", **compute)
-        stop_btn.click(handlers.stop, [state], run_outputs, api_name="stop", concurrency_limit=None,
-                       cancels=[run_event, sweep_event, base_event, mm_event])
+                                mm_outputs, api_name="mismatch", **compute, preprocess=False,
+                                validator=handlers.validate_mismatch)
+        stop_event = stop_btn.click(handlers.stop, [state], run_outputs, api_name="stop", concurrency_limit=None,
+                                    cancels=[run_event, sweep_event, base_event, mm_event, *lab_events])
 
+        classroom.explain_after([run_event, sweep_event, base_event, stop_event], state, out["explain"],
+                                clear_on=[run_btn, sweep_btn])
         private = {"api_visibility": "private"}
         c["target"].input(handlers.on_target, [c["target"], c["draft"], state], [c["target"], c["draft"]], **private)
         c["draft"].change(handlers.on_draft, [c["draft"], c["target"]], [draft_info], **private)
@@ -171,7 +187,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         demo.load(functools.partial(handlers.model_status, default_target), None, [model_md], **private)
         for tab in (compare_tab, kv_tab, mm_tab):   # plots drawn while their tab was hidden get their width now
             tab.select(None, None, None, js=RESIZE_JS, **private)
-    demo.spec_components = {**c, **out, **mm, "scenario": scenario, "example": example}   # for tests
+    demo.spec_components = {**c, **out, **mm, **lab, "scenario": scenario, "example": example}   # for tests
     return demo
 
 

@@ -1,27 +1,49 @@
 """Process-wide model registry and the draft catalogue.
 
-Models are loaded once per process (one lock per name, loading in a background thread so a handler can
-stream progress) and then shared read-only by every session: runs never write to a model, and each run
-builds its own drafter (drafters hold one run's caches). This is the only process-wide state of the UI.
+Models are loaded once per process (one entry per name, loading in a background thread so a handler can
+stream progress, one load at a time) and then shared read-only by every session: runs never write to a model,
+and each run builds its own drafter (drafters hold one run's caches). This is the only process-wide state of
+the UI.
+
+Memory is bounded: besides the pinned default target, at most `Limits.max_extra_models` models stay loaded;
+the least recently used idle one is dropped to make room. A run holds the models it uses (`acquire` /
+`release`), and a held model is never dropped, so a switch of model in one session never pulls a model from
+under another session's generation. Before a load, the free memory is compared with an estimate of the
+model's size (its parameter count), and a clear error replaces an out-of-memory crash.
 
 Drafts are data: `DRAFT_KINDS` lists what can draft, and a draft choice value is "<kind>" or
 "<kind>:<preset>". Adding a draft source (e.g. a trained EAGLE-style head) is one more `DraftKind`.
 """
 from __future__ import annotations
 
+import functools
+import gc
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import spec_engine as se
 
+from . import limits
 from .tokens import TokenLabeler
 
 log = logging.getLogger("ui.registry")
 
 PRELOAD_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
+MEMORY_HEADROOM = 512 * 2**20     # bytes left free after a load (activations, caches, the OS)
+MEMORY_FACTOR = 1.5               # peak while loading / weights (GGUF dequantizing, temporary copies)
+
+
+class ModelCapacityError(ValueError):
+    """Every slot for an extra model is taken by a model in use: try again when a run ends."""
+
+
+class ModelMemoryError(ValueError):
+    """Not enough free memory to load a model (checked before loading, instead of crashing)."""
 
 
 def default_skip_layers() -> list[int]:
@@ -163,12 +185,74 @@ def display_name(name: str) -> str:
         return name
 
 
+def tokenizer_family(name: str) -> str | None:
+    """The preset's tokenizer family (presets of one family share token ids); None for custom models."""
+    try:
+        return se.resolve_preset(name).tokenizer_family
+    except ValueError:
+        return None
+
+
 def availability(name: str) -> tuple[bool, str]:
     from spec_engine import models
+    if name not in preset_names():
+        if not limits.current().allow_custom_models:
+            return False, "not a preset, and custom models are switched off on this server"
+        reason = models.hub_offline_reason()
+        if reason is not None:
+            return False, f"{models.OFFLINE_HUB_REASON}: {reason}"
+        return True, f"downloads {name} from the Hugging Face Hub"
     try:
         return models.is_offline_available(name)
     except ValueError as exc:
         return False, str(exc)
+
+
+# ----------------------------------------------------------------------------------------- memory
+
+def parse_params(text: str) -> int | None:
+    """'135M' -> 135_000_000, '1.7B' -> 1_700_000_000; None when the preset does not say."""
+    match = re.fullmatch(r"\s*([\d.]+)\s*([KMB])\s*", text or "", re.IGNORECASE)
+    if not match:
+        return None
+    return int(float(match.group(1)) * {"K": 1e3, "M": 1e6, "B": 1e9}[match.group(2).upper()])
+
+
+@functools.lru_cache(maxsize=64)
+def parameter_count(name: str) -> int | None:
+    """From the preset's `params`; for a custom Hub id, from its safetensors header (best effort)."""
+    try:
+        return parse_params(se.resolve_preset(name).params)
+    except ValueError:
+        pass
+    try:
+        from huggingface_hub import get_safetensors_metadata
+        return int(sum(get_safetensors_metadata(name).parameter_count.values()))
+    except Exception:   # offline, gated, no safetensors: no estimate, the load itself still guards
+        return None
+
+
+def free_memory_bytes(device) -> int | None:
+    """Free memory where the weights will live: the GPU's, else the system's available RAM."""
+    import torch
+    if device is not None and torch.device(device).type == "cuda":
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        import psutil
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GB"
 
 
 def target_choices() -> list[tuple[str, str]]:
@@ -217,28 +301,52 @@ class _Loading:
     started: float = 0.0
     result: object = None
     error: BaseException | None = None
+    holds: int = 0              # runs using the model now: never dropped while > 0
+    last_used: float = 0.0      # time.monotonic() of the latest use, for least-recently-used eviction
+
+    @property
+    def ready(self) -> bool:
+        return self.done.is_set() and self.error is None and self.result is not None
 
 
 class ModelRegistry:
-    """Loads each model once per process and hands the same read-only LoadedModel to every session."""
+    """Loads each model once per process and hands the same read-only LoadedModel to every session.
 
-    def __init__(self, loader=None, device=None, dtype=None):
+    `pinned` models (the default target, and models handed in with `put`) are never dropped; at most
+    `max_extra` others stay loaded (None: `limits.current().max_extra_models`, read at each load).
+    `free_memory(device)` and `estimate(name)` (bytes) are injectable for tests.
+    """
+
+    def __init__(self, loader=None, device=None, dtype=None, pinned=None, max_extra: int | None = None,
+                 free_memory: Callable | None = None, estimate: Callable[[str], int | None] | None = None):
         self._loader = loader or se.load_model
         self._device, self._dtype = device, dtype
         self._lock = threading.Lock()
+        self._load_gate = threading.Lock()          # one load at a time: memory is measured between loads
         self._loading: dict[str, _Loading] = {}
         self._labelers: dict[str, TokenLabeler] = {}
+        from spec_engine.models import default_model_name
+        self._pinned = set(pinned if pinned is not None else [default_model_name()])
+        self._max_extra = max_extra
+        self._free_memory = free_memory or free_memory_bytes
+        self._estimate = estimate or self.estimate_bytes
+
+    # ---- loading
 
     def start(self, name: str) -> _Loading:
-        """Begin loading `name` in the background (no-op if it is loading or loaded)."""
+        """Begin loading `name` in the background (no-op if it is loading or loaded). Raises
+        ModelCapacityError when every slot for an extra model is held by a running generation."""
         with self._lock:
             entry = self._loading.get(name)
             if entry is None or entry.error is not None:
+                if name not in self._pinned:
+                    self._make_room(name)
                 done = threading.Event()
                 entry = _Loading(threading.Thread(target=self._load, args=(name,), daemon=True,
                                                   name=f"load-{name}"), done, started=time.perf_counter())
                 self._loading[name] = entry
                 entry.thread.start()
+            entry.last_used = time.monotonic()
             return entry
 
     def _load(self, name: str) -> None:
@@ -249,8 +357,13 @@ class ModelRegistry:
             log.info("%s: %s", name, message)
 
         try:
-            loaded = self._loader(name, device=self._device, dtype=self._dtype, progress=progress)
-            warm_up(loaded)
+            if Path(name).expanduser().exists() and name not in self._pinned and not _is_preset(name):
+                raise ValueError(f"{name!r} is not a preset; the app does not load models from local paths")
+            entry.message = "waiting for another model to finish loading"
+            with self._load_gate:
+                self._check_memory(name)
+                loaded = self._loader(name, device=self._device, dtype=self._dtype, progress=progress)
+                warm_up(loaded)
             entry.result = loaded
             entry.message = f"ready ({loaded.device}, {str(loaded.dtype).removeprefix('torch.')}, {loaded.load_seconds:.1f} s)"
         except BaseException as exc:   # reported to whoever waits; the next call retries
@@ -260,13 +373,16 @@ class ModelRegistry:
         finally:
             entry.done.set()
 
-    def put(self, loaded) -> None:
+    def put(self, loaded, pin: bool = True) -> None:
         """Register an already loaded model under its name (tests share their session's model this way)."""
         done = threading.Event()
         done.set()
         with self._lock:
+            if pin:
+                self._pinned.add(loaded.name)
             self._loading[loaded.name] = _Loading(None, done, message=f"ready ({loaded.device}, preloaded)",
-                                                  started=time.perf_counter(), result=loaded)
+                                                  started=time.perf_counter(), result=loaded,
+                                                  last_used=time.monotonic())
 
     def loaded(self, name: str):
         entry = self._loading.get(name)
@@ -282,13 +398,39 @@ class ModelRegistry:
 
     def wait(self, name: str, poll: float = 0.5) -> Iterator[str]:
         """Yield progress messages while `name` loads; the loaded model is the generator's return value.
-        Raises what the loader raised."""
+        Raises what the loader raised. The model is not held: see `acquire`."""
         entry = self.start(name)
         while not entry.done.wait(poll):
             yield f"Loading {display_name(name)}: {entry.message} ({time.perf_counter() - entry.started:.0f} s)"
         if entry.error is not None:
             raise entry.error
         return entry.result
+
+    def acquire(self, name: str, poll: float = 0.5) -> Iterator[str]:
+        """Like `wait`, and the model is held (never dropped) until `release(name)`."""
+        while True:
+            result = yield from self.wait(name, poll)
+            with self._lock:
+                entry = self._loading.get(name)
+                if entry is not None and entry.result is result and entry.ready:
+                    entry.holds += 1
+                    entry.last_used = time.monotonic()
+                    return result
+            # dropped between loading and holding (another session needed the room): load it again
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            entry = self._loading.get(name)
+            if entry is not None and entry.holds > 0:
+                entry.holds -= 1
+                entry.last_used = time.monotonic()
+
+    def holds(self, name: str) -> int:
+        entry = self._loading.get(name)
+        return 0 if entry is None else entry.holds
+
+    def loaded_names(self) -> list[str]:
+        return [name for name, entry in list(self._loading.items()) if entry.ready]
 
     def get(self, name: str):
         """Blocking load (for scripts and tests)."""
@@ -302,9 +444,82 @@ class ModelRegistry:
     def labeler(self, loaded) -> TokenLabeler:
         with self._lock:
             labeler = self._labelers.get(loaded.name)
-            if labeler is None:
+            if labeler is None or labeler.tokenizer is not loaded.tokenizer:
                 labeler = self._labelers[loaded.name] = TokenLabeler(loaded.tokenizer)
             return labeler
+
+    # ---- bounds
+
+    @property
+    def max_extra(self) -> int:
+        return limits.current().max_extra_models if self._max_extra is None else self._max_extra
+
+    def _extras(self) -> list[str]:
+        return [n for n, e in self._loading.items() if n not in self._pinned and e.error is None]
+
+    def _idle_extra(self, keep: str) -> str | None:
+        """The least recently used extra model that is loaded and not held (None if there is none)."""
+        idle = [(e.last_used, n) for n, e in self._loading.items()
+                if n != keep and n not in self._pinned and e.ready and e.holds == 0]
+        return min(idle)[1] if idle else None
+
+    def _make_room(self, name: str) -> None:
+        """Under the lock: drop idle extras until one more fits within max_extra, or say why it cannot."""
+        while len(self._extras()) >= self.max_extra:
+            victim = self._idle_extra(keep=name)
+            if victim is None:
+                if self.max_extra == 0:
+                    raise ModelCapacityError(f"This server serves only its default model; {display_name(name)} "
+                                             "cannot be loaded here (SPEC_MAX_EXTRA_MODELS=0).")
+                busy = ", ".join(display_name(n) for n in self._extras())
+                raise ModelCapacityError(
+                    f"Busy: this server keeps at most {self.max_extra} extra model(s) loaded and all are in use by "
+                    f"running generations ({busy}). Try {display_name(name)} again when they finish.")
+            self._evict(victim, "to make room for " + name)
+
+    def _check_memory(self, name: str) -> None:
+        """In the loading thread, under the load gate: drop idle extras while memory is short; raise if still."""
+        needed = self._estimate(name)
+        if needed is None:
+            return
+        while True:
+            free = self._free_memory(self._device)
+            if free is None or free - MEMORY_HEADROOM >= needed:
+                return
+            with self._lock:
+                victim = self._idle_extra(keep=name)
+                if victim is None:
+                    loaded = ", ".join(display_name(n) for n in self.loaded_names()) or "none"
+                    raise ModelMemoryError(
+                        f"Not enough memory to load {display_name(name)}: it needs about {gib(needed)} and "
+                        f"{gib(max(free, 0))} is free. Try again later, or use a model that is already loaded "
+                        f"({loaded}).")
+                self._evict(victim, f"memory is short for {name}")
+
+    def _evict(self, name: str, why: str) -> None:
+        """Under the lock. The registry lets go of the model; sessions still holding a reference keep it
+        alive until they finish (so nothing in use is freed), then Python frees it."""
+        entry = self._loading.pop(name)
+        self._labelers.pop(name, None)
+        entry.result = None
+        log.info("dropped %s (least recently used, idle): %s", name, why)
+        gc.collect()
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def estimate_bytes(self, name: str) -> int | None:
+        """Memory a load of `name` needs: parameters x bytes per parameter x MEMORY_FACTOR."""
+        params = parameter_count(name)
+        if params is None:
+            return None
+        from spec_engine import models
+        dtype = models.resolve_dtype(self._dtype, models.resolve_device(self._device))
+        return int(params * dtype.itemsize * MEMORY_FACTOR)
+
+
+def _is_preset(name: str) -> bool:
+    return name in preset_names()
 
 
 def warm_up(loaded) -> None:

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from . import metrics
 from spec_engine.metrics import judged_acceptance
 
+MAX_HISTORY = 100        # finished runs kept per session (the oldest go first): a session's memory is bounded
+MAX_BASELINES = 64       # measured baselines kept per session
+
 HISTORY_COLUMNS = ["#", "target", "draft", "k", "T", "top-p", "top-k", "rule", "seed", "max", "tokens", "rounds",
                    "accept", "tok/fwd", "theory", "tok/s", "plain tok/s", "speedup", "stop"]
 
@@ -167,7 +170,15 @@ class SessionState:
             if stop_reason and not record.stop_reason:
                 record.stop_reason = stop_reason
             self.history.append(record)
+            del self.history[:-MAX_HISTORY]
             return True
+
+    def add_baseline(self, key: tuple, result) -> None:
+        with self.lock:
+            self.baselines.pop(key, None)
+            self.baselines[key] = result
+            for old in list(self.baselines)[:-MAX_BASELINES]:
+                del self.baselines[old]
 
     def baseline_for(self, record: RunRecord | None):
         return None if record is None else self.baselines.get(record.baseline_key)

@@ -1,0 +1,65 @@
+"""The Exactness lab in a real browser (Debian's headless Chromium via PyPI playwright): open the tab, run a small
+N on the toy pair, and see both histograms drawn by Plotly with data, and the table of tests.
+
+Skips (with the reason) only when /usr/bin/chromium is absent (the `chromium` fixture).
+"""
+
+import pytest
+
+from conftest import open_playground
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
+
+PLOT_DATA = "document.querySelector('{} .js-plotly-plot')?.data"
+
+
+@pytest.fixture(scope="module")
+def page(playground, chromium):
+    page = open_playground(chromium, playground)
+    yield page
+    page.close()
+
+
+def set_number(page, selector: str, value: str) -> None:
+    box = page.locator(f"{selector} input[type=number]")
+    box.fill(value)
+    box.press("Enter")
+
+
+def test_exactness_lab_draws_both_histograms(page, tmp_path):
+    page.get_by_role("tab", name="Exactness lab").click()
+    page.wait_for_selector("#lab-run", state="visible", timeout=30_000)
+    set_number(page, "#lab-n", "50")
+    set_number(page, "#lab-depth", "1")
+    page.click("#lab-run")
+    page.wait_for_function("document.querySelector('#lab-status').innerText.includes('Done')", timeout=120_000)
+    assert "toy pair" in page.inner_text("#lab-status")
+
+    for plot, samplers in (("#lab-plot-exact", "speculative, exact rule"),
+                           ("#lab-plot-wrong", "speculative, no residual (wrong)")):
+        page.wait_for_function(f"({PLOT_DATA.format(plot)})?.length === 3", timeout=30_000)
+        traces = page.evaluate(f"({PLOT_DATA.format(plot)}).map(t => [t.name, t.y.length, t.type])")
+        assert traces[0][0] == "exact (from the model)" and samplers in [t[0] for t in traces]
+        assert all(kind == "bar" and n >= 2 for _, n, kind in traces)
+        assert page.locator(f"{plot} .js-plotly-plot .bars path").count() >= 6       # bars are drawn
+
+    table = page.inner_text("#lab-table")
+    assert "speculative, exact rule" in table and "top-p membership" in table
+    page.screenshot(path=str(tmp_path / "exactness-lab.png"), full_page=True)
+
+
+def test_lab_endpoints_answer_over_http(playground):
+    """api_name="lab_exactness" and "lab_sweep" as a remote caller sees them (gradio_client, no browser)."""
+    from gradio_client import Client
+    client = Client(playground, verbose=False)
+    status, exact_plot, wrong_plot, table = client.predict(
+        "toy", "the cat", 50, 1, 2, 1.0, 0.9, 0, 0, True, "next", "Hi", "smollm2-135m-instruct", "layer-skip", True,
+        "", 0, api_name="/lab_exactness")
+    assert "Done: 200 continuations" in status
+    assert [row[0] for row in table["data"]][1] == "speculative, exact rule"
+    with pytest.raises(Exception, match="needs sampling"):
+        client.predict("toy", "the cat", 50, 1, 2, 0, 0.9, 0, 0, True, "next", "Hi", "smollm2-135m-instruct",
+                       "layer-skip", True, "", 0, api_name="/lab_exactness")
+    status, plot, table = client.predict("k", "1, 2", "Say hi.", "smollm2-135m-instruct", "prompt-lookup", 4, 0, 1.0,
+                                         0, 4, 0, "exact", True, "", 0, api_name="/lab_sweep")
+    assert status.startswith("Done: 2 runs") and len(table["data"]) == 2

@@ -1,0 +1,167 @@
+"""The Exactness lab and Sweeps tabs without a server: handlers driven directly, figures and tables checked
+against the engine (every number shown must come from a run)."""
+import gradio as gr
+import pandas as pd
+import pytest
+
+import spec_engine as se
+from spec_engine import lab, sweep, toy
+from ui import lab as lab_ui
+from ui import lab_plots, sweeps
+from ui.state import SessionState
+
+MAIN = dict(prompt="Write one sentence about the sea.", target="smollm2-135m-instruct", draft="layer-skip", chat=True,
+            skip_layers="", exit_after=0)
+
+
+def lab_args(**kw):
+    values = dict(model="toy", toy_prompt="the cat", n=100, depth=2, k=2, temperature=1.0, top_p=0.9, top_k=0, seed=0,
+                  wrong_rules=True, level="next", **MAIN)
+    values.update(kw)
+    return list(values.values())
+
+
+@pytest.fixture(scope="module")
+def toy_run():
+    outputs = list(lab_ui.run_lab(*lab_args(), SessionState()))
+    return outputs
+
+
+def test_lab_streams_then_shows_both_histograms_and_the_table(toy_run):
+    assert toy_run[0][0].startswith("Enumerating")
+    status, exact_plot, wrong_plot, table, run = toy_run[-1]
+    assert "toy pair" in status and "Done: 400 continuations" in status
+    assert [t.name for t in exact_plot.data] == ["exact (from the model)", "plain sampling", "speculative, exact rule"]
+    assert [t.name for t in wrong_plot.data] == ["exact (from the model)", "speculative, top-p membership (wrong)",
+                                                 "speculative, no residual (wrong)"]
+    assert list(exact_plot.data[0].x) == ["sat", "ran", "and", "."]     # the top-p set after "the cat", by p
+    assert isinstance(table, pd.DataFrame) and len(table) == 4
+
+
+def test_lab_numbers_come_from_engine_draws_with_the_same_seeds(toy_run):
+    *_, table, run = toy_run[-1]
+    pair = toy.toy_pair()
+    sampling = se.SamplingParams(1.0, top_p=0.9)
+    prompt = pair.encode("the cat")
+    exact = lab.exact_distribution(pair.target.model, prompt[0].tolist(), 2, sampling)
+    assert run.exact == pytest.approx(exact)
+    for row, sampler in zip(table.itertuples(index=False), lab.SAMPLERS):
+        for direct in lab.draw(pair.target.model, lambda: se.ModelDrafter(pair.draft.model), prompt, 2, 2, sampling,
+                               100, sampler, seed=0):
+            pass
+        report = lab.report(exact, direct)
+        assert row[0] == lab_plots.SAMPLER_NAMES[sampler] and row[1] == 100
+        assert row[3] == round(report.tv, 4) and row[4] == round(report.tv_next, 4)
+        assert row[7] == lab_plots.fmt_p(report.chi.pvalue)
+
+
+def test_the_level_radio_redraws_from_the_stored_run(toy_run):
+    run = toy_run[-1][-1]
+    exact_plot, wrong_plot = lab_ui.relevel("whole", run)
+    assert all(len(x.split()) == 2 for x in exact_plot.data[0].x)        # two-word continuations
+    assert "first 2 tokens" in exact_plot.layout.title.text
+    assert lab_ui.relevel("next", None) == (gr.skip(), gr.skip())
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(temperature=0), "needs sampling"), (dict(n=10), "between 50 and 5000"), (dict(depth=4), "between 1 and 3"),
+    (dict(k=17), "between 1 and 16"), (dict(top_p=0), "top_p"), (dict(top_k=-1), "top-k"),
+    (dict(toy_prompt="the bird"), "no word 'bird'"), (dict(toy_prompt=""), "empty"), (dict(model="gpt"), "Models")])
+def test_lab_input_mistakes_are_readable_errors(change, message):
+    with pytest.raises(gr.Error, match=message):
+        list(lab_ui.run_lab(*lab_args(**change), SessionState()))
+
+
+def test_lab_without_wrong_rules_draws_two_samplers():
+    *_, table, run = list(lab_ui.run_lab(*lab_args(n=50, depth=1, wrong_rules=False), SessionState()))[-1]
+    assert [d.sampler for d in run.draws] == ["plain", "exact"] and len(table) == 2
+
+
+def test_labels_are_escaped_for_plotly():
+    labels = lab_plots.outcome_labels([(1,), ()], lambda seq: "<b>x</b>")
+    assert labels == ["&lt;b&gt;x&lt;/b&gt;", "(all others)"]
+    assert lab_plots.fmt_p(0.0) == "< 1e-300" and lab_plots.fmt_p(0.5) == "0.50" and lab_plots.fmt_p(2e-5) == "2e-05"
+
+
+# ---------------------------------------------------------------------------------------------- sweeps
+
+def fake_row(value, speedup):
+    point = sweep.SweepPoint("layer-skip", value, se.SamplingParams())
+    return sweep.SweepRow("k", value, point, 0.6, 2.0, 2.1, 3, 6, 1.0, 6.0, 5.0, speedup, [1] * 6)
+
+
+def test_sweep_figure_marks_the_best_and_overlays_the_theory():
+    rows = [fake_row(1, 0.9), fake_row(2, 1.3), fake_row(3, 1.1)]
+    best = sweep.best(rows)
+    fig = lab_plots.sweep_figure(rows, "k", best)
+    names = [t.name for t in fig.data]
+    assert "measured" in names and any(n.startswith("theory") for n in names)
+    star = next(t for t in fig.data if t.name.startswith("best"))
+    assert list(star.x) == [2] and list(star.y) == [1.3]
+    assert "best k = 2" in fig.layout.title.text
+    table = lab_plots.sweep_rows(rows, best)
+    assert [r[-1] for r in table] == ["", "★", ""]
+
+
+@pytest.mark.parametrize("axis,text,message", [("k", "1, 2, 20", "between 1 and 16"), ("k", "", "at least one"),
+                                               ("temperature", "0, 3", r"\[0, 2\]"), ("temperature", "hot", "number"),
+                                               ("draft", "layer-skip, nonsense:naive-ids", "unknown model preset")])
+def test_sweep_values_are_validated(axis, text, message):
+    with pytest.raises(gr.Error, match=message):
+        sweeps.parse_values(axis, text, "smollm2-135m-instruct")
+
+
+def test_sweep_default_values():
+    assert sweeps.parse_values("k", sweeps.default_values("k"), "smollm2-135m-instruct") == list(range(1, 9))
+    assert sweeps.parse_values("temperature", sweeps.default_values("temperature"), "x")[-1] == 1.5
+    drafts = sweeps.default_values("draft", "smollm2-135m-instruct")
+    assert "layer-skip" in drafts and "prompt-lookup" in drafts
+
+
+def test_sweep_handler_matches_direct_engine_runs(playground_registry, smollm2):
+    args = dict(axis="k", values="1, 3", prompt=MAIN["prompt"], target=MAIN["target"], draft="prompt-lookup", k=4,
+                temperature=0, top_p=1.0, top_k=0, max_new_tokens=8, seed=0, rule="exact", chat=True, skip_layers="",
+                exit_after=0)
+    outputs = list(sweeps.run_sweep(*args.values(), SessionState()))
+    status, fig, table = outputs[-1]
+    assert status.startswith("Done: 2 runs") and len(table) == 2
+    ids = smollm2.encode_prompt(MAIN["prompt"], chat=True)
+    eos = smollm2.model.generation_config.eos_token_id
+    for row, k in zip(table.itertuples(index=False), (1, 3)):
+        ref = se.SpeculativeDecoder(smollm2.model, se.PromptLookupDrafter()).generate(
+            ids, k=k, max_new_tokens=8, sampling=se.SamplingParams(0.0), seed=0, eos_token_id=eos)
+        assert row[2] == k and row[4] == round(ref.stats.acceptance_rate, 3)
+        assert row[7] == ref.stats.rounds and row[8] == len(ref.tokens)
+    assert any(t.name.startswith("best") for t in fig.data)
+
+
+def test_the_app_exposes_both_endpoints_and_stop_cancels_them(playground_registry):
+    import app
+    fns = list(app.demo.fns.values())
+    ids = {fn.api_name: fn._id for fn in fns}
+    stop = next(fn for fn in fns if fn.api_name == "stop")
+    run = next(fn for fn in fns if fn.api_name == "run")
+    cancel = next(fn for fn in fns if fn.is_cancel_function and fn.targets == stop.targets)   # Stop's cancels=
+    assert {"lab_exactness", "lab_sweep"} <= set(ids)
+    assert {ids["lab_exactness"], ids["lab_sweep"]} <= set(cancel.cancels)
+    for name in ("lab_exactness", "lab_sweep"):
+        fn = next(f for f in fns if f.api_name == name)
+        assert fn.concurrency_id == "compute" and fn.concurrency_limit == run.concurrency_limit
+
+
+def test_the_validators_name_every_bad_input_at_once(playground_registry):
+    verdicts = lab_ui.lab_validator(*lab_args(n=1, temperature=0, level="later", toy_prompt="the bird"), None)
+    bad = [i for i, v in enumerate(verdicts) if not v["is_valid"]]
+    assert bad == [1, 2, 5, 10]                           # toy prompt, N, temperature, level
+    assert len(verdicts) == len(lab_args()) + 1 and "needs sampling" in verdicts[5]["message"]
+    assert all(v["is_valid"] for v in lab_ui.lab_validator(*lab_args(), None))
+    current = lab_ui.lab_validator(*lab_args(model="current", toy_prompt="not toy words", prompt=""), None)
+    assert [i for i, v in enumerate(current) if not v["is_valid"]] == [11]          # the main panel's prompt
+
+    values = dict(axis="k", values="1, 99", prompt="Hi", target="smollm2-135m-instruct", draft="layer-skip", k=4,
+                  temperature=0, top_p=1.0, top_k=0, max_new_tokens=8, seed=-1, rule="exact", chat=True,
+                  skip_layers="", exit_after=0)
+    verdicts = sweeps.sweep_validator(*values.values(), None)
+    assert len(verdicts) == len(values) + 1
+    assert [i for i, v in enumerate(verdicts) if not v["is_valid"]] == [1, 10]     # values, seed
+    assert "between 1 and 16" in verdicts[1]["message"]

@@ -1,0 +1,280 @@
+"""Classroom tabs: step through a run one round at a time, and export / replay traces; plus the run explanation.
+
+`build_tabs` is called inside the layout's lower `gr.Tabs()`; it places two tabs and wires their events.
+The step-through uses the same controls as the main run (passed in as `c`) and keeps one `StepSession` per
+visitor in its own `gr.State`; a replay needs no model: it renders from the trace alone.
+"""
+from __future__ import annotations
+
+
+import gradio as gr
+
+from spec_engine import trace as tr
+from spec_engine.explain import explain
+
+from . import handlers, plots, render, replay, stepper
+from . import registry as reg
+from .state import SessionState
+
+STEP_INPUTS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
+               "chat", "skip_layers", "exit_after", "show_spaces")
+STEP_OUTPUTS = ("status", "round", "residual", "kv", "tokens", "explain")
+REPLAY_OUTPUTS = ("status", "tokens", "stats", "explain", "acceptance_plot", "forward_plot")
+SPEEDS = (0.2, 3.0, 1.0)      # autoplay: seconds per round (min, max, default)
+
+TRACE_CAPTION = ("**Trace export and replay.** Download a run (settings, model names and every round) as JSON; "
+                 "load it anywhere, even without models or compute, and it renders exactly as it did live. "
+                 "Step through a loaded trace in the Step-through tab.")
+RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }"
+PRIVATE = {"api_visibility": "private"}
+COMPUTE = {"concurrency_id": "compute", "concurrency_limit": None}   # shares the main run's limit
+
+
+# ------------------------------------------------------------------------------------------ explanations
+
+def explanation_md(rounds, settings) -> str:
+    sentences = explain(rounds, settings.k, settings.greedy, settings.rule)
+    return f"**What happened.** {' '.join(sentences)}" if sentences else ""
+
+
+def explain_latest(state: SessionState) -> str:
+    """The main view's explanation: the run the main view shows (the session's active run)."""
+    prep = getattr(state, "active", None)
+    if prep is None or not prep.record.rounds:
+        return ""
+    return explanation_md(list(prep.record.rounds), prep.record.settings)
+
+
+# ------------------------------------------------------------------------------------------ step-through
+
+def step_view(session, timer=None) -> tuple:
+    v = stepper.view(session)
+    return (session, *[v[name] for name in STEP_OUTPUTS], gr.skip() if timer is None else timer)
+
+
+def message(text: str) -> tuple:
+    return (gr.skip(), text) + (gr.skip(),) * len(STEP_OUTPUTS)
+
+
+def settings_from(values: dict):
+    return handlers.parse_settings(*[values[name] for name in STEP_INPUTS[:-1]])
+
+
+def start(values: dict):
+    """Generator: loading messages as step outputs; returns a fresh live StepSession."""
+    settings = settings_from(values)
+    gen = stepper.start_live(settings, reg.REGISTRY, bool(values["show_spaces"]))
+    while True:
+        try:
+            text = next(gen)
+        except StopIteration as stop:
+            return stop.value
+        yield message(text)
+
+
+def advance(session) -> bool:
+    """One step forward under the session's lock; False when there is nothing more to show."""
+    with session.lock:
+        return session.stepper.forward() is not None
+
+
+@handlers.gpu
+def step_forward(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
+                 exit_after, show_spaces, session):
+    """Forward / api_name="step": show the next round (computed by the engine only at the end of the
+    recording). Starts a session with the current controls when there is none."""
+    values = dict(zip(STEP_INPUTS, (prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
+                                    chat, skip_layers, exit_after, show_spaces)))
+    with handlers.friendly_errors():
+        if session is None:
+            session = yield from start(values)
+        if not advance(session):
+            gr.Info("This run has ended: press Reset to start again, or Back to look at earlier rounds.")
+        yield step_view(session)
+
+
+@handlers.gpu
+def step_reset(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
+               exit_after, show_spaces, session):
+    """Reset / api_name="step_reset": a new session with the current controls, no round shown yet (the prompt
+    is prefilled)."""
+    values = dict(zip(STEP_INPUTS, (prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
+                                    chat, skip_layers, exit_after, show_spaces)))
+    with handlers.friendly_errors():
+        session = yield from start(values)
+        yield step_view(session, gr.Timer(active=False))
+
+
+def step_back(session):
+    if session is None:
+        return step_view(None)
+    with session.lock:
+        session.stepper.back()
+    return step_view(session)
+
+
+@handlers.gpu
+def step_tick(*args):
+    """Autoplay: one Forward per timer tick; the timer stops itself at the end of the run."""
+    values, session = dict(zip(STEP_INPUTS, args[:-1])), args[-1]
+    with handlers.friendly_errors():
+        if session is None:
+            session = yield from start(values)
+        moved = advance(session)
+        yield step_view(session, gr.skip() if moved and session.stepper.can_forward else gr.Timer(active=False))
+
+
+def play(speed):
+    return gr.Timer(value=float(speed), active=True)
+
+
+def pause():
+    return gr.Timer(active=False)
+
+
+def set_speed(speed):
+    return gr.Timer(value=float(speed))
+
+
+# ------------------------------------------------------------------------------------------ trace tab
+
+def export_run(state: SessionState):
+    """Export / api_name="trace_export": the newest finished run of this session as a JSON trace file."""
+    try:
+        trace = replay.export_latest(state)
+        path = replay.write_temp(trace)
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    return str(path), (f"Exported run {trace.display.get('run_id')}: {len(trace.rounds)} rounds, "
+                       f"{len(trace.tokens)} tokens ({path.stat().st_size / 1024:.0f} KiB).")
+
+
+def export_steps(session):
+    """Export the step-through's recorded rounds (without models this is a replay of a replay)."""
+    if session is None or not session.stepper.events:
+        raise gr.Error("Nothing to export yet: step at least one round in the Step-through tab.")
+    with session.lock:
+        rounds = list(session.stepper.events)
+        try:
+            trace = replay.make(session.settings, session.draft_label, session.prompt_ids, rounds, session.labeler,
+                                session.options, session.stop_reason, session.baseline,
+                                {"status": f"Step-through: {len(rounds)} rounds"}, source="step-through")
+            path = replay.write_temp(trace)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+    return str(path), f"Exported the step-through: {len(rounds)} rounds, {len(trace.tokens)} tokens."
+
+
+def replay_outputs(trace: tr.Trace) -> tuple:
+    view = replay.replay_view(trace)
+    settings = replay.settings_of(trace)
+    created = f", recorded {trace.created}" if trace.created else ""
+    status = (f"Replaying a trace ({trace.source}{created}): {trace.models.get('target', settings.target)} with "
+              f"{trace.models.get('draft', settings.draft)}, k={settings.k}, "
+              f"{'greedy' if settings.greedy else f'T={settings.temperature}'}, {len(trace.rounds)} rounds. No model used.")
+    values = dict(view, status=status, explain=explanation_md(trace.rounds, settings))
+    return (trace,) + tuple(values[name] for name in REPLAY_OUTPUTS)
+
+
+def replay_file(path):
+    """Upload / api_name="trace_replay": load a trace file and render it as the live run rendered it."""
+    if not path:
+        raise gr.Error("Choose a trace file (.json) first.")
+    try:
+        trace = tr.load(path)
+    except tr.TraceError as exc:
+        raise gr.Error(f"Cannot replay this file: {exc}") from None
+    return replay_outputs(trace)
+
+
+def replay_example():
+    return replay_file(str(replay.EXAMPLE_PATH))
+
+
+def step_trace(trace):
+    """'Step through this trace': the loaded trace becomes the step-through session (no models)."""
+    if trace is None:
+        raise gr.Error("Load a trace first (upload one, or load the example).")
+    return step_view(stepper.from_trace(trace), gr.Timer(active=False))
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+def build_tabs(c: dict, state: gr.State) -> dict:
+    """The 'Step through' and 'Trace export / replay' tabs; `c` holds the main run's controls."""
+    step_state = gr.State(None)
+    replay_state = gr.State(None)
+    s: dict[str, gr.components.Component] = {}
+    r: dict[str, gr.components.Component] = {}
+    with gr.Tab("Step through") as step_tab:
+        gr.Markdown(stepper.CAPTION)
+        with gr.Row():
+            reset_btn = gr.Button("⟲ Reset", size="sm", elem_id="step-reset")
+            back_btn = gr.Button("◀ Back", size="sm", elem_id="step-back")
+            forward_btn = gr.Button("Forward ▶", variant="primary", size="sm", elem_id="step-forward")
+            play_btn = gr.Button("▶ Play", size="sm", elem_id="step-play")
+            pause_btn = gr.Button("⏸ Pause", size="sm", elem_id="step-pause")
+            speed = gr.Slider(*SPEEDS[:2], value=SPEEDS[2], step=0.1, label="seconds per round (autoplay)",
+                              elem_id="step-speed", min_width=200)
+        timer = gr.Timer(SPEEDS[2], active=False)
+        initial = stepper.view(None)
+        s["status"] = gr.Markdown(initial["status"], elem_id="step-status")
+        s["round"] = gr.HTML(initial["round"], css_template=stepper.STEP_CSS, elem_id="step-round")
+        with gr.Row(equal_height=False):
+            s["residual"] = gr.Plot(initial["residual"], show_label=False, elem_id="step-residual", scale=3)
+            s["kv"] = gr.HTML(initial["kv"], css_template=stepper.STEP_CSS, elem_id="step-kv", scale=2)
+        s["tokens"] = gr.HTML(initial["tokens"], css_template=render.CSS, elem_id="step-tokens", max_height=320,
+                              autoscroll=True, js_on_load=render.TOOLTIP_JS)
+        s["explain"] = gr.Markdown("", elem_id="step-explain")
+    with gr.Tab("Trace export / replay") as trace_tab:
+        gr.Markdown(TRACE_CAPTION)
+        with gr.Row():
+            export_btn = gr.Button("Export the latest run", size="sm", elem_id="trace-export")
+            export_steps_btn = gr.Button("Export the step-through", size="sm", elem_id="trace-export-steps")
+            upload_btn = gr.UploadButton("Load a trace (.json)", file_types=[".json"], type="filepath", size="sm",
+                                         elem_id="trace-upload")
+            example_btn = gr.Button("Load the example trace", size="sm", elem_id="trace-example")
+            step_trace_btn = gr.Button("Step through this trace", size="sm", elem_id="trace-step")
+        with gr.Row():
+            trace_file = gr.File(label="Trace file (download)", interactive=False, elem_id="trace-file", scale=2)
+            export_md = gr.Markdown("", elem_id="trace-export-status")
+        r["status"] = gr.Markdown("Load a trace to replay it here.", elem_id="trace-status")
+        r["stats"] = gr.HTML(render.stats_html(None, "No trace loaded."), css_template=render.CSS,
+                             elem_id="trace-stats")
+        r["tokens"] = gr.HTML(render.empty_view("The replayed tokens appear here.", legend=False),
+                              css_template=render.CSS, elem_id="trace-tokens", max_height=430,
+                              js_on_load=render.TOOLTIP_JS)
+        r["explain"] = gr.Markdown("", elem_id="trace-explain")
+        with gr.Row():
+            r["acceptance_plot"] = gr.Plot(plots.acceptance_figure([]), show_label=False, elem_id="trace-acceptance")
+            r["forward_plot"] = gr.Plot(plots.forward_figure([]), show_label=False, elem_id="trace-forward")
+
+    controls = [c[name] for name in STEP_INPUTS] + [step_state]
+    step_outputs = [step_state] + [s[name] for name in STEP_OUTPUTS] + [timer]
+    forward_btn.click(step_forward, controls, step_outputs, api_name="step", **COMPUTE)
+    reset_btn.click(step_reset, controls, step_outputs, api_name="step_reset", **COMPUTE)
+    back_btn.click(step_back, [step_state], step_outputs, **PRIVATE)
+    timer.tick(step_tick, controls, step_outputs, trigger_mode="once", **COMPUTE, **PRIVATE)
+    play_btn.click(play, [speed], [timer], **PRIVATE)
+    pause_btn.click(pause, None, [timer], **PRIVATE)
+    speed.change(set_speed, [speed], [timer], **PRIVATE)
+
+    replay_outs = [replay_state] + [r[name] for name in REPLAY_OUTPUTS]
+    export_btn.click(export_run, [state], [trace_file, export_md], api_name="trace_export")
+    export_steps_btn.click(export_steps, [step_state], [trace_file, export_md], **PRIVATE)
+    upload_btn.upload(replay_file, [upload_btn], replay_outs, api_name="trace_replay")
+    example_btn.click(replay_example, None, replay_outs, **PRIVATE)
+    step_trace_btn.click(step_trace, [replay_state], step_outputs, **PRIVATE)
+    for tab in (step_tab, trace_tab):   # plots drawn while their tab was hidden get their width now
+        tab.select(None, None, None, js=RESIZE_JS, **PRIVATE)
+    return {**{f"step_{k}": v for k, v in s.items()}, **{f"trace_{k}": v for k, v in r.items()},
+            "step_state": step_state, "trace_file": trace_file, "timer": timer}
+
+
+def explain_after(events, state: gr.State, target: gr.Markdown, clear_on=()) -> None:
+    """Chain the main view's explanation after each event that finishes a run view; the buttons in `clear_on`
+    blank it (in the browser) as a new run starts, so it never describes a run that is no longer shown."""
+    for event in events:
+        event.then(explain_latest, [state], [target], **PRIVATE)
+    for button in clear_on:
+        button.click(None, None, [target], js="() => ''", **PRIVATE)

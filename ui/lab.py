@@ -1,0 +1,326 @@
+"""The "Exactness lab" tab: N short continuations of one prompt, drawn with plain sampling and with speculative
+sampling (the exact rule, then the two wrong rules), against the target's exact distribution.
+
+All probabilities, distances and tests come from `spec_engine.lab`; this module validates the inputs, picks the
+models (the toy pair of `spec_engine.toy` by default, or the main panel's target and draft), streams progress,
+and hands the results to `lab_plots`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Callable
+
+import gradio as gr
+import pandas as pd
+import torch
+
+import spec_engine as se
+from spec_engine import lab, toy
+
+from . import handlers, lab_plots, limits, runner, validate
+from . import registry as reg
+from .render import esc, show_text
+
+MIN_N, MAX_N, DEFAULT_N = 50, 5000, 1000
+UPDATE_INTERVAL = 1.0            # seconds between streamed partial histograms
+MODEL_CHOICES = [("Toy pair (fast): 10-word vocabulary", "toy"),
+                 ("Main panel's target + draft (slower; real vocabulary)", "current")]
+MODEL_VALUES = tuple(value for _, value in MODEL_CHOICES)
+LEVEL_CHOICES = [("next token", "next"), ("whole continuation (depth tokens)", "whole")]
+LEVEL_VALUES = tuple(value for _, value in LEVEL_CHOICES)
+EXACT_SIDE = ["plain", "exact"]
+WRONG_SIDE = list(se.WRONG_RULES)
+OUTPUTS = ("status", "exact_plot", "wrong_plot", "table", "run")
+
+CAPTION = """**Why is speculative decoding lossless?** Draw *N* short continuations of the same prompt with plain
+target sampling and with speculative sampling, and compare the counts with the target's exact distribution,
+enumerated from the model. With the exact rule only sampling noise remains (small total-variation distance,
+the chi-square test does not reject); the *top-p membership* and *no residual* rules drift visibly."""
+
+
+@dataclass(frozen=True)
+class LabSettings:
+    n: int
+    depth: int
+    k: int
+    sampling: se.SamplingParams
+    seed: int
+    wrong_rules: bool
+
+
+@dataclass
+class LabSetup:
+    """What the draws need: the target, a drafter factory, the prompt ids and how to label outcomes."""
+
+    target_model: object
+    make_drafter: Callable[[], se.Drafter]
+    input_ids: object                    # LongTensor [1, T]
+    label: Callable[[tuple], str]
+    model_note: str
+    prompt_note: str
+
+
+@dataclass
+class LabRun:
+    """One run of the lab, kept in the tab's gr.State so the histogram level can change without new draws.
+    It holds results and labels only, never a model (a finished run keeps no model alive)."""
+
+    label: Callable[[tuple], str]
+    model_note: str
+    prompt_note: str
+    settings: LabSettings
+    exact: dict
+    draws: list
+    seconds_exact: float
+
+
+def max_n() -> int:
+    """The largest N here: MAX_N, or less where the host's limits say so (ui.limits)."""
+    return min(MAX_N, limits.current().lab_max_n)
+
+
+def compute() -> dict:
+    """Event options shared with the other compute events: one model queue."""
+    return {"concurrency_id": "compute", "concurrency_limit": limits.current().concurrency}
+
+
+def check_lab_temperature(value) -> float:
+    temperature = validate.check_temperature(value)
+    if temperature == 0:
+        raise validate.InputError("temperature", "The lab compares distributions, so it needs sampling: set "
+                                  "temperature above 0 (greedy decoding has no distribution to compare).")
+    return temperature
+
+
+def check_model(value) -> str:
+    if value not in MODEL_VALUES:
+        raise validate.InputError("model", f"Models must be one of {', '.join(MODEL_VALUES)}, "
+                                           f"got {validate.shown(value)}")
+    return value
+
+
+def parse_lab(n, depth, k, temperature, top_p, top_k, seed, wrong_rules) -> LabSettings:
+    """Widget or API values -> LabSettings, or gr.Error saying what to change (checks of ui.validate)."""
+    temperature = check_lab_temperature(temperature)
+    return LabSettings(
+        n=validate.check_lab_n(n, MIN_N, MAX_N, label="N (continuations per sampler)"),
+        depth=validate.check_int("depth", depth, 1, lab.MAX_DEPTH, label="depth (tokens per continuation)"),
+        k=validate.check_k(k),
+        sampling=validate.check_sampling(temperature, validate.check_top_p(top_p), validate.check_top_k(top_k)),
+        seed=validate.check_seed(seed), wrong_rules=validate.check_bool("wrong_rules", wrong_rules))
+
+
+def check_level(level) -> str:
+    if level not in LEVEL_VALUES:
+        raise validate.InputError("level", f"Histogram of must be one of {', '.join(LEVEL_VALUES)}, "
+                                           f"got {validate.shown(level)}")
+    return level
+
+
+def check_toy_prompt(text) -> torch.Tensor:
+    try:
+        return toy.toy_pair().encode(text if isinstance(text, str) else "")
+    except ValueError as exc:
+        raise validate.InputError("toy_prompt", f"Toy prompt: {exc}") from None
+
+
+def lab_validator(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wrong_rules, level,
+                  prompt, target, draft, chat, skip_layers, exit_after, state=None) -> list[dict]:
+    """`validator=` of lab_exactness: every bad input is named before the request takes a queue place. The main
+    panel's prompt, target and draft are checked only when the lab uses them."""
+    current = model == "current"
+    return validate.verdicts(
+        lambda: check_model(model),
+        None if current else (lambda: check_toy_prompt(toy_prompt)),
+        lambda: validate.check_lab_n(n, MIN_N, MAX_N, label="N (continuations per sampler)"),
+        lambda: validate.check_int("depth", depth, 1, lab.MAX_DEPTH, label="depth (tokens per continuation)"),
+        lambda: validate.check_k(k),
+        lambda: check_lab_temperature(temperature),
+        lambda: validate.check_top_p(top_p), lambda: validate.check_top_k(top_k), lambda: validate.check_seed(seed),
+        lambda: validate.check_bool("wrong_rules", wrong_rules), lambda: check_level(level),
+        (lambda: validate.check_prompt(prompt)) if current else None,
+        (lambda: validate.check_target(target)) if current else None,
+        (lambda: validate.check_draft(draft, target)) if current else None,
+        lambda: validate.check_bool("chat", chat), None, None, None)
+
+
+def toy_setup(toy_prompt: str) -> LabSetup:
+    pair = toy.toy_pair()
+    input_ids = check_toy_prompt(toy_prompt)
+    tokenizer = pair.target.tokenizer
+    return LabSetup(pair.target.model, lambda: se.ModelDrafter(pair.draft.model, name=pair.draft.name), input_ids,
+                    lambda seq: tokenizer.decode(seq), toy.DESCRIPTION, f'"{toy_prompt.strip()}"')
+
+
+def current_setup(prompt, target, draft, chat, skip_layers, exit_after, held: list[str]):
+    """The main panel's target and draft, loaded through the registry and held (their names are appended to
+    `held`; the caller releases them). Yields progress messages; returns a LabSetup."""
+    prompt, target = validate.check_prompt(prompt), validate.check_target(target)
+    draft = validate.check_draft(draft, target)
+    kind, spec = reg.split_draft(draft)
+    models = yield from runner.load([target] + ([spec.model] if spec.model else []), reg.REGISTRY, held)
+    loaded = models[target]
+    skip_layers, exit_after = validate.check_layers(skip_layers, exit_after, draft, loaded)
+    options = reg.DraftOptions(skip_layers=skip_layers, exit_after=exit_after)
+    labeler = reg.REGISTRY.labeler(loaded)
+    short = prompt.strip().replace("\n", " ")
+    return LabSetup(loaded.model, lambda: kind.build(spec, loaded, models.get(spec.model), options),
+                    loaded.encode_prompt(prompt, chat=bool(chat)),
+                    lambda seq: " ".join(show_text(labeler(t)) for t in seq),
+                    f"{reg.display_name(target)} with draft {draft}",
+                    f'the main panel\'s prompt "{short[:80]}{"…" if len(short) > 80 else ""}"')
+
+
+def status_text(run: LabRun, progress_note: str) -> str:
+    s, sampling = run.settings, run.settings.sampling
+    return (f"**Model:** {esc(run.model_note)}. **Prompt:** {esc(run.prompt_note)}.  \n"
+            f"N = {s.n} continuations of {s.depth} token(s) per sampler, k = {s.k}, temperature "
+            f"{sampling.temperature:g}, top-p {sampling.top_p:g}, top-k {sampling.top_k}, seeds {s.seed}…"
+            f"{s.seed + s.n - 1}. Exact distribution: {len(run.exact)} outcomes enumerated in "
+            f"{run.seconds_exact:.2f} s.  \n{esc(progress_note)}")
+
+
+def lab_view(run: LabRun, level: str, progress_note: str) -> tuple:
+    """(status, exact-rule figure, wrong-rules figure, table, run) for the draws so far."""
+    reports = [lab.report(run.exact, d) for d in run.draws if d.n]
+    exact_plot, wrong_plot = lab_figures(run, level, reports)
+    table = pd.DataFrame(lab_plots.lab_rows(reports), columns=lab_plots.LAB_COLUMNS)
+    return status_text(run, progress_note), exact_plot, wrong_plot, table, run
+
+
+def lab_figures(run: LabRun, level: str, reports=None) -> tuple:
+    reports = [lab.report(run.exact, d) for d in run.draws if d.n] if reports is None else reports
+    length = 1 if level == "next" else run.settings.depth
+    hist = lab.histogram(run.exact, run.draws, length)
+    labels = lab_plots.outcome_labels(hist.outcomes, run.label)
+    what = "next token" if length == 1 else f"first {length} tokens"
+    exact_plot = lab_plots.distribution_figure(
+        hist, EXACT_SIDE, labels, lab_plots.figure_title(f"Exact rule, {what}: ", reports, EXACT_SIDE, length == 1))
+    wrong_plot = lab_plots.distribution_figure(
+        hist, WRONG_SIDE, labels, lab_plots.figure_title(f"Wrong rules, {what}: ", reports, WRONG_SIDE, length == 1))
+    return exact_plot, wrong_plot
+
+
+def initial_outputs() -> dict:
+    return {"status": "", "exact_plot": lab_plots.distribution_figure(None, [], [], "Exact rule"),
+            "wrong_plot": lab_plots.distribution_figure(None, [], [], "Wrong rules"),
+            "table": pd.DataFrame([], columns=lab_plots.LAB_COLUMNS)}
+
+
+@handlers.gpu
+def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wrong_rules, level,
+            prompt, target, draft, chat, skip_layers, exit_after, state, progress=gr.Progress()):
+    """'Run the exactness lab' / api_name="lab_exactness": streams partial histograms, then the final ones.
+    The draws end early (and say so) on Stop or at the server's time limit (ui.limits.max_run_seconds)."""
+    settings = parse_lab(n, depth, k, temperature, top_p, top_k, seed, wrong_rules)
+    check_model(model)
+    state.stop_event.clear()
+    budget, held = runner.Budget(state.stop_event), []
+    skip = (gr.skip(),) * (len(OUTPUTS) - 1)
+    try:
+        with handlers.friendly_errors():
+            if model == "current":
+                setup = yield from handlers.relay(
+                    current_setup(prompt, target, draft, chat, skip_layers, exit_after, held),
+                    lambda m: (esc(m),) + skip, state.stop_event)
+                if setup is None:
+                    return
+            else:
+                setup = toy_setup(toy_prompt)
+            yield ("Enumerating the exact distribution…",) + skip
+            budget.start()
+            start = perf_counter()
+            exact = lab.exact_distribution(setup.target_model, setup.input_ids[0].tolist(), settings.depth,
+                                           settings.sampling)
+            run = LabRun(setup.label, setup.model_note, setup.prompt_note, settings, exact, [],
+                         perf_counter() - start)
+            yield from draw_all(setup, run, level, budget, progress)
+    finally:
+        budget.cancel.set()
+        for name in held:
+            reg.REGISTRY.release(name)
+
+
+def draw_all(setup: LabSetup, run: LabRun, level: str, budget, progress):
+    """Every sampler's draws into `run`, streaming a view at most every UPDATE_INTERVAL seconds."""
+    s = run.settings
+    samplers = EXACT_SIDE + (WRONG_SIDE if s.wrong_rules else [])
+    total, last = s.n * len(samplers), perf_counter()
+    for index, sampler in enumerate(samplers):
+        name = lab_plots.SAMPLER_NAMES[sampler]
+        stream = lab.draw(setup.target_model, setup.make_drafter, setup.input_ids, s.depth, s.k,
+                          s.sampling, s.n, sampler, s.seed, should_stop=budget.should_stop)
+        for draws in stream:
+            if draws.n == 1:
+                run.draws.append(draws)
+            now = perf_counter()
+            if now - last >= UPDATE_INTERVAL:
+                last = now
+                progress((index * s.n + draws.n) / total, desc=f"{name}: {draws.n}/{s.n}")
+                yield lab_view(run, level, f"Drawing: {name}, {draws.n} of {s.n}…")
+        if budget.should_stop():
+            why = "Stopped" if budget.stop_event.is_set() else f"Time limit ({budget.seconds:g} s) reached"
+            yield lab_view(run, level, f"{why}: the numbers above use the draws made so far.")
+            return
+    yield lab_view(run, level, f"Done: {total} continuations in {sum(d.seconds for d in run.draws):.1f} s.")
+
+
+def relevel(level, run):
+    """The histogram level radio: redraw from the stored run (no new draws)."""
+    if run is None:
+        return gr.skip(), gr.skip()
+    return lab_figures(run, level)
+
+
+def copy_main(k, temperature, top_p, top_k, seed):
+    return k, temperature, top_p, top_k, seed
+
+
+def build_tab(c: dict, state, resize_js: str | None = None) -> list:
+    """The "Exactness lab" tab (call inside a gr.Tabs). Returns the events the Stop button should cancel."""
+    with gr.Tab("Exactness lab", elem_id="lab-tab") as tab:
+        gr.Markdown(CAPTION)
+        w: dict = {}
+        with gr.Row():
+            w["model"] = gr.Radio(MODEL_CHOICES, value="toy", label="Models", elem_id="lab-model",
+                                  info=f"Toy: {toy.DESCRIPTION}. Main panel: its prompt, target and draft; about a "
+                                       "second per speculative continuation on a CPU, and depth 2-3 needs top-k.")
+            w["toy_prompt"] = gr.Textbox(toy.DEFAULT_PROMPT, label="Toy prompt",
+                                         info=f"Words: {' '.join(toy.WORDS)}", elem_id="lab-toy-prompt")
+        with gr.Row():
+            w["n"] = gr.Slider(MIN_N, max_n(), value=min(DEFAULT_N, max_n()), step=50,
+                               label="N: continuations per sampler", elem_id="lab-n")
+            w["depth"] = gr.Slider(1, lab.MAX_DEPTH, value=2, step=1, label="depth: tokens per continuation",
+                                   elem_id="lab-depth")
+            w["k"] = gr.Slider(1, se.MAX_K, value=4, step=1, label="k: draft tokens per round")
+        with gr.Row():
+            w["temperature"] = gr.Slider(0, 2, value=1.0, step=0.05, label="temperature (> 0)")
+            w["top_p"] = gr.Slider(0.05, 1, value=0.8, step=0.01, label="top-p")
+            w["top_k"] = gr.Number(0, precision=0, minimum=0, label="top-k (0 = off)")
+            w["seed"] = gr.Number(0, precision=0, minimum=0, label="first seed")
+        with gr.Row():
+            w["wrong_rules"] = gr.Checkbox(True, label="Also run the two wrong rules")
+            copy_btn = gr.Button("Use the main panel's k, temperature, top-p, top-k, seed", size="sm")
+            run_btn = gr.Button("Run the exactness lab", variant="primary", elem_id="lab-run")
+        init = initial_outputs()
+        out = {"status": gr.Markdown("", elem_id="lab-status")}
+        level = gr.Radio(LEVEL_CHOICES, value="next", label="Histogram of", elem_id="lab-level")
+        with gr.Row():
+            out["exact_plot"] = gr.Plot(init["exact_plot"], show_label=False, elem_id="lab-plot-exact")
+            out["wrong_plot"] = gr.Plot(init["wrong_plot"], show_label=False, elem_id="lab-plot-wrong")
+        out["table"] = gr.Dataframe(init["table"], headers=lab_plots.LAB_COLUMNS, interactive=False, wrap=True,
+                                    label="Against the exact distribution", elem_id="lab-table")
+        out["run"] = gr.State(None)
+    inputs = [w[name] for name in ("model", "toy_prompt", "n", "depth", "k", "temperature", "top_p", "top_k", "seed",
+                                   "wrong_rules")]
+    inputs += [level] + [c[name] for name in ("prompt", "target", "draft", "chat", "skip_layers", "exit_after")]
+    event = run_btn.click(run_lab, inputs + [state], [out[name] for name in OUTPUTS], api_name="lab_exactness",
+                          preprocess=False, validator=lab_validator, **compute())
+    private = {"api_visibility": "private"}
+    level.change(relevel, [level, out["run"]], [out["exact_plot"], out["wrong_plot"]], **private)
+    copy_btn.click(copy_main, [c[name] for name in ("k", "temperature", "top_p", "top_k", "seed")],
+                   [w[name] for name in ("k", "temperature", "top_p", "top_k", "seed")], **private)
+    if resize_js:
+        tab.select(None, None, None, js=resize_js, **private)
+    return [event]

@@ -1,0 +1,127 @@
+"""Figures and tables of the exactness lab and the sweeps. Pure functions of engine results (spec_engine.lab
+histograms and reports, spec_engine.sweep rows): no model, no Gradio, and no probability computed here."""
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+from .plots import COLORS, empty_figure, figure, layout
+from .render import esc
+
+SAMPLER_NAMES = {"exact_target": "exact (from the model)", "plain": "plain sampling",
+                 "exact": "speculative, exact rule", "topp_membership": "speculative, top-p membership (wrong)",
+                 "no_residual": "speculative, no residual (wrong)"}
+SAMPLER_COLORS = {"exact_target": "#111827", "plain": COLORS["plain"], "exact": COLORS["accepted"],
+                  "topp_membership": COLORS["rejected"], "no_residual": COLORS["correction"]}
+ALPHA = 1e-3          # the table's verdict: "rejects" when the chi-square p-value is below this
+LAB_COLUMNS = ["sampler", "N", "acceptance", "TV (whole continuation)", "TV (next token)", "chi-square", "dof",
+               "p-value", f"verdict at α = {ALPHA:g}", "seconds"]
+SWEEP_COLUMNS = ["value", "draft", "k", "T", "acceptance", "tokens / forward", "theory", "rounds", "tokens",
+                 "tok/s", "plain tok/s", "speedup", "best"]
+HEIGHT = 340
+
+
+def outcome_labels(outcomes, label) -> list[str]:
+    """x labels for histogram outcomes (token-id tuples; () = every other outcome), escaped for Plotly."""
+    return [esc(label(seq)) if seq else "(all others)" for seq in outcomes]
+
+
+def distribution_figure(hist, samplers: list[str], labels: list[str], title: str) -> go.Figure:
+    """Grouped bars: the exact distribution, then the empirical frequencies of each sampler in `samplers`."""
+    if hist is None or not hist.outcomes:
+        return empty_figure(title, "Press 'Run the exactness lab'")
+    traces = [{"type": "bar", "x": labels, "y": hist.exact, "name": SAMPLER_NAMES["exact_target"],
+               "marker": {"color": "rgba(0,0,0,0)", "line": {"color": SAMPLER_COLORS["exact_target"], "width": 2}},
+               "hovertemplate": "%{x}: exact %{y:.4f}<extra></extra>"}]
+    for sampler in samplers:
+        if sampler in hist.empirical:
+            traces.append({"type": "bar", "x": labels, "y": hist.empirical[sampler], "name": SAMPLER_NAMES[sampler],
+                           "marker": {"color": SAMPLER_COLORS[sampler]},
+                           "hovertemplate": "%{x}: %{y:.4f}<extra>" + SAMPLER_NAMES[sampler] + "</extra>"})
+    return figure(traces, layout(title, "", "probability / frequency", height=HEIGHT, barmode="group",
+                                 bargap=0.2, xaxis={"tickangle": -30}))
+
+
+def fmt_p(p: float) -> str:
+    if p == 0:
+        return "< 1e-300"
+    return f"{p:.2g}" if p < 0.01 else f"{p:.2f}"
+
+
+def verdict(report) -> str:
+    if report.chi.dof == 0:
+        return "nothing to test (one outcome)"
+    if report.chi.impossible:
+        return f"rejects: {report.chi.impossible} draws the target can never produce"
+    return "rejects: differs from the target" if report.chi.pvalue < ALPHA else "consistent with the target"
+
+
+def lab_rows(reports) -> list[list]:
+    rows = []
+    for r in reports:
+        rows.append([SAMPLER_NAMES[r.sampler], r.n, "–" if r.acceptance is None else round(r.acceptance, 3),
+                     round(r.tv, 4), round(r.tv_next, 4),
+                     "∞" if math.isinf(r.chi.statistic) else round(r.chi.statistic, 1), r.chi.dof,
+                     fmt_p(r.chi.pvalue), verdict(r), round(r.seconds, 1)])
+    return rows
+
+
+def figure_title(prefix: str, reports, samplers: list[str], next_token: bool) -> str:
+    """The prefix, then each sampler's total-variation distance at the level shown (next token or whole)."""
+    parts = [f"{SAMPLER_NAMES[r.sampler].removeprefix('speculative, ')} {r.tv_next if next_token else r.tv:.3f}"
+             for r in reports if r.sampler in samplers]
+    return prefix + ("TV " + " · ".join(parts) if parts else "")
+
+
+# ------------------------------------------------------------------------------------------------ sweeps
+
+def sweep_figure(rows, axis: str, best=None) -> go.Figure:
+    """Acceptance, tokens per target forward (measured and analytic) and measured speedup against the swept
+    setting; the best run (highest measured speedup) is starred."""
+    from plotly.subplots import make_subplots
+    if not rows:
+        return empty_figure("Sweep", "Press 'Run the sweep'")
+    x = [str(r.value) if axis == "draft" else r.value for r in rows]
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
+                        subplot_titles=("acceptance (measured)", "tokens per target forward",
+                                        "speedup vs plain (measured)"))
+    line = {"color": COLORS["accepted"], "width": 2}
+    fig.add_trace(go.Scatter(x=x, y=[r.acceptance for r in rows], mode="lines+markers", name="acceptance",
+                             line=line, showlegend=False), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=[r.tokens_per_forward for r in rows], mode="lines+markers", name="measured",
+                             line={"color": "#111827", "width": 2}), row=1, col=2)
+    fig.add_trace(go.Scatter(x=x, y=[r.expected_tokens_per_forward for r in rows], mode="lines+markers",
+                             name="theory (1−a^(k+1))/(1−a) at the measured a",
+                             line={"color": COLORS["theory"], "dash": "dot", "width": 2}), row=1, col=2)
+    fig.add_trace(go.Scatter(x=x, y=[r.speedup for r in rows], mode="lines+markers", name="speedup",
+                             line={"color": COLORS["bonus"], "width": 2}, showlegend=False), row=1, col=3)
+    for col in (2, 3):
+        fig.add_hline(y=1.0, line={"color": "#9ca3af", "dash": "dash", "width": 1}, row=1, col=col)
+    title = f"Sweep over {axis}"
+    if best is not None:
+        best_x = str(best.value) if axis == "draft" else best.value
+        fig.add_trace(go.Scatter(x=[best_x], y=[best.speedup], mode="markers", name=f"best {axis} (measured)",
+                                 marker={"symbol": "star", "size": 16, "color": "#f59e0b",
+                                         "line": {"color": "#111827", "width": 1}}), row=1, col=3)
+        title += f": best {axis} = {best.value} (×{best.speedup:.2f} vs plain decoding)"
+    fig.update_yaxes(range=[-0.05, 1.05], tickformat=".0%", row=1, col=1)
+    fig.update_xaxes(title_text=axis, dtick=1 if axis == "k" else None, gridcolor="#e5e7eb")
+    fig.update_yaxes(gridcolor="#e5e7eb", zeroline=False)
+    fig.update_annotations(font_size=12)
+    fig.update_layout(title={"text": title, "font": {"size": 13}, "x": 0.01}, height=360, paper_bgcolor="white",
+                      plot_bgcolor="white", font={"size": 11, "color": "#374151"},
+                      margin={"l": 48, "r": 12, "t": 70, "b": 90},
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0})
+    return fig
+
+
+def sweep_rows(rows, best=None) -> list[list]:
+    out = []
+    for r in rows:
+        p = r.point
+        out.append([str(r.value), p.draft, p.k, p.sampling.temperature, round(r.acceptance, 3),
+                    round(r.tokens_per_forward, 2), round(r.expected_tokens_per_forward, 2), r.rounds, r.new_tokens,
+                    round(r.tokens_per_second, 1), round(r.plain_tokens_per_second, 1), round(r.speedup, 2),
+                    "★" if r is best else ""])
+    return out

@@ -1,0 +1,93 @@
+"""The public app's limits, read once at start-up: from SPEC_* environment variables, then app.py's flags.
+
+The app faces anonymous visitors (a Space) and classrooms (one laptop). Every handler call has a wall-clock
+cap and every run a token cap; prompts have a size cap; the model queue has a size; runs decode one at a time
+unless the host allows more; only a bounded number of models besides the default stay loaded; and only the
+preset models load unless the host allows Hub ids. `current()` is what handlers read (at call time, so tests
+can change it); `configure()` is called by app.py before the demo is built.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+ENGINE_MAX_NEW_TOKENS = 2048     # spec_engine.MAX_NEW_TOKENS (not imported: importing this module stays cheap)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_run_seconds: float = 120.0      # decoding time of one handler call (a run, its baseline, a sweep)
+    max_new_tokens: int = 1024          # tokens one run may ask for
+    max_prompt_chars: int = 20_000      # checked before tokenizing; tokens are checked against the context too
+    max_extra_models: int = 2           # models kept loaded besides the default target (least recently used go)
+    allow_custom_models: bool = False   # Hub ids beyond the presets (never local paths, never remote code)
+    queue_size: int = 64                # events waiting in Gradio's queue before "queue is full"
+    concurrency: int = 1                # runs decoding at once; more share the CPU and blur the timings
+    lab_max_n: int = 10_000             # the largest sample count N a lab tab may ask for
+
+    def __post_init__(self):
+        problems = []
+        if not self.max_run_seconds > 0:
+            problems.append(f"max_run_seconds must be > 0, got {self.max_run_seconds}")
+        if not 1 <= self.max_new_tokens <= ENGINE_MAX_NEW_TOKENS:
+            problems.append(f"max_new_tokens must be in [1, {ENGINE_MAX_NEW_TOKENS}], got {self.max_new_tokens}")
+        for name in ("max_prompt_chars", "queue_size", "concurrency", "lab_max_n"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_extra_models < 0:
+            problems.append(f"max_extra_models must be >= 0, got {self.max_extra_models}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+ENV = {
+    "max_run_seconds": "SPEC_MAX_RUN_SECONDS",
+    "max_new_tokens": "SPEC_MAX_NEW_TOKENS",
+    "max_prompt_chars": "SPEC_MAX_PROMPT_CHARS",
+    "max_extra_models": "SPEC_MAX_EXTRA_MODELS",
+    "allow_custom_models": "SPEC_ALLOW_CUSTOM_MODELS",
+    "queue_size": "SPEC_QUEUE_SIZE",
+    "concurrency": "SPEC_CONCURRENCY",
+    "lab_max_n": "SPEC_LAB_MAX_N",
+}
+TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+def parse_value(field: str, text: str):
+    """An environment string -> the field's type; ValueError naming the variable otherwise."""
+    kind = type(getattr(Limits(), field))
+    word = text.strip().lower()
+    try:
+        if kind is bool:
+            if word not in TRUE | FALSE:
+                raise ValueError
+            return word in TRUE
+        return kind(float(word)) if kind is float else int(word)
+    except ValueError:
+        expected = {bool: "1 or 0", int: "a whole number", float: "a number"}[kind]
+        raise ValueError(f"{ENV[field]} must be {expected}, got {text!r}") from None
+
+
+def from_env(environ: Mapping[str, str] | None = None, **overrides) -> Limits:
+    """Defaults, then SPEC_* variables, then `overrides` (app.py's flags; None means "not given")."""
+    environ = os.environ if environ is None else environ
+    values = {field: parse_value(field, environ[var]) for field, var in ENV.items() if var in environ}
+    values.update({field: value for field, value in overrides.items() if value is not None})
+    return Limits(**values)
+
+
+_current = from_env()
+
+
+def current() -> Limits:
+    return _current
+
+
+def configure(limits: Limits | None = None, **changes) -> Limits:
+    """Set the process's limits (at start-up, before serving); returns the previous ones so tests can restore."""
+    global _current
+    previous = _current
+    _current = dataclasses.replace(limits or _current, **changes)
+    return previous

@@ -1,0 +1,185 @@
+"""Trace export and replay for the playground (the document itself is `spec_engine.trace`).
+
+Export takes a finished run of this session (its RunRecord, the labeler and render options it was drawn with,
+and its measured baseline) and writes every token piece the view needs into the trace. Replay builds a
+`TraceLabeler` from that piece table and renders through the same `handlers.run_view` as the live run, so the
+replayed HTML is byte-identical to the live run's, with no model and no tokenizer.
+
+    python -m ui.replay --out presets/traces/example.json   # the shipped example: a real greedy run of the offline
+                                                            # default, prompt lookup on the edit-typos prompt, 24 tokens
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import tempfile
+from pathlib import Path
+
+from spec_engine import trace as tr
+
+from . import registry as reg
+from .render import RenderOptions, round_html
+from .state import RunRecord, RunSettings, SessionState
+from .tokens import Piece
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_PATH = ROOT / "presets" / "traces" / "example.json"
+EXAMPLE_PROMPT_ID = "edit-typos"      # presets/scenarios.yaml: the answer copies the prompt, so drafts land
+EXAMPLE_SETTINGS = dict(prompt="", target="smollm2-135m-instruct", draft="prompt-lookup", k=4, temperature=0, top_p=1.0,
+                        top_k=0, max_new_tokens=24, seed=0, rule="exact", chat=True, skip_layers="", exit_after=0,
+                        auto_baseline=True, show_spaces=False)
+
+
+class TraceLabeler:
+    """`id -> Piece` from a trace's piece table; `text` returns the trace's whole-sequence decodes of the prompt
+    and of the generated tokens (other sequences: the pieces joined)."""
+
+    def __init__(self, pieces: tr.Pieces, texts: dict[tuple[int, ...], str] | None = None):
+        self.pieces = pieces
+        self.texts = dict(texts or {})
+
+    def __call__(self, token_id: int) -> Piece:
+        entry = self.pieces.get(int(token_id))
+        if entry is None:
+            return Piece(f"<id {int(token_id)}>", special=True)
+        text, special, partial = entry
+        return Piece(text, special, partial)
+
+    def text(self, token_ids) -> str:
+        ids = tuple(int(t) for t in token_ids)
+        if ids in self.texts:
+            return self.texts[ids]
+        return "".join(self(t).text for t in ids)
+
+    @classmethod
+    def of(cls, trace: tr.Trace) -> "TraceLabeler":
+        return cls(trace.pieces, {tuple(trace.prompt_ids): trace.prompt_text, tuple(trace.tokens): trace.text})
+
+
+def piece_table(labeler, token_ids) -> tr.Pieces:
+    table = {}
+    for token in sorted(token_ids):
+        piece = labeler(token)
+        table[int(token)] = (piece.text, piece.special, piece.partial)
+    return table
+
+
+def render_options(trace: tr.Trace) -> RenderOptions:
+    """What runner.prepare derives from the settings, plus the viewer's show-spaces choice."""
+    return RenderOptions(show_spaces=bool(trace.display.get("show_spaces", False)),
+                         greedy=trace.settings["temperature"] == 0, rule=trace.settings["rule"])
+
+
+def make(settings: RunSettings, draft_label: str, prompt_ids, rounds, labeler, options: RenderOptions,
+         stop_reason: str | None = None, baseline=None, display: dict | None = None, source: str = "run") -> tr.Trace:
+    prompt_ids = [int(t) for t in prompt_ids]
+    tokens = [t for r in rounds for t in r.emitted]
+    return tr.make_trace(
+        settings=dataclasses.asdict(settings), models={"target": reg.display_name(settings.target), "draft": draft_label},
+        prompt_ids=prompt_ids, prompt_text=labeler.text(prompt_ids), text=labeler.text(tokens), rounds=rounds,
+        pieces=piece_table(labeler, tr.token_ids(rounds, prompt_ids)), stop_reason=stop_reason, baseline=baseline,
+        display={"show_spaces": options.show_spaces, **(display or {})}, source=source)
+
+
+def latest_finished(state: SessionState):
+    """(record, labeler, options) of this session's newest finished run; ValueError if there is none."""
+    if not state.history:
+        raise ValueError("No finished run in this session yet: press Run first, then export.")
+    record = state.history[-1]
+    prep = getattr(state, "active", None)
+    if prep is not None and prep.record is record:
+        return record, prep.labeler, prep.options
+    loaded = reg.REGISTRY.loaded(record.settings.target)
+    if loaded is None:
+        raise ValueError(f"{reg.display_name(record.settings.target)} is no longer loaded; run again to export.")
+    return record, reg.REGISTRY.labeler(loaded), RenderOptions(greedy=record.settings.greedy, rule=record.settings.rule)
+
+
+def export_record(record: RunRecord, labeler, options: RenderOptions, baseline=None) -> tr.Trace:
+    """A finished run as a trace; the status the Stop button showed is kept so replay shows it too."""
+    display = {"run_id": record.run_id}
+    if record.stop_reason == "cancelled":
+        display["status"] = f"Stopped after {len(record.rounds)} rounds"
+    return make(record.settings, record.draft_label, record.prompt_ids, list(record.rounds), labeler, options,
+                record.stop_reason, baseline, display)
+
+
+def export_latest(state: SessionState) -> tr.Trace:
+    record, labeler, options = latest_finished(state)
+    return export_record(record, labeler, options, state.baselines.get(record.baseline_key))
+
+
+def settings_of(trace: tr.Trace) -> RunSettings:
+    names = {f.name for f in dataclasses.fields(RunSettings)}
+    return RunSettings(**{name: value for name, value in trace.settings.items() if name in names})
+
+
+def replay_parts(trace: tr.Trace):
+    """(Prepared without models, a scratch SessionState holding the baseline, TraceLabeler) for run_view."""
+    from . import runner
+    settings = settings_of(trace)
+    labeler = TraceLabeler.of(trace)
+    options = render_options(trace)
+    run_id = trace.display.get("run_id")
+    record = RunRecord(run_id if isinstance(run_id, int) else 1, settings, trace.models.get("draft", settings.draft),
+                       tuple(trace.prompt_ids), rounds=list(trace.rounds),
+                       fragments=[round_html(ev, labeler, options) for ev in trace.rounds],
+                       stop_reason=trace.stop_reason, recorded=True)
+    scratch = SessionState()
+    if trace.baseline is not None:
+        scratch.baselines[record.baseline_key] = trace.baseline
+    prep = runner.Prepared(settings, None, None, None, record, labeler, options, None)
+    return prep, scratch, labeler
+
+
+def replay_view(trace: tr.Trace) -> dict:
+    """The live run's final view, rebuilt from the trace: a dict keyed like handlers.RUN_OUTPUTS."""
+    from . import handlers
+    prep, scratch, _ = replay_parts(trace)
+    status = trace.display.get("status")
+    outputs = handlers.run_view(prep, scratch, status=status if isinstance(status, str) else None, final=True)
+    return dict(zip(handlers.RUN_OUTPUTS, outputs))
+
+
+def file_name(trace: tr.Trace) -> str:
+    parts = ["trace", trace.source, trace.settings["target"], trace.settings["draft"], f"k{trace.settings['k']}"]
+    run_id = trace.display.get("run_id")
+    if isinstance(run_id, int):
+        parts.insert(2, f"run{run_id}")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(map(str, parts)))[:120] + ".json"
+
+
+def write_temp(trace: tr.Trace) -> Path:
+    """Save to a fresh temporary folder (Gradio serves files from the temp dir) under a descriptive name."""
+    folder = Path(tempfile.mkdtemp(prefix="spec-trace-"))
+    return tr.save(trace, folder / file_name(trace))
+
+
+def main(argv=None) -> None:
+    """Record the example trace with the playground's own handler (a real run of the offline default)."""
+    import torch
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=EXAMPLE_PATH)
+    parser.add_argument("--max-new-tokens", type=int, default=EXAMPLE_SETTINGS["max_new_tokens"])
+    parser.add_argument("--prompt-id", default=EXAMPLE_PROMPT_ID, help="a prompt id of presets/scenarios.yaml")
+    parser.add_argument("--draft", default=EXAMPLE_SETTINGS["draft"])
+    parser.add_argument("--k", type=int, default=EXAMPLE_SETTINGS["k"])
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    from . import handlers
+    values = dict(EXAMPLE_SETTINGS, max_new_tokens=args.max_new_tokens, draft=args.draft, k=args.k)
+    from .presets import load_presets
+    prompt = load_presets().prompt(args.prompt_id)
+    values.update(prompt=prompt.text, chat=prompt.chat)
+    state = SessionState()
+    for _ in handlers.run(*[values[name] for name in handlers.RUN_INPUTS], state):
+        pass
+    trace = export_latest(state)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tr.save(trace, args.out)
+    print(f"wrote {args.out}: {len(trace.rounds)} rounds, {len(trace.tokens)} tokens, {len(trace.pieces)} pieces")
+
+
+if __name__ == "__main__":
+    main()

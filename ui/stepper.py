@@ -1,0 +1,334 @@
+"""Step-through: advance one speculative round at a time, go back, and see every number of the round.
+
+`Stepper` is the pure state machine: the rounds recorded so far and a position (how many are shown).
+Forward moves the position and computes a new round (through `advance`, e.g. `decoder.step`) only when the
+position is at the end; Back and Reset never touch the engine. `StepSession` adds what rendering needs
+(labeler, render options, one HTML fragment per round) and the engine state of one visitor. The renderers
+below turn the current round into a decision table, a residual bar chart and the KV cache before and after
+trimming; like the rest of `ui/`, they only read events.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import spec_engine as se
+from spec_engine.explain import explain
+
+from . import plots, render
+from .render import RenderOptions, esc, fmt_prob, show_text
+from .state import RunSettings, SessionState
+
+CAPTION = ("**Step through one round at a time.** The draft proposes k tokens with probabilities q; the target "
+           "scores them all in one forward pass (p). Draft token i is kept while a uniform draw u < min(1, p/q); "
+           "at the first rejection the later drafts are discarded and a correction is drawn from the residual "
+           "max(0, p − q), which is exactly what keeps the text distributed as the target alone would write it.")
+
+STEP_CSS = """
+.spec-step { font-family: var(--font, system-ui, sans-serif); font-size: 13.5px; }
+.spec-step table { border-collapse: collapse; margin: 4px 0 8px 0; }
+.spec-step th, .spec-step td { border: 1px solid rgba(127,127,127,.3); padding: 3px 8px; text-align: right; }
+.spec-step th { font-size: 12px; color: #6b7280; font-weight: 600; }
+.spec-step td.tokcell { text-align: left; font-family: ui-monospace, Menlo, Consolas, monospace; white-space: pre; }
+.spec-step tr.accepted td.decision { color: #15803d; font-weight: 600; }
+.spec-step tr.rejected td.decision { color: #b91c1c; font-weight: 600; }
+.spec-step tr.discarded td { color: #9ca3af; }
+.spec-step tr.correction td.decision { color: #b45309; font-weight: 600; }
+.spec-step tr.bonus td.decision { color: #1d4ed8; font-weight: 600; }
+.spec-step .facts { margin: 2px 0 6px 0; line-height: 1.6; }
+.spec-step .kvbar { display: inline-block; height: 10px; vertical-align: middle; border-radius: 2px; }
+.spec-step td.bars { text-align: left; white-space: nowrap; }
+.spec-step .kvbar.kept { background: #1f77b4; }
+.spec-step .kvbar.trimmed { background: #fbd5d5; border: 1px dashed #e58c8c; }
+.spec-step .muted { color: #6b7280; }
+"""
+
+
+KV_BAR_PX = 60        # the longest cache's bar
+
+
+class Stepper:
+    """Recorded rounds plus a position: `position` rounds are shown, `current` is the last shown one."""
+
+    def __init__(self, advance: Callable[[], se.RoundEvent] | None = None, events=()):
+        self.events: list[se.RoundEvent] = list(events)
+        self.position = 0
+        self._advance = advance
+
+    @property
+    def finished(self) -> bool:
+        """The run ended (its last recorded round says so)."""
+        return bool(self.events) and self.events[-1].finished
+
+    @property
+    def live(self) -> bool:
+        """New rounds can still be computed."""
+        return self._advance is not None and not self.finished
+
+    @property
+    def can_forward(self) -> bool:
+        return self.position < len(self.events) or self.live
+
+    @property
+    def can_back(self) -> bool:
+        return self.position > 0
+
+    @property
+    def current(self) -> se.RoundEvent | None:
+        return self.events[self.position - 1] if self.position else None
+
+    @property
+    def shown(self) -> list[se.RoundEvent]:
+        return self.events[:self.position]
+
+    def forward(self) -> se.RoundEvent | None:
+        """Show the next round, computing it only at the end of the recording; None when there is none."""
+        if self.position < len(self.events):
+            self.position += 1
+            return self.current
+        if not self.live:
+            return None
+        event = self._advance()
+        assert event.index == len(self.events), (event.index, len(self.events))
+        self.events.append(event)
+        self.position += 1
+        return event
+
+    def back(self) -> se.RoundEvent | None:
+        if self.position:
+            self.position -= 1
+        return self.current
+
+    def reset(self, advance: Callable[[], se.RoundEvent] | None = None, events=()) -> None:
+        self.events, self.position, self._advance = list(events), 0, advance
+
+
+@dataclass
+class StepSession:
+    """One visitor's step-through: the stepper, how to render its rounds, and (live) the engine behind it."""
+
+    stepper: Stepper
+    settings: RunSettings
+    draft_label: str
+    prompt_ids: list[int]
+    prompt_text: str
+    labeler: object
+    options: RenderOptions
+    origin: str = "live"                      # "live" (models) or "trace" (a loaded trace, no models)
+    baseline: object = None
+    fragments: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def sync(self) -> None:
+        """Render each recorded round once (fragments stay aligned with the stepper's events)."""
+        for ev in self.stepper.events[len(self.fragments):]:
+            self.fragments.append(render.round_html(ev, self.labeler, self.options))
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.stepper.events[-1].stop_reason if self.stepper.finished else None
+
+
+def start_live(settings: RunSettings, registry, show_spaces: bool = False) -> Iterator[str]:
+    """Load (yielding progress), prefill, and return a StepSession whose Forward runs one `decoder.step`."""
+    from . import runner
+    prep = yield from runner.prepare(settings, SessionState(), registry, show_spaces)   # scratch: not the history
+    s = prep.settings
+    state = prep.decoder.start(prep.input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
+                               seed=s.seed, eos_token_id=prep.eos)
+    stepper = Stepper(lambda: prep.decoder.step(state))
+    return StepSession(stepper, s, prep.record.draft_label, list(prep.record.prompt_ids), prep.prompt_text,
+                       prep.labeler, prep.options)
+
+
+def from_trace(trace) -> StepSession:
+    """A loaded trace, stepped without models (Forward only reveals recorded rounds)."""
+    from .replay import TraceLabeler, render_options, settings_of
+    return StepSession(Stepper(None, trace.rounds), settings_of(trace), trace.models.get("draft", ""),
+                       list(trace.prompt_ids), trace.prompt_text, TraceLabeler.of(trace), render_options(trace),
+                       origin="trace", baseline=trace.baseline)
+
+
+# ------------------------------------------------------------------------------------------------ renderers
+
+def token_cell(token: int, labeler) -> str:
+    return f'<td class="tokcell">{esc(show_text(labeler(token)))} <span class="muted">#{token}</span></td>'
+
+
+def decision_text(ev: se.RoundEvent, i: int, kind: str, labeler, opts: RenderOptions) -> str:
+    if kind == "discarded":
+        return "discarded (never judged)" if ev.correction is not None or ev.bonus is not None else "dropped (text ended)"
+    greedy_like = opts.greedy or i >= len(ev.uniforms)
+    if not greedy_like:
+        sign = "<" if kind == "accepted" else "≥"
+        return f"u {sign} min(1, p/q): {kind}"
+    if opts.rule == "topp_membership":
+        return f"top-p membership (wrong rule): {kind}"
+    if kind == "accepted":
+        return "= target argmax: accepted"
+    top = ev.target_top[i][0][0] if i < len(ev.target_top) and ev.target_top[i] else None
+    return f"argmax is {show_text(labeler(top)) if top is not None else '?'}: rejected"
+
+
+def decision_table_html(ev: se.RoundEvent, labeler, opts: RenderOptions) -> str:
+    """One row per draft token (q, p, min(1, p/q), u, decision), then the correction or bonus."""
+    rows = []
+    for i, (token, kind) in enumerate(zip(ev.drafted, render.draft_kinds(ev))):
+        a = ev.accept_probs[i] if i < len(ev.accept_probs) and kind != "discarded" and not opts.greedy else None
+        u = ev.uniforms[i] if i < len(ev.uniforms) else None
+        numbers = "".join(f"<td>{fmt_prob(x)}</td>" for x in (ev.draft_probs[i], ev.target_probs[i], a, u))
+        rows.append(f'<tr class="{kind}"><td>{i + 1}</td>{token_cell(token, labeler)}{numbers}'
+                    f'<td class="decision">{esc(decision_text(ev, i, kind, labeler, opts))}</td></tr>')
+    for kind, token in (("correction", ev.correction), ("bonus", ev.bonus)):
+        if token is not None:
+            pos = ev.accepted
+            p = dict(ev.target_top[pos]).get(token) if pos < len(ev.target_top) else None
+            rows.append(f'<tr class="{kind}"><td>{pos + 1}</td>{token_cell(token, labeler)}<td>–</td>'
+                        f'<td>{fmt_prob(p)}</td><td>–</td><td>–</td><td class="decision">{kind}</td></tr>')
+    p_head = "p(x) target (T=1)" if opts.greedy else "p(x) target"
+    head = (f"<tr><th>pos</th><th>token</th><th>q(x) draft</th><th>{p_head}</th><th>min(1, p/q)</th>"
+            f"<th>u (draw)</th><th>decision</th></tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def round_facts(ev: se.RoundEvent, labeler, opts: RenderOptions) -> list[str]:
+    """Sentences about one round: the first rejection, what was discarded, where the next token came from."""
+    def tok(t):
+        return esc(show_text(labeler(t)))
+    facts = [f"Round {ev.index + 1}: {len(ev.drafted)} draft token(s), {ev.accepted} accepted, "
+             f"{len(ev.emitted)} token(s) added to the text."]
+    if ev.correction is not None:
+        facts.append(f"First rejection at position {ev.accepted + 1}: {tok(ev.drafted[ev.accepted])}.")
+        if ev.discarded:
+            facts.append("Discarded after it (never judged): " + ", ".join(tok(t) for t in ev.discarded) + ".")
+        if opts.greedy:
+            source = "the target's argmax at that position"
+        elif opts.rule == "exact":
+            source = "the residual max(0, p − q), renormalised"
+        else:
+            source = f"p itself (the '{esc(opts.rule)}' rule skips the residual)"
+        facts.append(f"Correction {tok(ev.correction)} drawn from {source}.")
+    elif ev.bonus is not None:
+        facts.append(("No draft this round: " if not ev.drafted else "All draft tokens accepted: ")
+                     + f"bonus {tok(ev.bonus)} from the target's distribution at position {len(ev.drafted) + 1}.")
+    else:
+        facts.append("The text ended (end of sequence) inside the accepted drafts.")
+    if ev.note:
+        facts.append(f"Drafter note: {esc(ev.note)}.")
+    return facts
+
+
+def kv_html(ev: se.RoundEvent) -> str:
+    """Cache lengths after the verify forward and after trimming, as numbers and proportional bars."""
+    rows = [("target", ev.target_cache_len_before, ev.target_cache_len)]
+    if ev.draft_cache_len is not None and ev.draft_cache_len_before is not None:
+        rows.append(("draft", ev.draft_cache_len_before, ev.draft_cache_len))
+    widest = max(max(before, after) for _, before, after in rows) or 1
+    out = ["<table><tr><th>cache</th><th>before trim</th><th>after trim</th><th>trimmed</th><th></th></tr>"]
+    for name, before, after in rows:
+        kept = int(KV_BAR_PX * min(before, after) / widest)
+        cut = max(int(KV_BAR_PX * max(before - after, 0) / widest), 3 if before > after else 0)
+        out.append(f'<tr><td>{name}</td><td>{before}</td><td>{after}</td><td>{before - after}</td><td class="bars">'
+                   f'<span class="kvbar kept" style="width:{kept}px"></span>'
+                   f'<span class="kvbar trimmed" style="width:{cut}px"></span></td></tr>')
+    out.append(f'</table><div class="muted">Committed text: {ev.committed_len} tokens; the target cache keeps all '
+               f"but the newest, which the next round feeds in.</div>")
+    return "".join(out)
+
+
+def round_html(session: StepSession) -> str:
+    ev = session.stepper.current
+    if ev is None:
+        return ('<div class="spec-step"><div class="facts muted">No round shown yet: press Forward to draft and '
+                'verify the first round.</div></div>')
+    facts = "".join(f"<div>{line}</div>" for line in round_facts(ev, session.labeler, session.options))
+    return (f'<div class="spec-step"><div class="facts">{facts}</div>'
+            f"{decision_table_html(ev, session.labeler, session.options)}</div>")
+
+
+def kv_section(session: StepSession | None) -> str:
+    ev = session.stepper.current if session is not None else None
+    if ev is None:
+        return '<div class="spec-step"><div class="facts muted">KV cache lengths appear here.</div></div>'
+    return (f'<div class="spec-step"><div class="facts"><b>KV cache, round {ev.index + 1}</b>: after the verify '
+            f"forward it holds the committed text plus every draft; trimming drops the rejected and discarded "
+            f"positions.</div>{kv_html(ev)}</div>")
+
+
+def residual_title(ev: se.RoundEvent, opts: RenderOptions) -> str:
+    position = ev.accepted + 1
+    if ev.correction is None and ev.bonus is None:
+        return "No correction or bonus: the text ended"
+    if opts.greedy:
+        return f"Target (softmax, T=1) at position {position}: the argmax is taken"
+    if ev.bonus is not None:
+        return f"Target p at position {position}: the bonus is drawn from it"
+    if opts.rule == "exact":
+        return f"Residual max(0, p − q) at position {position}, renormalised: the correction is drawn from it"
+    return f"Target p at position {position} (rule '{opts.rule}' skips the residual)"
+
+
+def residual_figure(ev: se.RoundEvent | None, labeler, opts: RenderOptions):
+    """Top candidates of the distribution the correction or bonus came from (greedy: the target's top)."""
+    if ev is None:
+        return plots.empty_figure("Where the round's last token came from", "Press Forward")
+    candidates = list(ev.next_top)
+    if opts.greedy and ev.accepted < len(ev.target_top):
+        candidates = list(ev.target_top[ev.accepted])
+    chosen = ev.correction if ev.correction is not None else ev.bonus
+    labels = [f"{show_text(labeler(t))} #{t}" for t, _ in candidates]
+    colour = plots.COLORS["correction"] if ev.correction is not None else plots.COLORS["bonus"]
+    bars = {"type": "bar", "x": labels, "y": [p for _, p in candidates],
+            "marker": {"color": [colour if t == chosen else "#cbd5e1" for t, _ in candidates]},
+            "text": [fmt_prob(p) for _, p in candidates], "textposition": "outside", "name": "probability"}
+    return plots.figure([bars], plots.layout(residual_title(ev, opts), "candidate token", "probability", height=280,
+                                             yaxis={"range": [0, 1.12]}, showlegend=False))
+
+
+def status_text(session: StepSession) -> str:
+    s, stepper = session.settings, session.stepper
+    mode = "greedy" if s.greedy else f"T={s.temperature}, top-p={s.top_p}, top-k={s.top_k}, seed {s.seed}"
+    where = f"Round {stepper.position} of {len(stepper.events)} recorded"
+    if stepper.finished:
+        where += f" (the run ended: {stepper.events[-1].stop_reason})"
+    elif session.origin == "trace":
+        where += " (trace)"
+    origin = "Trace replay" if session.origin == "trace" else "Stepping"
+    return f"{origin}: {session.draft_label} drafting for {s.target}, k={s.k}, {mode}, rule {s.rule}. {where}."
+
+
+def tokens_html(session: StepSession) -> str:
+    """The text so far: the same token view as the main run, up to the shown round."""
+    session.sync()
+    prompt = render.prompt_html(session.prompt_text, len(session.prompt_ids), session.settings.chat)
+    return render.view_html(session.fragments[:session.stepper.position], prompt, status_text(session), legend=False)
+
+
+def explanation_md(rounds, k: int, greedy: bool, rule: str) -> str:
+    sentences = explain(rounds, k, greedy, rule)
+    return " ".join(sentences) if sentences else ""
+
+
+def view(session: StepSession | None) -> dict:
+    """Everything the Step-through tab shows, keyed by output name."""
+    if session is None:
+        return {"status": "Press Forward (or Reset) to start stepping with the settings on the left.",
+                "round": round_html_empty(), "residual": residual_figure(None, None, RenderOptions()),
+                "kv": kv_section(None),
+                "tokens": render.empty_view("The text appears here round by round.", legend=False), "explain": ""}
+    ev = session.stepper.current
+    return {
+        "status": status_text(session),
+        "round": round_html(session),
+        "residual": residual_figure(ev, session.labeler, session.options),
+        "kv": kv_section(session),
+        "tokens": tokens_html(session),
+        "explain": explanation_md(session.stepper.shown, session.settings.k, session.settings.greedy,
+                                  session.settings.rule),
+    }
+
+
+def round_html_empty() -> str:
+    return ('<div class="spec-step"><div class="facts muted">No round yet. Forward drafts and verifies one round '
+            'with the settings on the left; Reset starts again.</div></div>')

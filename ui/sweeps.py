@@ -1,0 +1,193 @@
+"""The "Sweeps" tab: one click runs the main panel's prompt and settings for k = 1..8, a list of temperatures,
+or a list of drafts, and plots measured acceptance, tokens per target forward (with the analytic curve at the
+measured acceptance) and measured speedup over plain decoding, best marked. The runs are done by
+`spec_engine.sweep`; they do not enter the run history (the quick "Sweep k" button beside Run does that).
+"""
+from __future__ import annotations
+
+import gradio as gr
+import pandas as pd
+
+import spec_engine as se
+from spec_engine import sweep
+
+from . import handlers, lab_plots, runner, validate
+from . import lab as exactness_lab
+from . import registry as reg
+from .render import esc
+
+AXIS_CHOICES = [("k = 1..8", "k"), ("temperature 0..1.5", "temperature"), ("drafts", "draft")]
+MAX_POINTS = 16
+MAX_TEMPERATURE = 2.0
+OUTPUTS = ("status", "plot", "table")
+
+CAPTION = """**When does it pay?** One click runs the main panel's prompt and settings (same seed) for each k,
+temperature or draft below, measures plain decoding once per sampling setting, and plots measured acceptance,
+tokens per target forward against the analytic (1 − a^(k+1)) / (1 − a) at the measured acceptance a, and the
+measured speedup; the star marks the best. Timings are wall-clock on this machine, so they vary a little."""
+
+
+def available_drafts(target: str) -> list[str]:
+    """The draft values of the main panel's list that can run here for `target`."""
+    out = []
+    for _, value in reg.draft_choices(target):
+        _, spec = reg.split_draft(value)
+        if spec.model is None or reg.availability(spec.model)[0]:
+            out.append(value)
+    return out
+
+
+def default_values(axis: str, target: str | None = None) -> str:
+    if axis == "temperature":
+        return ", ".join(f"{t:g}" for t in sweep.DEFAULT_TEMPERATURES)
+    if axis == "draft":
+        return ", ".join(available_drafts(target or se.models.default_model_name()))
+    return ", ".join(str(k) for k in sweep.DEFAULT_KS)
+
+
+def parse_values(axis: str, text, target: str) -> list:
+    """The values box -> a list for `sweep.sweep_points`, or gr.Error naming the bad entry."""
+    items = [part.strip() for part in str(text or "").replace(";", ",").split(",") if part.strip()]
+    if not items:
+        raise gr.Error(f"List at least one {axis} value, separated by commas (e.g. {default_values(axis, target)})")
+    if len(items) > MAX_POINTS:
+        raise gr.Error(f"A sweep runs at most {MAX_POINTS} settings, got {len(items)}")
+    if axis == "k":
+        return [handlers.as_int("k", item, 1, se.MAX_K) for item in items]
+    if axis == "temperature":
+        values = [handlers.as_float("temperature", item) for item in items]
+        bad = [v for v in values if not 0 <= v <= MAX_TEMPERATURE]
+        if bad:
+            raise gr.Error(f"temperatures must lie in [0, {MAX_TEMPERATURE:g}], got {bad[0]:g}")
+        return values
+    for item in items:
+        problem = reg.check_draft_value(item)
+        if problem:
+            raise gr.Error(f"Draft {item!r}: {problem}")
+        kind, _ = reg.split_draft(item)
+        ok, reason = kind.available(target)
+        if not ok:
+            raise gr.Error(f"Draft {item!r} is not available for {reg.display_name(target)}: {reason}")
+    return items
+
+
+def check_axis(axis) -> str:
+    if axis not in sweep.AXES:
+        raise validate.InputError("axis", f"Sweep over one of {', '.join(sweep.AXES)}, got {validate.shown(axis)}")
+    return axis
+
+
+def sweep_validator(axis, values, prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
+                    chat, skip_layers, exit_after, state=None) -> list[dict]:
+    """`validator=` of lab_sweep: the axis and its values, then the main panel's settings as a run checks them."""
+    run = validate.run_validator(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
+                                 chat, skip_layers, exit_after, True, False)[:len(validate.RUN_FIELDS)]
+    known_target = target if isinstance(target, str) and target in reg.preset_names() else None
+    axis_and_values = validate.verdicts(
+        lambda: check_axis(axis),
+        (lambda: parse_values(axis, values, known_target)) if axis in sweep.AXES and known_target else None)
+    return axis_and_values + run + validate.verdicts(None)
+
+
+def sweep_view(rows, axis: str, status: str) -> tuple:
+    best = sweep.best(rows)
+    table = pd.DataFrame(lab_plots.sweep_rows(rows, best), columns=lab_plots.SWEEP_COLUMNS)
+    return esc(status), lab_plots.sweep_figure(rows, axis, best), table
+
+
+def describe(settings) -> str:
+    return (f"{reg.display_name(settings.target)}, draft {settings.draft}, k = {settings.k}, temperature "
+            f"{settings.temperature:g}, top-p {settings.top_p:g}, top-k {settings.top_k}, rule {settings.rule}, "
+            f"seed {settings.seed}, at most {settings.max_new_tokens} new tokens")
+
+
+@handlers.gpu
+def run_sweep(axis, values, prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
+              skip_layers, exit_after, state, progress=gr.Progress()):
+    """'Run the sweep' / api_name="lab_sweep": one row per finished run, streamed. Ends early (and says so) on
+    Stop or at the server's time limit (ui.limits.max_run_seconds)."""
+    check_axis(axis)
+    settings = handlers.parse_settings(prompt=prompt, target=target, draft=draft, k=k, temperature=temperature,
+                                       top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed, rule=rule,
+                                       chat=chat, skip_layers=skip_layers, exit_after=exit_after)
+    values = parse_values(axis, values, settings.target)
+    state.stop_event.clear()
+    budget, held = runner.Budget(state.stop_event), []
+    try:
+        with handlers.friendly_errors():
+            yield from sweep_runs(axis, values, settings, budget, held, progress)
+    finally:
+        budget.cancel.set()
+        for name in held:
+            reg.REGISTRY.release(name)
+
+
+def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progress):
+    skip = (gr.skip(),) * (len(OUTPUTS) - 1)
+    try:
+        points = sweep.sweep_points(axis, values, settings.draft, settings.k, settings.sampling())
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    drafts = {p.draft: reg.split_draft(p.draft) for p in points}
+    names = [settings.target] + [spec.model for _, spec in drafts.values() if spec.model]
+    models = yield from handlers.relay(runner.load(names, reg.REGISTRY, held), lambda m: (esc(m),) + skip,
+                                       budget.stop_event)
+    if models is None:
+        return
+    target_model = models[settings.target]
+    options = reg.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
+
+    def make_drafter(name: str) -> se.Drafter:
+        kind, spec = drafts[name]
+        return kind.build(spec, target_model, models.get(spec.model), options)
+
+    input_ids = target_model.encode_prompt(settings.prompt, chat=settings.chat)
+    for p in points:
+        se.validate_request(target_model.model, input_ids, p.k, settings.max_new_tokens, p.sampling)
+    rows, baselines = [], {}
+    budget.start()
+    for i, point in enumerate(points):
+        label = f"{axis} = {sweep.axis_value(axis, point)}"
+        progress(i / len(points), desc=f"{label} ({i + 1}/{len(points)})")
+        yield sweep_view(rows, axis, f"Running {label} ({i + 1} of {len(points)}; plain decoding is measured "
+                                     f"once per sampling setting)… {describe(settings)}")
+        rows += sweep.run_sweep(target_model.model, make_drafter, input_ids, axis, [point], settings.max_new_tokens,
+                                settings.seed, settings.rule, reg.eos_ids(target_model), budget.should_stop,
+                                baselines)
+        if budget.should_stop():
+            why = "Stopped" if budget.stop_event.is_set() else f"Time limit ({budget.seconds:g} s) reached"
+            yield sweep_view(rows, axis, f"{why} after {len(rows)} runs (a run cut short is not shown). "
+                                         f"{describe(settings)}")
+            return
+    yield sweep_view(rows, axis, f"Done: {len(rows)} runs. {describe(settings)}")
+
+
+def on_axis(axis, target):
+    return default_values(axis, target)
+
+
+def build_tab(c: dict, state, resize_js: str | None = None) -> list:
+    """The "Sweeps" tab (call inside a gr.Tabs). Returns the events the Stop button should cancel."""
+    with gr.Tab("Sweeps", elem_id="sweeps-tab") as tab:
+        gr.Markdown(CAPTION)
+        with gr.Row():
+            axis = gr.Radio(AXIS_CHOICES, value="k", label="Sweep over", elem_id="sweep-axis")
+            values = gr.Textbox(default_values("k"), label="Values (comma separated)", elem_id="sweep-values",
+                                info="k: 1-16; temperature: 0-2; drafts: names as in the Draft list")
+            run_btn = gr.Button("Run the sweep", variant="primary", elem_id="sweep-run")
+        out = {"status": gr.Markdown("", elem_id="sweep-status"),
+               "plot": gr.Plot(lab_plots.sweep_figure([], "k"), show_label=False, elem_id="sweep-plot"),
+               "table": gr.Dataframe(pd.DataFrame([], columns=lab_plots.SWEEP_COLUMNS),
+                                     headers=lab_plots.SWEEP_COLUMNS, interactive=False, label="Runs",
+                                     elem_id="sweep-table")}
+    names = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
+             "chat", "skip_layers", "exit_after")
+    event = run_btn.click(run_sweep, [axis, values] + [c[n] for n in names] + [state],
+                          [out[n] for n in OUTPUTS], api_name="lab_sweep", preprocess=False,
+                          validator=sweep_validator, **exactness_lab.compute())
+    private = {"api_visibility": "private"}
+    axis.input(on_axis, [axis, c["target"]], [values], **private)
+    if resize_js:
+        tab.select(None, None, None, js=resize_js, **private)
+    return [event]
+
