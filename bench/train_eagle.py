@@ -240,6 +240,8 @@ def cmd_train(args) -> None:
         history.append({"epoch": epoch, "val": val_stats, "seconds": round(time.perf_counter() - start)})
         print(f"epoch {epoch} val {json.dumps(val_stats)}", flush=True)
         save(head, vocab_index, samples, train, val, history, start, args)     # every epoch: a stopped run still ships
+        if args.stop_after and epoch + 1 >= args.stop_after:
+            break           # the schedule still spans --epochs: the shipped head stopped early for time
 
 
 def save(head, vocab_index, samples, train, val, history, start, args) -> None:
@@ -321,6 +323,7 @@ def main(argv=None) -> None:
     t.add_argument("--model", default="smollm2-135m-instruct")
     t.add_argument("--data", required=True, help="shards of `generate` (the target's answers; 5%% held for validation)")
     t.add_argument("--extra-data", nargs="*", default=[], help="more shards for training only (e.g. `extract`)")
+    t.add_argument("--stop-after", type=int, default=None, help="stop after this many epochs (schedule unchanged)")
     t.add_argument("--init", default=None, help="continue from these head weights (their vocabulary is kept)")
     t.add_argument("--out", default=str(DEFAULT_OUT))
     t.add_argument("--vocab", type=int, default=8192)

@@ -268,9 +268,19 @@ def load_head(path: Path = DEFAULT_WEIGHTS, dtype: torch.dtype = torch.float32, 
     return head.to(device=device, dtype=dtype).eval(), vocab_index.to(device)
 
 
-def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS, min_confidence: float = 0.0) -> EagleDrafter:
-    """The shipped head for `target_model`, in the target's dtype and on its device."""
+def recommended_settings(path: Path = DEFAULT_WEIGHTS) -> dict:
+    """The head's measured best settings, from its JSON record: {"k": ..., "min_confidence": ..., "source": ...}
+    (written after benchmarking; {} when the record has none)."""
+    record_path = Path(path).with_suffix(".json")
+    return dict(json.loads(record_path.read_text()).get("recommended", {})) if record_path.exists() else {}
+
+
+def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS, min_confidence: float | None = None) -> EagleDrafter:
+    """The shipped head for `target_model`, in the target's dtype and on its device. `min_confidence` None takes
+    the measured recommendation of the head's record (0, no early stop, when there is none)."""
     head, vocab_index = load_head(path, dtype=target_model.dtype, device=target_model.device)
+    if min_confidence is None:
+        min_confidence = float(recommended_settings(path).get("min_confidence", 0.0))
     return EagleDrafter(head, target_model, vocab_index, min_confidence=min_confidence)
 
 

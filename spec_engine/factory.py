@@ -2,9 +2,10 @@
 
     layer-skip                     the target without DEFAULT_SKIP_LAYERS (self-speculative)
     early-exit[:N]                 the target's first N layers (default EARLY_EXIT_AFTER), a lesson, not a default
-    prompt-lookup[:N]              n-gram lookup, n <= N (default 3)
-    eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/weights/); with C,
-                                   a round stops drafting when the head's top probability < C / 100
+    prompt-lookup[:N[:M]]          n-gram lookup, M <= n <= N (defaults 3 and PROMPT_LOOKUP_MIN_NGRAM)
+    eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/weights/); a round
+                                   stops drafting when the head's top probability < C / 100 (default: the
+                                   measured recommendation stored with the weights)
     <preset or path>               a separate draft model with the target's tokenizer
     <preset>:cross-tokenizer       a draft with another tokenizer, text re-tokenized
     <preset>:naive-ids             the tokenizer-mismatch mistake: ids passed through unchanged
@@ -17,6 +18,7 @@ from .drafters import (CrossTokenizerDrafter, DEFAULT_SKIP_LAYERS, Drafter, Laye
                        NaiveIdDrafter, PromptLookupDrafter, early_exit_layers)
 
 EARLY_EXIT_AFTER = 20
+PROMPT_LOOKUP_MIN_NGRAM = 2     # see PromptLookupDrafter
 MODES = ("layer-skip", "early-exit", "prompt-lookup", "eagle", "same-tokenizer", "cross-tokenizer", "naive-ids")
 
 
@@ -25,6 +27,7 @@ class DraftSpec:
     mode: str                    # one of MODES
     model: str | None = None     # the draft model's preset name or path, for model drafts
     arg: int | None = None       # early-exit layers, prompt-lookup n-gram size or eagle confidence percentage
+    min_ngram: int | None = None # prompt lookup: the shortest n-gram that may propose
 
     @property
     def needs_model(self) -> bool:
@@ -40,6 +43,11 @@ def parse_draft(name: str) -> DraftSpec:
         if tail and not (tail.isdigit() and int(tail) < 100):
             raise ValueError(f"eagle:C needs a confidence percentage C in 0..99, got {tail!r}")
         return DraftSpec("eagle", None, int(tail) if tail else None)
+    if head == "prompt-lookup" and tail.count(":") == 1:
+        longest, _, shortest = tail.partition(":")
+        if not (longest.isdigit() and shortest.isdigit() and 1 <= int(shortest) <= int(longest)):
+            raise ValueError(f"prompt-lookup:N:M needs whole numbers 1 <= M <= N, got {tail!r}")
+        return DraftSpec(head, None, int(longest), int(shortest))
     if head in ("layer-skip", "early-exit", "prompt-lookup"):
         if head == "layer-skip" and tail:
             raise ValueError("layer-skip takes no argument; build LayerSkipDrafter(target, skip_layers) for other sets")
@@ -67,10 +75,11 @@ def make_drafter(spec: DraftSpec | str, target, draft=None) -> Drafter:
             raise ValueError(f"early-exit:N needs 1 <= N < {n_layers} (the target's layer count), got {exit_after}")
         return LayerSkipDrafter(target.model, early_exit_layers(n_layers, exit_after))
     if spec.mode == "prompt-lookup":
-        return PromptLookupDrafter(max_ngram=spec.arg or 3)
+        longest = spec.arg or 3
+        return PromptLookupDrafter(max_ngram=longest, min_ngram=min(spec.min_ngram or PROMPT_LOOKUP_MIN_NGRAM, longest))
     if spec.mode == "eagle":
         from .eagle import load_eagle_drafter
-        return load_eagle_drafter(target.model, min_confidence=(spec.arg or 0) / 100)
+        return load_eagle_drafter(target.model, min_confidence=None if spec.arg is None else spec.arg / 100)
     if spec.mode == "cross-tokenizer":
         return CrossTokenizerDrafter(draft.model, draft.tokenizer, target.tokenizer, name=f"{spec.model}:cross-tokenizer")
     if spec.mode == "naive-ids":

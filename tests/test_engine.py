@@ -155,6 +155,16 @@ def test_prompt_lookup_finds_latest_longest_match():
     assert lookup_continuation([4, 5, 6], 3, 3, 1) == []
     assert lookup_continuation([8], 3, 3, 1) == []
     assert lookup_continuation([1, 2, 1], 4, 3, 1) == [2, 1]
+    assert lookup_continuation([1, 2, 1], 4, 3, 2) == []           # only a 1-gram matches: no draft at min 2
+    assert lookup_continuation([5, 1, 2, 6, 1, 2], 2, 3, 2) == [6, 1]
+
+
+def test_prompt_lookup_draft_names():
+    assert se.parse_draft("prompt-lookup:4:2") == se.DraftSpec("prompt-lookup", None, 4, 2)
+    assert se.parse_draft("prompt-lookup:4") == se.DraftSpec("prompt-lookup", None, 4)
+    for bad in ("prompt-lookup:2:3", "prompt-lookup:3:0", "prompt-lookup:3:x"):
+        with pytest.raises(ValueError, match="1 <= M <= N"):
+            se.parse_draft(bad)
 
 
 def test_cross_tokenizer_boundary_merge_is_handled():

@@ -46,6 +46,15 @@ class ModelMemoryError(ValueError):
     """Not enough free memory to load a model (checked before loading, instead of crashing)."""
 
 
+def default_draft(target: str) -> tuple[str, int]:
+    """(draft, k) the playground starts with: the measured best for ordinary prompts. The trained EAGLE head with
+    the k recorded beside its weights when it drafts for this target (bench/results/, README), else prompt lookup."""
+    if eagle_available(target)[0]:
+        from spec_engine.eagle import recommended_settings
+        return "eagle", int(recommended_settings().get("k", 2))
+    return "prompt-lookup", 4
+
+
 def default_skip_layers() -> list[int]:
     """The engine's layer-skip set (measured on the offline default by bench/choose_skip_layers.py)."""
     return list(se.DEFAULT_SKIP_LAYERS)
