@@ -27,9 +27,10 @@ import pytest
 import yaml
 
 import spec_engine as se
-from ui import handlers, limits
+from ui import limits
 from ui.handlers import RUN_OUTPUTS
 from ui.state import SessionState
+from test_ui_handlers import run_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,11 +43,8 @@ FIGURES: Counter = Counter()
 
 
 def args(**kw):
-    values = dict(prompt=PROMPT, target=TARGET, draft="prompt-lookup", k=4, temperature=0, top_p=1.0, top_k=0,
-                  max_new_tokens=8, seed=0, rule="exact", chat=True, skip_layers="", exit_after=0,
-                  auto_baseline=False, show_spaces=False)
-    values.update(kw)
-    return [values[name] for name in handlers.RUN_INPUTS]
+    """The run endpoint's positional inputs: this file's prompt, prompt lookup, k = 4, 8 tokens, then `kw`."""
+    return run_args(**{"prompt": PROMPT, "target": TARGET, "draft": "prompt-lookup", "k": 4, "max_new_tokens": 8, **kw})
 
 
 def summaries(outputs):
