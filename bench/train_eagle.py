@@ -59,6 +59,14 @@ def final_features(model, sequences: list[list[int]]) -> list[torch.Tensor]:
     return [hidden[i, :len(s)].to(torch.float16).clone() for i, s in enumerate(sequences)]
 
 
+def pending_shards(out: Path, items: list, batch: int, digits: int):
+    """(offset, shard path, batch of items) for every shard not written yet, so a stopped run resumes."""
+    for b in range(0, len(items), batch):
+        shard = out / f"shard{b // batch:0{digits}d}.pt"
+        if not shard.exists():
+            yield b, shard, items[b:b + batch]
+
+
 def cmd_generate(args) -> None:
     from spec_engine.models import load_model
     torch.set_num_threads(args.threads)
@@ -68,11 +76,7 @@ def cmd_generate(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     encoded = [encode_chat(target.tokenizer, p["text"]) for p in prompts]
     start = time.perf_counter()
-    for b in range(0, len(encoded), args.batch):
-        shard = out / f"shard{b // args.batch:03d}.pt"
-        if shard.exists():
-            continue
-        batch = encoded[b:b + args.batch]
+    for b, shard, batch in pending_shards(out, encoded, args.batch, digits=3):
         sampled = args.all_sampled or (b // args.batch) % 4 == 3
         responses = respond(target.model, target.tokenizer, batch, args.new_tokens, sampled, seed=args.seed + b)
         sequences = [p + r for p, r in zip(batch, responses)]
@@ -117,11 +121,7 @@ def cmd_extract(args) -> None:
         chunks += take
     random.Random(args.seed + 1).shuffle(chunks)
     start = time.perf_counter()
-    for b in range(0, len(chunks), args.batch):
-        shard = out / f"shard{b // args.batch:04d}.pt"
-        if shard.exists():
-            continue
-        batch = chunks[b:b + args.batch]
+    for b, shard, batch in pending_shards(out, chunks, args.batch, digits=4):
         torch.save({"tokens": batch, "prompt_lens": [1] * len(batch), "features": final_features(target.model, batch),
                     "sampled": False, "corpus": True}, shard)
         if (b // args.batch) % 10 == 0:

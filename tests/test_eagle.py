@@ -15,7 +15,7 @@ from spec_engine.cache import cache_len
 from spec_engine.eagle import (DEFAULT_WEIGHTS, EagleDrafter, EagleHead, eagle_loss, head_config, load_head,
                                random_eagle_drafter, sha256_file)
 from test_statistical import ALPHA, exact_joint, chi_square_pvalue, speculative_samples
-from tiny import tiny_llama
+from tiny import greedy_identity_runs, tiny_llama
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2]])
 GREEDY = se.SamplingParams(0.0)
@@ -106,10 +106,8 @@ def test_head_cache_equals_a_fresh_pass_over_true_features(target, trained):
 
 @pytest.mark.parametrize("kind", ["random", "random-reduced", "trained-reduced", "trained-dynamic"])
 def test_greedy_identity_with_plain_decoding(target, trained, kind):
-    base = se.autoregressive_generate(target, PROMPT, max_new_tokens=30, sampling=GREEDY)
-    for k in (1, 3, 8):
-        result = se.SpeculativeDecoder(target, drafters(target, trained)[kind]()).generate(
-            PROMPT, k=k, max_new_tokens=30, sampling=GREEDY)
+    base, runs = greedy_identity_runs(target, drafters(target, trained)[kind], PROMPT)
+    for result in runs.values():
         assert result.tokens == base.tokens
 
 

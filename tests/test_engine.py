@@ -8,7 +8,7 @@ import torch
 import spec_engine as se
 from spec_engine.cache import cache_len, forward_logits, new_cache
 from spec_engine.drafters import Proposal, lookup_continuation
-from tiny import DRAFT_PIECES, TARGET_PIECES, ToyTokenizer, tiny_llama
+from tiny import DRAFT_PIECES, TARGET_PIECES, ToyTokenizer, greedy_identity_runs, tiny_llama
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2]])
 GREEDY = se.SamplingParams(0.0)
@@ -54,10 +54,8 @@ def test_cache_invariants_and_trimmed_cache_logits_every_round(target, draft, ki
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_identity_with_plain_decoding(target, draft, kind):
-    base = se.autoregressive_generate(target, PROMPT, max_new_tokens=30, sampling=GREEDY)
-    for k in (1, 3, 8):
-        result = se.SpeculativeDecoder(target, drafters(target, draft)[kind]()).generate(
-            PROMPT, k=k, max_new_tokens=30, sampling=GREEDY)
+    base, runs = greedy_identity_runs(target, drafters(target, draft)[kind], PROMPT)
+    for result in runs.values():
         assert result.tokens == base.tokens
         assert len(result.tokens) == 30
 

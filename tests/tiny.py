@@ -50,3 +50,13 @@ class ToyTokenizer:
 # Target pieces merge "ab" and "cd"; the draft merges other pairs and orders its ids differently.
 TARGET_PIECES = ["a", "b", "c", "d", "e", "f", "ab", "cd"]
 DRAFT_PIECES = ["f", "e", "ba", "d", "c", "b", "a", "ef", "abc", "cd", "da", "fa"]
+
+
+def greedy_identity_runs(target, make_drafter, prompt, ks=(1, 3, 8), tokens: int = 30):
+    """Plain greedy decoding and, for each k, a speculative run with a fresh drafter: (plain, {k: result})."""
+    import spec_engine as se
+    greedy = se.SamplingParams(0.0)
+    plain = se.autoregressive_generate(target, prompt, max_new_tokens=tokens, sampling=greedy)
+    runs = {k: se.SpeculativeDecoder(target, make_drafter()).generate(prompt, k=k, max_new_tokens=tokens, sampling=greedy)
+            for k in ks}
+    return plain, runs
