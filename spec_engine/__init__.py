@@ -1,7 +1,7 @@
 """spec_engine: exact speculative decoding on torch + transformers, with typed per-round events."""
 from .decoder import MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate, validate_request
-from .drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, ModelDrafter, NaiveIdDrafter,
-                       PromptLookupDrafter, Proposal, early_exit_layers)
+from .drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, LookupFirstDrafter, ModelDrafter,
+                       NaiveIdDrafter, PromptLookupDrafter, Proposal, early_exit_layers)
 from .eagle import EagleDrafter, EagleHead, load_eagle_drafter
 from .factory import DraftSpec, make_drafter, parse_draft
 from .events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
@@ -11,7 +11,7 @@ from .verify import RULES, WRONG_RULES
 __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES",
     "SamplingParams", "warp", "SpeculativeDecoder", "DecodeState", "autoregressive_generate", "validate_request",
-    "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "CrossTokenizerDrafter",
+    "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "LookupFirstDrafter", "CrossTokenizerDrafter",
     "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
     "load_model", "LoadedModel",
 ]

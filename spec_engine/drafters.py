@@ -205,6 +205,50 @@ class PromptLookupDrafter(Drafter):
         return Proposal(lookup_continuation(committed, k, self.max_ngram, self.min_ngram), None)
 
 
+LOOKUP_NOTE = "copied by prompt lookup"
+
+
+class LookupFirstDrafter(Drafter):
+    """Prompt lookup where the text repeats itself, another drafter everywhere else.
+
+    Each round proposes the n-gram continuation when the committed text has one, else asks `fallback`. The
+    choice depends on the committed ids only, so each round's proposal distribution is still a fixed q and
+    the exact rule applies unchanged (lookup rounds are one-hot). The fallback keeps its state in step every
+    round: it sees every begin / rollback (with the target's features when it uses them), and a lookup round
+    simply leaves its cache at the committed text, where rollback expects it. Grounded prompts (summarise,
+    edit) get the long copies of prompt lookup, ordinary prompts the fallback's drafts.
+    """
+
+    def __init__(self, fallback: Drafter, lookup: PromptLookupDrafter | None = None):
+        self.fallback = fallback
+        self.lookup = lookup or PromptLookupDrafter()
+        self.name = f"{fallback.name}+lookup"
+        self.uses_target_features = fallback.uses_target_features
+
+    @property
+    def cache(self):
+        return self.fallback.cache
+
+    @property
+    def cache_ids(self) -> list[int]:
+        return getattr(self.fallback, "cache_ids", [])
+
+    def check_target(self, target_model) -> None:
+        self.fallback.check_target(target_model)
+
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.fallback.begin(prompt_ids, target_features)
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        copied = lookup_continuation(committed, k, self.lookup.max_ngram, self.lookup.min_ngram) if k else []
+        if copied:
+            return Proposal(copied, None, note=LOOKUP_NOTE)
+        return self.fallback.propose(committed, k, params, generator)
+
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.fallback.rollback(committed, target_features)
+
+
 def lookup_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
     seq = torch.tensor(tokens, dtype=torch.long)
     for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):

@@ -6,6 +6,7 @@
     eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/weights/); a round
                                    stops drafting when the head's top probability < C / 100 (default: the
                                    measured recommendation stored with the weights)
+    eagle+lookup[:C]               prompt lookup (3:2) where the text repeats itself, the EAGLE head elsewhere
     <preset or path>               a separate draft model with the target's tokenizer
     <preset>:cross-tokenizer       a draft with another tokenizer, text re-tokenized
     <preset>:naive-ids             the tokenizer-mismatch mistake: ids passed through unchanged
@@ -14,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .drafters import (CrossTokenizerDrafter, DEFAULT_SKIP_LAYERS, Drafter, LayerSkipDrafter, ModelDrafter,
-                       NaiveIdDrafter, PromptLookupDrafter, early_exit_layers)
+from .drafters import (CrossTokenizerDrafter, DEFAULT_SKIP_LAYERS, Drafter, LayerSkipDrafter, LookupFirstDrafter,
+                       ModelDrafter, NaiveIdDrafter, PromptLookupDrafter, early_exit_layers)
 
 EARLY_EXIT_AFTER = 20
 PROMPT_LOOKUP_MIN_NGRAM = 2     # see PromptLookupDrafter
-MODES = ("layer-skip", "early-exit", "prompt-lookup", "eagle", "same-tokenizer", "cross-tokenizer", "naive-ids")
+MODES = ("layer-skip", "early-exit", "prompt-lookup", "eagle", "eagle+lookup", "same-tokenizer", "cross-tokenizer", "naive-ids")
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,10 @@ def parse_draft(name: str) -> DraftSpec:
     if not isinstance(name, str) or not name.strip():
         raise ValueError("draft name is empty; use layer-skip, early-exit, prompt-lookup, or a model preset")
     head, _, tail = name.strip().partition(":")
-    if head == "eagle":
+    if head in ("eagle", "eagle+lookup"):
         if tail and not (tail.isdigit() and int(tail) < 100):
-            raise ValueError(f"eagle:C needs a confidence percentage C in 0..99, got {tail!r}")
-        return DraftSpec("eagle", None, int(tail) if tail else None)
+            raise ValueError(f"{head}:C needs a confidence percentage C in 0..99, got {tail!r}")
+        return DraftSpec(head, None, int(tail) if tail else None)
     if head == "prompt-lookup" and tail.count(":") == 1:
         longest, _, shortest = tail.partition(":")
         if not (longest.isdigit() and shortest.isdigit() and 1 <= int(shortest) <= int(longest)):
@@ -77,9 +78,10 @@ def make_drafter(spec: DraftSpec | str, target, draft=None) -> Drafter:
     if spec.mode == "prompt-lookup":
         longest = spec.arg or 3
         return PromptLookupDrafter(max_ngram=longest, min_ngram=min(spec.min_ngram or PROMPT_LOOKUP_MIN_NGRAM, longest))
-    if spec.mode == "eagle":
+    if spec.mode in ("eagle", "eagle+lookup"):
         from .eagle import load_eagle_drafter
-        return load_eagle_drafter(target.model, min_confidence=None if spec.arg is None else spec.arg / 100)
+        eagle = load_eagle_drafter(target.model, min_confidence=None if spec.arg is None else spec.arg / 100)
+        return eagle if spec.mode == "eagle" else LookupFirstDrafter(eagle, PromptLookupDrafter(3, PROMPT_LOOKUP_MIN_NGRAM))
     if spec.mode == "cross-tokenizer":
         return CrossTokenizerDrafter(draft.model, draft.tokenizer, target.tokenizer, name=f"{spec.model}:cross-tokenizer")
     if spec.mode == "naive-ids":

@@ -68,24 +68,30 @@ def drafters(target, trained):
     return {"random": lambda: random_eagle_drafter(target, seed=1),
             "random-reduced": lambda: random_eagle_drafter(target, REDUCED, seed=2),
             "trained-reduced": lambda: EagleDrafter(trained[0], target, REDUCED),
-            "trained-dynamic": lambda: EagleDrafter(trained[0], target, REDUCED, min_confidence=0.5)}
+            "trained-dynamic": lambda: EagleDrafter(trained[0], target, REDUCED, min_confidence=0.5),
+            "lookup-first": lambda: se.LookupFirstDrafter(EagleDrafter(trained[0], target, REDUCED))}
+
+KINDS = ["random", "random-reduced", "trained-reduced", "trained-dynamic", "lookup-first"]
 
 
-@pytest.mark.parametrize("kind", ["random", "random-reduced", "trained-reduced", "trained-dynamic"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("params", [GREEDY, se.SamplingParams(0.9, top_k=6, top_p=0.95)], ids=["greedy", "sampled"])
 def test_head_cache_holds_committed_positions_every_round(target, trained, kind, params):
     drafter = drafters(target, trained)[kind]()
     decoder = se.SpeculativeDecoder(target, drafter)
     state = decoder.start(PROMPT, k=4, max_new_tokens=30, sampling=params, seed=3)
-    accepted = 0
+    accepted, sources = 0, set()
     while state.stop_reason is None:
         event = decoder.step(state)
         accepted += event.accepted
+        sources.add(event.note)
         assert drafter.cache_ids == state.committed[:-1]
         assert cache_len(drafter.cache) == event.draft_cache_len == len(state.committed) - 1
-        assert all(t in REDUCED.tolist() for t in event.drafted) or kind == "random"
+        assert all(t in REDUCED.tolist() for t in event.drafted) or kind in ("random", "lookup-first")
     if kind == "trained-reduced":
         assert accepted > 0      # the accepted-draft path is exercised, not only rejections
+    if kind == "lookup-first":
+        assert sources == {None, se.drafters.LOOKUP_NOTE}     # rounds from both sources, the head kept in step across both
 
 
 def test_head_cache_equals_a_fresh_pass_over_true_features(target, trained):
@@ -104,7 +110,7 @@ def test_head_cache_equals_a_fresh_pass_over_true_features(target, trained):
     assert torch.allclose(drafter._predicted, fresh, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["random", "random-reduced", "trained-reduced", "trained-dynamic"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_greedy_identity_with_plain_decoding(target, trained, kind):
     base, runs = greedy_identity_runs(target, drafters(target, trained)[kind], PROMPT)
     for result in runs.values():
@@ -133,7 +139,7 @@ def test_dynamic_draft_length_drafts_fewer_when_unsure(target, trained):
         EagleDrafter(trained[0], target, REDUCED, min_confidence=1.0)
 
 
-@pytest.mark.parametrize("make", ["random-reduced", "trained-reduced", "trained-dynamic"])
+@pytest.mark.parametrize("make", ["random-reduced", "trained-reduced", "trained-dynamic", "lookup-first"])
 def test_sampled_output_follows_the_target_distribution(target, trained, make):
     params = se.SamplingParams(0.7, top_p=0.9) if make == "random-reduced" else se.SamplingParams(1.0, top_k=5)
     samples = speculative_samples(target, drafters(target, trained)[make], params)
@@ -174,24 +180,29 @@ def test_tampered_weights_are_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_greedy_identity_on_the_offline_default(smollm2):
+@pytest.mark.parametrize("draft", ["eagle", "eagle+lookup"])
+def test_greedy_identity_on_the_offline_default(smollm2, draft):
     from test_real_models import NEW_TOKENS, PROMPTS
     eos = smollm2.tokenizer.eos_token_id
     accepted = drafted = 0
+    notes = set()
     for text in PROMPTS:
         prompt_ids = smollm2.encode_prompt(text)
         expected = se.autoregressive_generate(smollm2.model, prompt_ids, max_new_tokens=NEW_TOKENS, sampling=GREEDY,
                                               eos_token_id=eos).tokens
-        result = se.SpeculativeDecoder(smollm2.model, se.make_drafter("eagle", smollm2)).generate(
+        result = se.SpeculativeDecoder(smollm2.model, se.make_drafter(draft, smollm2)).generate(
             prompt_ids, k=2, max_new_tokens=NEW_TOKENS, sampling=GREEDY, eos_token_id=eos)
         assert result.tokens == expected, smollm2.tokenizer.decode(result.tokens)
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
+        notes |= {r.note for r in result.rounds}
     assert accepted / drafted > 0.15     # trained (an untrained head is near 0 here); held-out numbers are in its JSON
+    assert notes == ({None, se.drafters.LOOKUP_NOTE} if draft == "eagle+lookup" else {None})
 
 
 def test_eagle_draft_names():
     assert se.parse_draft("eagle") == se.DraftSpec("eagle")
     assert se.parse_draft("eagle:30").arg == 30
-    for bad in ("eagle:100", "eagle:x", "eagle:0.3"):
+    assert se.parse_draft("eagle+lookup:40") == se.DraftSpec("eagle+lookup", None, 40)
+    for bad in ("eagle:100", "eagle:x", "eagle:0.3", "eagle+lookup:x"):
         with pytest.raises(ValueError, match="confidence percentage"):
             se.parse_draft(bad)

@@ -30,7 +30,7 @@ def test_shipped_presets_load_and_cover_the_classroom():
     presets = load_presets()
     assert len(presets.prompts) >= 4 and len(presets.scenarios) >= 6
     drafts = {s.draft for s in presets.scenarios}
-    assert {"layer-skip", "early-exit", "prompt-lookup", "eagle", "gemma-3-270m:naive-ids",
+    assert {"layer-skip", "early-exit", "prompt-lookup", "eagle", "eagle+lookup", "gemma-3-270m:naive-ids",
             "gemma-3-270m:cross-tokenizer"} <= drafts
     assert {s.rule for s in presets.scenarios} == {"exact", "topp_membership", "no_residual"}
     assert all(s.caption and s.prompt for s in presets.scenarios)
@@ -86,8 +86,9 @@ def test_scenarios_path_is_in_the_repo():
 def test_draft_catalogue_for_the_offline_default():
     values = [value for _, value in reg.draft_choices("smollm2-135m-instruct")]
     assert values[:3] == ["layer-skip", "early-exit", "prompt-lookup"]
-    assert "gemma-3-270m:cross-tokenizer" in values and "gemma-3-270m:naive-ids" in values and "eagle" in values
-    assert "eagle" not in [value for _, value in reg.draft_choices("gemma-3-270m")]   # head trained for SmolLM2
+    assert "gemma-3-270m:cross-tokenizer" in values and "gemma-3-270m:naive-ids" in values
+    assert {"eagle", "eagle+lookup"} <= set(values)
+    assert {"eagle", "eagle+lookup"}.isdisjoint(value for _, value in reg.draft_choices("gemma-3-270m"))   # head trained for SmolLM2
     for value in values:
         assert reg.check_draft_value(value) is None
     hub_pair = dict((v, label) for label, v in reg.draft_choices("smollm2-360m-instruct"))

@@ -47,11 +47,12 @@ class ModelMemoryError(ValueError):
 
 
 def default_draft(target: str) -> tuple[str, int]:
-    """(draft, k) the playground starts with: the measured best for ordinary prompts. The trained EAGLE head with
-    the k recorded beside its weights when it drafts for this target (bench/results/, README), else prompt lookup."""
+    """(draft, k) the playground starts with: the measured best. When the trained EAGLE head drafts for this target,
+    the draft and k recorded beside its weights (bench/results/, README); else prompt lookup."""
     if eagle_available(target)[0]:
         from spec_engine.eagle import recommended_settings
-        return "eagle", int(recommended_settings().get("k", 2))
+        settings = recommended_settings()
+        return str(settings.get("draft", "eagle")), int(settings.get("k", 2))
     return "prompt-lookup", 4
 
 
@@ -146,6 +147,10 @@ DRAFT_KINDS: list[DraftKind] = [
     DraftKind("eagle", "EAGLE head (trained on the target's features)",
               "A one-layer head trained to predict the target's next features from its own last layer: cheap "
               "drafts that read the target's hidden state.", build_from_factory, available=eagle_available),
+    DraftKind("eagle+lookup", "EAGLE head + prompt lookup (copies when the text repeats)",
+              "Two draft sources, one rule: copy an n-gram continuation when the context has one, else ask the "
+              "EAGLE head; each round's drafts stay exact because the choice depends on the text alone.",
+              build_from_factory, available=eagle_available),
     DraftKind("same-tokenizer", "Separate draft model: {draft}",
               "A smaller model with the same tokenizer drafts; the classic pairing.", build_from_factory,
               needs_model=True),
