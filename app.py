@@ -19,8 +19,12 @@ try:   # ZeroGPU on Hugging Face Spaces wants `spaces` imported before torch; el
 except ImportError:
     pass
 
+from spec_engine.trace import MAX_BYTES as MAX_TRACE_BYTES
 from ui import limits
 from ui.layout import LAYOUT_CSS, THEME, build_demo
+
+# Uploads are traces (spec_engine.trace caps them at 20 MiB): Gradio refuses larger files before they are stored.
+LAUNCH_OPTIONS = {"max_file_size": MAX_TRACE_BYTES}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -44,4 +48,4 @@ demo = build_demo()
 demo.queue(default_concurrency_limit=4, max_size=limits.current().queue_size)
 
 if __name__ == "__main__":
-    demo.launch(theme=THEME, css=LAYOUT_CSS)
+    demo.launch(theme=THEME, css=LAYOUT_CSS, **LAUNCH_OPTIONS)

@@ -460,3 +460,16 @@ def test_launch_flags_override_the_environment(playground, monkeypatch):
     monkeypatch.delenv("SPEC_ALLOW_CUSTOM_MODELS", raising=False)
     assert limits.from_env(**vars(app.parse_args([]))).allow_custom_models is False   # off unless asked for
     assert limits.current().allow_custom_models is False             # the test app: presets only
+
+
+def test_an_upload_over_the_trace_limit_is_refused_before_it_is_stored(playground):
+    """The only uploads are traces: Gradio itself refuses a file over their 20 MiB limit (HTTP 413)."""
+    from spec_engine.trace import MAX_BYTES
+    upload = playground + "gradio_api/upload"
+    with httpx.Client(timeout=120) as http:
+        small = http.post(upload, files={"files": ("trace.json", b"{}")})
+        big = http.post(upload, files={"files": ("trace.json", b" " * (MAX_BYTES + 1))})
+        alive = http.get(playground)
+    assert small.status_code == 200 and len(small.json()) == 1
+    assert big.status_code == 413 and "maximum allowed size" in big.text
+    assert alive.status_code == 200

@@ -79,6 +79,17 @@ def test_round_trip_keeps_every_event_exactly(tiny_run, tmp_path):
     assert doc["special_ids"] == [0] and doc["partial_ids"] == ([7] if 7 in loaded.pieces else [])
 
 
+def test_exports_keep_only_the_newest_files_on_disk(tiny_run, tmp_path, monkeypatch):
+    _, state = tiny_run
+    monkeypatch.setattr(replay, "_exports_root", tmp_path)
+    monkeypatch.setattr(replay, "KEEP_EXPORTS", 2)
+    paths = [replay.write_temp(replay.export_latest(state)) for _ in range(4)]
+    assert paths[0].name == paths[3].name and len(set(paths)) == 4      # same name, separate folders
+    assert [p.exists() for p in paths] == [False, False, True, True]
+    assert len(list(tmp_path.iterdir())) == 2
+    assert tr.load(paths[3]).rounds == state.history[-1].rounds
+
+
 def test_piece_table_covers_every_id_of_every_field():
     ev = event(0, [11, 12, 13], 1, correction=14)
     ev = se.RoundEvent(**{**ev.to_dict(), "next_top": [(15, 0.5)], "target_top": [[(16, 0.4)], [(17, 0.3)]]})

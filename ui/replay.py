@@ -11,9 +11,12 @@ replayed HTML is byte-identical to the live run's, with no model and no tokenize
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import re
+import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from spec_engine import trace as tr
@@ -150,9 +153,29 @@ def file_name(trace: tr.Trace) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(map(str, parts)))[:120] + ".json"
 
 
+KEEP_EXPORTS = 32          # newest exports kept on disk; Gradio copies each into its own cache when it serves it
+_exports_lock = threading.Lock()
+_exports_root: Path | None = None
+
+
+def exports_root() -> Path:
+    """One temporary folder per process for trace exports, removed when the process exits."""
+    global _exports_root
+    if _exports_root is None:
+        _exports_root = Path(tempfile.mkdtemp(prefix="spec-traces-"))
+        atexit.register(shutil.rmtree, _exports_root, True)
+    return _exports_root
+
+
 def write_temp(trace: tr.Trace) -> Path:
-    """Save to a fresh temporary folder (Gradio serves files from the temp dir) under a descriptive name."""
-    folder = Path(tempfile.mkdtemp(prefix="spec-trace-"))
+    """Save under a descriptive name, in a fresh subfolder (two sessions may export the same name); only the
+    newest KEEP_EXPORTS subfolders stay, so a long-running server does not fill its disk with old exports."""
+    with _exports_lock:
+        root = exports_root()
+        folder = Path(tempfile.mkdtemp(dir=root))
+        old = sorted(root.iterdir(), key=lambda p: p.stat().st_mtime_ns)[:-KEEP_EXPORTS]
+        for stale in old:
+            shutil.rmtree(stale, ignore_errors=True)
     return tr.save(trace, folder / file_name(trace))
 
 
