@@ -53,6 +53,17 @@ PROMPTS = {
 }
 
 
+HELD_OUT_FILE = Path(__file__).resolve().parents[1] / "bench" / "data" / "eagle_prompts.json"
+
+
+def held_out_prompts(n: int) -> dict[str, str]:
+    """The first n held-out prompts of the EAGLE head's prompt set (topics never in its training data)."""
+    if n <= 0:
+        return {}
+    items = json.loads(HELD_OUT_FILE.read_text(encoding="utf-8"))["held_out"][:n]
+    return {f"held-out-{i}": item["text"] for i, item in enumerate(items)}
+
+
 @dataclass
 class Row:
     draft: str
@@ -273,7 +284,9 @@ def main(argv=None) -> None:
     parser.add_argument("--k", nargs="+", type=int, default=[2, 4, 6, 8])
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
     parser.add_argument("--top-p", type=float, default=0.9, help="used with temperatures > 0")
-    parser.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
+    parser.add_argument("--prompts", nargs="*", default=list(PROMPTS), choices=list(PROMPTS))
+    parser.add_argument("--held-out", type=int, default=0, metavar="N",
+                        help="also the first N held-out prompts of bench/data/eagle_prompts.json (held-out-0 ...)")
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default=None, help="default: cuda when present, else cpu")
@@ -292,12 +305,13 @@ def main(argv=None) -> None:
         draft = load_any(spec.model, target.device, target.dtype) if spec.needs_model else None
         drafts[name] = (spec, draft, hf_assistant_for(spec, draft))
     rows, eos = [], not args.no_eos
+    prompts = {name: PROMPTS[name] for name in args.prompts} | held_out_prompts(args.held_out)
     for name, (spec, draft, hf_assistant) in drafts.items():
         for temperature in args.temperatures:
             sampling = SamplingParams(temperature, 0, args.top_p if temperature > 0 else 1.0)
             for k in args.k:
-                for prompt_name in args.prompts:
-                    prompt_ids = target.encode_prompt(PROMPTS[prompt_name])
+                for prompt_name, prompt_text in prompts.items():
+                    prompt_ids = target.encode_prompt(prompt_text)
                     measure(target, draft, spec, prompt_ids, sampling, k, 8, 0, hf_assistant, not args.no_hf, eos)  # warm-up
                     samples = [measure(target, draft, spec, prompt_ids, sampling, k, args.tokens, seed, hf_assistant,
                                        not args.no_hf, eos)

@@ -269,8 +269,9 @@ def load_head(path: Path = DEFAULT_WEIGHTS, dtype: torch.dtype = torch.float32, 
 
 
 def recommended_settings(path: Path = DEFAULT_WEIGHTS) -> dict:
-    """The head's measured best settings, from its JSON record: {"k": ..., "min_confidence": ..., "source": ...}
-    (written after benchmarking; {} when the record has none)."""
+    """The head's measured best settings, from its JSON record: {"draft": ..., "k": ..., "min_confidence": ...,
+    "source": ...} (written after benchmarking; {} when the record has none). "draft" is the playground's default
+    draft name for this head's target (`eagle` or `eagle+lookup`)."""
     record_path = Path(path).with_suffix(".json")
     return dict(json.loads(record_path.read_text()).get("recommended", {})) if record_path.exists() else {}
 

@@ -83,6 +83,15 @@ def test_scenarios_path_is_in_the_repo():
     assert SCENARIOS_PATH.name == "scenarios.yaml" and SCENARIOS_PATH.parent.name == "presets"
 
 
+def test_the_playground_starts_with_the_measured_best_draft():
+    from spec_engine.eagle import recommended_settings
+    settings = recommended_settings()
+    draft, k = reg.default_draft("smollm2-135m-instruct")
+    assert (draft, k) == (settings["draft"], settings["k"]) and reg.check_draft_value(draft) is None
+    assert draft in [value for _, value in reg.draft_choices("smollm2-135m-instruct")]
+    assert reg.default_draft("gemma-3-270m")[0] == "prompt-lookup"       # the head drafts for SmolLM2 only
+
+
 def test_draft_catalogue_for_the_offline_default():
     values = [value for _, value in reg.draft_choices("smollm2-135m-instruct")]
     assert values[:3] == ["layer-skip", "early-exit", "prompt-lookup"]
