@@ -240,7 +240,7 @@ class LookupFirstDrafter(Drafter):
         self.fallback.begin(prompt_ids, target_features)
 
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
-        copied = lookup_continuation(committed, k, self.lookup.max_ngram, self.lookup.min_ngram) if k else []
+        copied = self.lookup.propose(committed, k, params, generator).tokens if k else []
         if copied:
             return Proposal(copied, None, note=LOOKUP_NOTE)
         return self.fallback.propose(committed, k, params, generator)
