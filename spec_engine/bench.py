@@ -149,12 +149,6 @@ class ForwardClock:
             handle.remove()
 
 
-def draft_modules(drafter) -> list:
-    """The modules whose forwards are the drafter's model time (a LookupFirstDrafter's are its fallback's)."""
-    inner = getattr(drafter, "fallback", drafter)
-    return [m for m in (getattr(inner, name, None) for name in ("model", "head", "lm_head")) if m is not None]
-
-
 def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assistant, with_hf: bool,
             eos: bool = True) -> dict:
     eos_id = target.tokenizer.eos_token_id if eos else None
@@ -162,7 +156,7 @@ def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assis
                                     eos_token_id=eos_id)
     drafter = make_drafter(spec, target, draft)
     decoder = SpeculativeDecoder(target.model, drafter)
-    clock = ForwardClock([target.model] + draft_modules(drafter))
+    clock = ForwardClock([target.model] + drafter.model_modules())
     try:
         result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed,
                                   eos_token_id=eos_id)

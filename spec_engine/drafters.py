@@ -56,6 +56,10 @@ class Drafter:
     def cache_len(self) -> int | None:
         return None if self.cache is None else cache_len(self.cache)
 
+    def model_modules(self) -> list[nn.Module]:
+        """The modules whose forwards are this drafter's model time (benchmarks time them apart from overhead)."""
+        return [m for m in (getattr(self, name, None) for name in ("model", "head", "lm_head")) if isinstance(m, nn.Module)]
+
 
 def vocab_size(model) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
@@ -187,6 +191,9 @@ def early_exit_layers(n_layers: int, exit_after: int) -> list[int]:
     return list(range(exit_after, n_layers))
 
 
+PROMPT_LOOKUP_MIN_NGRAM = 2     # see PromptLookupDrafter
+
+
 class PromptLookupDrafter(Drafter):
     """n-gram lookup (Saxena 2023): find the latest earlier occurrence of the last n committed tokens
     (n = max_ngram down to min_ngram) and propose what followed it. Deterministic, no model, no cache.
@@ -195,7 +202,7 @@ class PromptLookupDrafter(Drafter):
     (measured on SmolLM2-135M: chat/code k = 6-8 went from 0.86-1.0x to 1.03-1.12x of plain decoding, grounded
     prompts unchanged; bench/results/prompt-lookup-*-fp32.md)."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = PROMPT_LOOKUP_MIN_NGRAM):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -235,6 +242,9 @@ class LookupFirstDrafter(Drafter):
 
     def check_target(self, target_model) -> None:
         self.fallback.check_target(target_model)
+
+    def model_modules(self) -> list[nn.Module]:
+        return self.fallback.model_modules()
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.fallback.begin(prompt_ids, target_features)

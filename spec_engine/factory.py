@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .drafters import (CrossTokenizerDrafter, DEFAULT_SKIP_LAYERS, Drafter, LayerSkipDrafter, LookupFirstDrafter,
-                       ModelDrafter, NaiveIdDrafter, PromptLookupDrafter, early_exit_layers)
+                       ModelDrafter, NaiveIdDrafter, PROMPT_LOOKUP_MIN_NGRAM, PromptLookupDrafter, early_exit_layers)
 
 EARLY_EXIT_AFTER = 20
-PROMPT_LOOKUP_MIN_NGRAM = 2     # see PromptLookupDrafter
 MODES = ("layer-skip", "early-exit", "prompt-lookup", "eagle", "eagle+lookup", "same-tokenizer", "cross-tokenizer", "naive-ids")
 
 
@@ -81,7 +80,7 @@ def make_drafter(spec: DraftSpec | str, target, draft=None) -> Drafter:
     if spec.mode in ("eagle", "eagle+lookup"):
         from .eagle import load_eagle_drafter
         eagle = load_eagle_drafter(target.model, min_confidence=None if spec.arg is None else spec.arg / 100)
-        return eagle if spec.mode == "eagle" else LookupFirstDrafter(eagle, PromptLookupDrafter(3, PROMPT_LOOKUP_MIN_NGRAM))
+        return eagle if spec.mode == "eagle" else LookupFirstDrafter(eagle)
     if spec.mode == "cross-tokenizer":
         return CrossTokenizerDrafter(draft.model, draft.tokenizer, target.tokenizer, name=f"{spec.model}:cross-tokenizer")
     if spec.mode == "naive-ids":
