@@ -68,20 +68,45 @@ GROUPS = [("chat", CHAT, "a", ACTIVITIES), ("explain", EXPLAIN, "c", CONCEPTS), 
           ("list", LISTS, "x", THINGS), ("rewrite", REWRITE, "s", SENTENCES), ("creative", CREATIVE, "p", PICTURES)]
 
 
-def build(held_out_share: float = 0.15, seed: int = 0) -> dict:
-    """All template x topic prompts, split by topic: a held-out topic never appears in a training prompt."""
-    rng = random.Random(seed)
-    train, held_out = [], []
+def split_topics(rng: random.Random, held_out_share: float = 0.15):
+    """(kind, templates, slot, training topics, held-out topics) per group, split in the order of `rng`."""
     for kind, templates, slot, topics in GROUPS:
         topics = list(topics)
         rng.shuffle(topics)
         n_held = max(2, round(len(topics) * held_out_share))
-        for i, topic in enumerate(topics):
-            bucket = held_out if i < n_held else train
-            bucket += [{"kind": kind, "text": t.format(**{slot: topic})} for t in templates]
+        yield kind, templates, slot, topics[n_held:], topics[:n_held]
+
+
+def build(held_out_share: float = 0.15, seed: int = 0) -> dict:
+    """All template x topic prompts, split by topic: a held-out topic never appears in a training prompt."""
+    rng = random.Random(seed)
+    train, held_out = [], []
+    for kind, templates, slot, train_topics, held_topics in list(split_topics(rng, held_out_share)):
+        held_out += [{"kind": kind, "text": t.format(**{slot: topic})} for topic in held_topics for t in templates]
+        train += [{"kind": kind, "text": t.format(**{slot: topic})} for topic in train_topics for t in templates]
     rng.shuffle(train)
     rng.shuffle(held_out)
     return {"train": train, "held_out": held_out}
+
+
+def held_out_topics(held_out_share: float = 0.15, seed: int = 0) -> list[str]:
+    """The topics of the held-out prompts (what self-written training prompts must not mention)."""
+    return [topic for *_, held in split_topics(random.Random(seed), held_out_share) for topic in held]
+
+
+# Looser stems of the held-out topics and the benchmark's own chat and code prompts (spec_engine.bench.PROMPTS):
+# a self-written training prompt that mentions one is dropped, so held-out and benchmark results stay outside training.
+EXCLUDED_STEMS = ["watercolo", "hydrat", "stress", "democra", "machine learning", "water cycle", "electric", "permutation",
+                  "reverse a string", "reversing a string", "word frequenc", "email", "vegetables", "habits for programmers",
+                  "resume", "first day of school", "mountain lake", "cooking at home", "focus", "studying",
+                  "sorted list", "merge", "bicycle", "spelling"]
+
+
+def excluded_phrases() -> list[str]:
+    """Lower-case phrases a self-written training prompt must not contain."""
+    articles = ("the ", "a ", "an ")
+    topics = [t.lower().removeprefix(next((a for a in articles if t.lower().startswith(a)), "")) for t in held_out_topics()]
+    return sorted(set(topics + EXCLUDED_STEMS))
 
 
 if __name__ == "__main__":

@@ -4,12 +4,15 @@
     python -m bench.train_eagle train --data /tmp/eagle      # fit the head, write spec_engine/weights/ + JSON
     python -m bench.train_eagle evaluate                     # held-out acceptance with the real engine
     python -m bench.train_eagle extract --out /tmp/eagle-corpus  # optional: teacher-forced features of local text
+    python -m bench.train_eagle generate --out /tmp/eagle-self --self-prompts 850 --seed 4000  # prompts the target writes
 
 Prompts come from bench/data/eagle_prompts.json (bench/eagle_prompts.py; held-out topics never appear in training).
 `generate` answers every training prompt with the target itself (left-padded batched `generate`, 3 of 4 greedy,
 1 of 4 sampled at T=0.7 / top-p 0.9), then runs one clean forward over prompt + response and keeps the final
-hidden states (post-norm: what the LM head reads) in fp16 shards. Transformers' `generate` samples from the
-global RNG, so that step seeds it; everything else uses explicit generators.
+hidden states (post-norm: what the LM head reads) in fp16 shards. With `--self-prompts N` the prompts are N user
+messages the target writes itself (Magpie), minus any that mention a held-out topic or a benchmark prompt's
+subject. Transformers' `generate` samples from the global RNG, so that step seeds it; everything else uses
+explicit generators.
 """
 from __future__ import annotations
 
@@ -67,13 +70,60 @@ def pending_shards(out: Path, items: list, batch: int, digits: int):
             yield b, shard, items[b:b + batch]
 
 
+def query_prefix(tokenizer) -> list[int]:
+    """The chat template up to where a user's message begins (system turn included)."""
+    marker = "\u2063QUERY\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False, tokenize=False)
+    return tokenizer(text.split(marker)[0], add_special_tokens=False)["input_ids"]
+
+
+def keep_query(text: str, ended: bool, n_tokens: int, excluded: list[str], seen: set[str], min_tokens: int = 6) -> bool:
+    """A self-written prompt is kept when the target closed its turn, it is long enough, new, and it mentions no
+    held-out or benchmark topic."""
+    key = " ".join(text.lower().split())
+    return ended and n_tokens >= min_tokens and key not in seen and not any(e in key for e in excluded)
+
+
+@torch.inference_mode()
+def self_prompts(model, tokenizer, n: int, seed: int, batch: int = 64, max_tokens: int = 64) -> list[str]:
+    """n user messages written by the target itself (Magpie, Xu et al. 2024): sample from the chat template cut
+    just before the user's text, at T=1 / top-p 0.95, and keep the turns `keep_query` accepts. Broader than the
+    template prompts, and from the target's own idea of what users ask."""
+    from bench.eagle_prompts import excluded_phrases
+    excluded, seen, queries = excluded_phrases(), set(), []
+    prefix = torch.tensor([query_prefix(tokenizer)] * batch)                                   # [B, P]
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    stops = {tokenizer.eos_token_id, im_end}
+    round_ = 0
+    while len(queries) < n:
+        torch.manual_seed(seed + round_)
+        out = model.generate(input_ids=prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=max_tokens,
+                             do_sample=True, temperature=1.0, top_p=0.95, top_k=0, pad_token_id=im_end)
+        for row in out[:, prefix.shape[1]:].tolist():
+            cut = next((i for i, t in enumerate(row) if t in stops), None)
+            text = tokenizer.decode(row[:cut] if cut is not None else row).strip()
+            if keep_query(text, cut is not None, cut or len(row), excluded, seen):
+                seen.add(" ".join(text.lower().split()))
+                queries.append(text)
+        round_ += 1
+        print(f"self-prompts: {len(queries)}/{n} after {round_ * batch} samples", flush=True)
+    return queries[:n]
+
+
 def cmd_generate(args) -> None:
     from spec_engine.models import load_model
     torch.set_num_threads(args.threads)
     target = load_model(args.model, dtype="float32")
-    prompts = json.loads(PROMPTS.read_text())["train"][:args.limit]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.self_prompts:            # written once, then reused: a stopped run resumes on the same prompts
+        written = out / "prompts.json"
+        if not written.exists():
+            texts = self_prompts(target.model, target.tokenizer, args.self_prompts, args.seed)
+            written.write_text(json.dumps([{"kind": "self", "text": t} for t in texts], indent=0) + "\n")
+        prompts = json.loads(written.read_text())[:args.limit]
+    else:
+        prompts = json.loads(PROMPTS.read_text())["train"][:args.limit]
     encoded = [encode_chat(target.tokenizer, p["text"]) for p in prompts]
     start = time.perf_counter()
     for b, shard, batch in pending_shards(out, encoded, args.batch, digits=3):
@@ -319,6 +369,8 @@ def main(argv=None) -> None:
     g.add_argument("--threads", type=int, default=1)
     g.add_argument("--all-sampled", action="store_true",
                    help="sample every answer at T=0.7 / top-p 0.9 (a second pass with another --seed adds new answers)")
+    g.add_argument("--self-prompts", type=int, default=0, metavar="N",
+                   help="answer N prompts the target writes itself (kept in OUT/prompts.json) instead of the template set")
     t = sub.add_parser("train")
     t.add_argument("--model", default="smollm2-135m-instruct")
     t.add_argument("--data", required=True, help="shards of `generate` (the target's answers; 5%% held for validation)")
