@@ -250,12 +250,17 @@ def cmd_train(args) -> None:
     samples = answers + val + train[len(answers):]
     tok = target.tokenizer
     always = sorted({tok.eos_token_id, *[tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")]})
-    if args.init:          # continue from a trained head (and keep its vocabulary)
+    # The reduced vocabulary only indexes the target's own LM-head rows (the head has no output weights of its
+    # own), so --revocab may re-choose it for a trained head: from every training answer, corpus chunks excluded.
+    vocab_source = [s for s in train if s["prompt_len"] > 1] if args.revocab else answers
+    if args.init:          # continue from a trained head (and keep its vocabulary unless --revocab)
         from spec_engine.eagle import load_head
         head, vocab_index = load_head(Path(args.init), dtype=torch.float32)
         head.train().requires_grad_(True)
+        if args.revocab:
+            vocab_index = choose_vocab(vocab_source, len(vocab_index), always, target.model.config.vocab_size)
     else:
-        vocab_index = choose_vocab(answers, args.vocab, always, target.model.config.vocab_size)
+        vocab_index = choose_vocab(vocab_source, args.vocab, always, target.model.config.vocab_size)
         head = EagleHead(head_config(target.model.config, args.intermediate))
         with torch.no_grad():
             head.body.norm.weight.copy_(target.model.model.norm.weight)
@@ -377,6 +382,8 @@ def main(argv=None) -> None:
     t.add_argument("--extra-data", nargs="*", default=[], help="more shards for training only (e.g. `extract`)")
     t.add_argument("--stop-after", type=int, default=None, help="stop after this many epochs (schedule unchanged)")
     t.add_argument("--init", default=None, help="continue from these head weights (their vocabulary is kept)")
+    t.add_argument("--revocab", action="store_true",
+                   help="choose the reduced vocabulary from all training answers (default: --data's), also with --init")
     t.add_argument("--out", default=str(DEFAULT_OUT))
     t.add_argument("--vocab", type=int, default=8192)
     t.add_argument("--intermediate", type=int, default=None, help="head MLP width (default: the target's)")

@@ -50,3 +50,12 @@ def test_query_prefix_ends_where_the_user_turn_begins(smollm2):
     full = smollm2.encode_prompt("Hello there, how are you?")[0].tolist()
     assert full[:len(prefix)] == prefix
     assert tok.decode(prefix).endswith("<|im_start|>user\n")
+
+
+def test_choose_vocab_keeps_special_ids_then_the_most_frequent_then_fills_by_id():
+    from bench.train_eagle import choose_vocab
+    samples = [{"tokens": [5, 5, 5, 7, 7, 9], "prompt_len": 2}, {"tokens": [7, 9, 9, 9, 9], "prompt_len": 1}]
+    # counts: 9 x5, 7 x3, 5 x3 (a tie, broken by id); 2 is always kept; 0, 1 fill the rest by id
+    assert choose_vocab(samples, 4, always=[2], vocab_total=12).tolist() == [2, 5, 7, 9]
+    assert choose_vocab(samples, 3, always=[2], vocab_total=12).tolist() == [2, 5, 9]
+    assert choose_vocab(samples, 6, always=[2], vocab_total=12).tolist() == [0, 1, 2, 5, 7, 9]
