@@ -77,10 +77,15 @@ def query_prefix(tokenizer) -> list[int]:
     return tokenizer(text.split(marker)[0], add_special_tokens=False)["input_ids"]
 
 
+def query_key(text: str) -> str:
+    """What makes two prompts the same: their words, lower-cased."""
+    return " ".join(text.lower().split())
+
+
 def keep_query(text: str, ended: bool, n_tokens: int, excluded: list[str], seen: set[str], min_tokens: int = 6) -> bool:
     """A self-written prompt is kept when the target closed its turn, it is long enough, new, and it mentions no
     held-out or benchmark topic."""
-    key = " ".join(text.lower().split())
+    key = query_key(text)
     return ended and n_tokens >= min_tokens and key not in seen and not any(e in key for e in excluded)
 
 
@@ -103,7 +108,7 @@ def self_prompts(model, tokenizer, n: int, seed: int, batch: int = 64, max_token
             cut = next((i for i, t in enumerate(row) if t in stops), None)
             text = tokenizer.decode(row[:cut] if cut is not None else row).strip()
             if keep_query(text, cut is not None, cut or len(row), excluded, seen):
-                seen.add(" ".join(text.lower().split()))
+                seen.add(query_key(text))
                 queries.append(text)
         round_ += 1
         print(f"self-prompts: {len(queries)}/{n} after {round_ * batch} samples", flush=True)
