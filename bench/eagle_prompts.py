@@ -81,7 +81,7 @@ def build(held_out_share: float = 0.15, seed: int = 0) -> dict:
     """All template x topic prompts, split by topic: a held-out topic never appears in a training prompt."""
     rng = random.Random(seed)
     train, held_out = [], []
-    for kind, templates, slot, train_topics, held_topics in list(split_topics(rng, held_out_share)):
+    for kind, templates, slot, train_topics, held_topics in split_topics(rng, held_out_share):
         held_out += [{"kind": kind, "text": t.format(**{slot: topic})} for topic in held_topics for t in templates]
         train += [{"kind": kind, "text": t.format(**{slot: topic})} for topic in train_topics for t in templates]
     rng.shuffle(train)

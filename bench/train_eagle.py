@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-PROMPTS = Path(__file__).parent / "data" / "eagle_prompts.json"
+from bench.eagle_prompts import PATH as PROMPTS, excluded_phrases
+
 DEFAULT_OUT = Path(__file__).parent.parent / "spec_engine" / "weights" / "eagle-smollm2-135m.safetensors"
 
 
@@ -94,7 +95,6 @@ def self_prompts(model, tokenizer, n: int, seed: int, batch: int = 64, max_token
     """n user messages written by the target itself (Magpie, Xu et al. 2024): sample from the chat template cut
     just before the user's text, at T=1 / top-p 0.95, and keep the turns `keep_query` accepts. Broader than the
     template prompts, and from the target's own idea of what users ask."""
-    from bench.eagle_prompts import excluded_phrases
     excluded, seen, queries = excluded_phrases(), set(), []
     prefix = torch.tensor([query_prefix(tokenizer)] * batch)                                   # [B, P]
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
