@@ -5,14 +5,17 @@
     python -m bench.train_eagle evaluate                     # held-out acceptance with the real engine
     python -m bench.train_eagle extract --out /tmp/eagle-corpus  # optional: teacher-forced features of local text
     python -m bench.train_eagle generate --out /tmp/eagle-self --self-prompts 850 --seed 4000  # prompts the target writes
+    python -m bench.train_eagle relayer --data /tmp/eagle --out /tmp/eagle-ml --layers 2 15 27 -1  # EAGLE-3 features
 
 Prompts come from bench/data/eagle_prompts.json (bench/eagle_prompts.py; held-out topics never appear in training).
 `generate` answers every training prompt with the target itself (left-padded batched `generate`, 3 of 4 greedy,
 1 of 4 sampled at T=0.7 / top-p 0.9), then runs one clean forward over prompt + response and keeps the final
 hidden states (post-norm: what the LM head reads) in fp16 shards. With `--self-prompts N` the prompts are N user
 messages the target writes itself (Magpie), minus any that mention a held-out topic or a benchmark prompt's
-subject. Transformers' `generate` samples from the global RNG, so that step seeds it; everything else uses
-explicit generators.
+subject. `--layers` (on generate, extract, relayer and train) keeps the states of lower layers beside the final
+ones, side by side, for a head that fuses them (EAGLE-3); `relayer` recomputes them for shards written without.
+Transformers' `generate` samples from the global RNG, so that step seeds it; everything else uses explicit
+generators.
 """
 from __future__ import annotations
 
@@ -54,12 +57,14 @@ def respond(model, tokenizer, prompts: list[list[int]], new_tokens: int, sampled
 
 
 @torch.inference_mode()
-def final_features(model, sequences: list[list[int]]) -> list[torch.Tensor]:
-    """One right-padded forward; the post-norm final hidden states [len, hidden] of each sequence, fp16."""
+def final_features(model, sequences: list[list[int]], layers: tuple[int, ...] = (-1,)) -> list[torch.Tensor]:
+    """One right-padded forward; each sequence's hidden states [len, len(layers) * hidden] in fp16: those of
+    `layers` (indices into transformers' hidden_states, -1 = post-norm final, what the LM head reads), side by side."""
     width = max(len(s) for s in sequences)
     input_ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences])                  # [B, width]
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])           # [B, width]
-    hidden = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+    states = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1).hidden_states
+    hidden = torch.cat([states[layer] for layer in layers], dim=-1)                            # [B, width, F]
     return [hidden[i, :len(s)].to(torch.float16).clone() for i, s in enumerate(sequences)]
 
 
@@ -135,8 +140,9 @@ def cmd_generate(args) -> None:
         sampled = args.all_sampled or (b // args.batch) % 4 == 3
         responses = respond(target.model, target.tokenizer, batch, args.new_tokens, sampled, seed=args.seed + b)
         sequences = [p + r for p, r in zip(batch, responses)]
-        features = final_features(target.model, sequences)
-        torch.save({"tokens": sequences, "prompt_lens": [len(p) for p in batch], "features": features, "sampled": sampled}, shard)
+        features = final_features(target.model, sequences, tuple(args.layers))
+        torch.save({"tokens": sequences, "prompt_lens": [len(p) for p in batch], "features": features, "sampled": sampled,
+                    "feature_layers": list(args.layers)}, shard)
         print(f"shard {shard.name}: {len(batch)} prompts, {sum(map(len, responses))} response tokens, "
               f"{time.perf_counter() - start:.0f} s", flush=True)
 
@@ -177,18 +183,40 @@ def cmd_extract(args) -> None:
     random.Random(args.seed + 1).shuffle(chunks)
     start = time.perf_counter()
     for b, shard, batch in pending_shards(out, chunks, args.batch, digits=4):
-        torch.save({"tokens": batch, "prompt_lens": [1] * len(batch), "features": final_features(target.model, batch),
-                    "sampled": False, "corpus": True}, shard)
+        torch.save({"tokens": batch, "prompt_lens": [1] * len(batch), "features": final_features(target.model, batch, tuple(args.layers)),
+                    "sampled": False, "corpus": True, "feature_layers": list(args.layers)}, shard)
         if (b // args.batch) % 10 == 0:
             print(f"{shard.name}: {b + len(batch)}/{len(chunks)} chunks, {time.perf_counter() - start:.0f} s", flush=True)
 
 
+def cmd_relayer(args) -> None:
+    """Recompute the features of existing shards (`generate` or `extract` output) with --layers: same tokens, one
+    forward per --batch sequences; a stopped run resumes."""
+    from spec_engine.models import load_model
+    torch.set_num_threads(args.threads)
+    target = load_model(args.model, dtype="float32")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    for shard in sorted(Path(args.data).glob("shard*.pt")):
+        if (out / shard.name).exists():
+            continue
+        blob = torch.load(shard)
+        sequences = blob["tokens"]
+        blob["features"] = [f for b in range(0, len(sequences), args.batch)
+                            for f in final_features(target.model, sequences[b:b + args.batch], tuple(args.layers))]
+        blob["feature_layers"] = list(args.layers)
+        torch.save(blob, out / shard.name)
+        print(f"{shard.name}: {len(sequences)} sequences, {time.perf_counter() - start:.0f} s", flush=True)
+
+
 def load_shards(data: Path) -> list[dict]:
-    """[{tokens, prompt_len, features [len, H] fp16}] from every shard, in shard order."""
+    """[{tokens, prompt_len, features [len, F] fp16, feature_layers}] from every shard, in shard order."""
     samples = []
     for shard in sorted(Path(data).glob("shard*.pt")):
         blob = torch.load(shard)
-        samples += [{"tokens": t, "prompt_len": n, "features": f}
+        layers = tuple(blob.get("feature_layers", (-1,)))
+        samples += [{"tokens": t, "prompt_len": n, "features": f, "feature_layers": layers}
                     for t, n, f in zip(blob["tokens"], blob["prompt_lens"], blob["features"])]
     return samples
 
@@ -258,17 +286,24 @@ def cmd_train(args) -> None:
     # The reduced vocabulary only indexes the target's own LM-head rows (the head has no output weights of its
     # own), so --revocab may re-choose it for a trained head: from every training answer, corpus chunks excluded.
     vocab_source = [s for s in train if s["prompt_len"] > 1] if args.revocab else answers
+    layers = tuple(args.layers)
     if args.init:          # continue from a trained head (and keep its vocabulary unless --revocab)
         from spec_engine.eagle import load_head
         head, vocab_index = load_head(Path(args.init), dtype=torch.float32)
+        if head.feature_layers != layers:        # e.g. a single-layer head learning to read lower layers too
+            head = widen_head(head, layers)
         head.train().requires_grad_(True)
         if args.revocab:
             vocab_index = choose_vocab(vocab_source, len(vocab_index), always, target.model.config.vocab_size)
     else:
         vocab_index = choose_vocab(vocab_source, args.vocab, always, target.model.config.vocab_size)
-        head = EagleHead(head_config(target.model.config, args.intermediate))
+        head = EagleHead(head_config(target.model.config, args.intermediate, layers))
         with torch.no_grad():
             head.body.norm.weight.copy_(target.model.model.norm.weight)
+    stale = sorted({str(s["feature_layers"]) for s in samples if s["feature_layers"] != layers})
+    if stale:
+        raise SystemExit(f"the data holds features of layers {', '.join(stale)}, the head reads {layers}: "
+                         f"recompute them with `relayer --layers {' '.join(map(str, layers))}`")
     embed = target.model.get_input_embeddings().weight.detach()
     rows = embed[vocab_index] if target.model.config.tie_word_embeddings else \
         target.model.get_output_embeddings().weight.detach()[vocab_index]
@@ -304,12 +339,25 @@ def cmd_train(args) -> None:
             break           # the schedule still spans --epochs: the shipped head stopped early for time
 
 
+def widen_head(head, layers: tuple[int, ...]):
+    """The same head reading `layers`: its trained weights, plus a fusion layer that starts by passing the final
+    states through (so it begins exactly where the trained head is)."""
+    from spec_engine.eagle import EagleHead
+    config = head.config.__class__(**head.config.to_dict())
+    config.eagle_feature_layers = list(layers)
+    wide = EagleHead(config)
+    missing, unexpected = wide.load_state_dict(head.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("fuse") for k in missing), (missing, unexpected)
+    return wide
+
+
 def save(head, vocab_index, samples, train, val, history, start, args) -> None:
     from spec_engine.eagle import save_head
     record = {"target": args.model, "command": "python -m bench.train_eagle " + " ".join(args.argv),
               "prompts_sha256": hashlib.sha256(PROMPTS.read_bytes()).hexdigest(), "data_sha256": data_hash(samples),
               "train_sequences": len(train), "val_sequences": len(val),
               "train_positions": sum(len(s["tokens"]) for s in train), "vocab": len(vocab_index),
+              "feature_layers": list(head.feature_layers),
               "vocab_coverage_val": round(coverage(val, vocab_index), 4), "train_seconds": round(time.perf_counter() - start),
               "epochs_done": len(history), "history": history}
     if args.init:          # the chain of commands that reproduces these weights
@@ -379,6 +427,7 @@ def main(argv=None) -> None:
     g.add_argument("--threads", type=int, default=1)
     g.add_argument("--all-sampled", action="store_true",
                    help="sample every answer at T=0.7 / top-p 0.9 (a second pass with another --seed adds new answers)")
+    g.add_argument("--layers", type=int, nargs="+", default=[-1], help="hidden_states kept as features (end with -1)")
     g.add_argument("--self-prompts", type=int, default=0, metavar="N",
                    help="answer N prompts the target writes itself (kept in OUT/prompts.json) instead of the template set")
     t = sub.add_parser("train")
@@ -391,6 +440,8 @@ def main(argv=None) -> None:
                    help="choose the reduced vocabulary from all training answers (default: --data's), also with --init")
     t.add_argument("--out", default=str(DEFAULT_OUT))
     t.add_argument("--vocab", type=int, default=8192)
+    t.add_argument("--layers", type=int, nargs="+", default=[-1],
+                   help="target hidden states the head reads (EAGLE-3: e.g. 2 15 27 -1); the data must hold them")
     t.add_argument("--intermediate", type=int, default=None, help="head MLP width (default: the target's)")
     t.add_argument("--epochs", type=int, default=12)
     t.add_argument("--batch", type=int, default=8)
@@ -405,10 +456,18 @@ def main(argv=None) -> None:
     x.add_argument("--model", default="smollm2-135m-instruct")
     x.add_argument("--out", required=True)
     x.add_argument("--length", type=int, default=256)
+    x.add_argument("--layers", type=int, nargs="+", default=[-1], help="hidden_states kept as features (end with -1)")
     x.add_argument("--max-tokens", type=int, default=150_000, help="per kind (code, prose)")
     x.add_argument("--batch", type=int, default=8)
     x.add_argument("--seed", type=int, default=0)
     x.add_argument("--threads", type=int, default=1)
+    r = sub.add_parser("relayer")
+    r.add_argument("--model", default="smollm2-135m-instruct")
+    r.add_argument("--data", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--layers", type=int, nargs="+", required=True, help="hidden_states indices; end with -1 (final)")
+    r.add_argument("--batch", type=int, default=8)
+    r.add_argument("--threads", type=int, default=1)
     e = sub.add_parser("evaluate")
     e.add_argument("--model", default="smollm2-135m-instruct")
     e.add_argument("--weights", default=str(DEFAULT_OUT))
@@ -419,7 +478,8 @@ def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
-    {"generate": cmd_generate, "train": cmd_train, "evaluate": cmd_evaluate, "extract": cmd_extract}[args.cmd](args)
+    {"generate": cmd_generate, "train": cmd_train, "evaluate": cmd_evaluate, "extract": cmd_extract,
+     "relayer": cmd_relayer}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,13 @@ def check_invariant(cache, expected_len: int, who: str) -> None:
 
 
 @torch.inference_mode()
-def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int, features: bool = False):
+def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int, feature_layers: tuple[int, ...] = ()):
     """Feed `token_ids` after what `cache` holds; returns logits [logits_to_keep, vocab] for the last positions.
 
-    With `features`, also returns the final hidden states [n, hidden] of all fed positions (what the LM head
-    reads), for drafters that predict from the target's features. Positions are passed explicitly, so views
-    of a model that skip layers still place tokens correctly.
+    With `feature_layers` (indices into `hidden_states`, -1 = the post-norm final states the LM head reads), also
+    returns those hidden states of all fed positions side by side, [n, len(feature_layers) * hidden], for
+    drafters that predict from the target's features. Positions are passed explicitly, so views of a model that
+    skip layers still place tokens correctly.
     """
     assert token_ids, "forward needs at least one token"
     assert logits_to_keep >= 1   # 0 would mean "all positions" to transformers
@@ -55,7 +56,10 @@ def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int, feat
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)             # [1, n]
     position_ids = torch.arange(start, start + len(token_ids), device=device)[None]    # [1, n]
     out = model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
-                logits_to_keep=logits_to_keep, output_hidden_states=features)
-    if features:
-        return out.logits[0], out.hidden_states[-1][0]                                 # [keep, vocab], [n, hidden]
+                logits_to_keep=logits_to_keep, output_hidden_states=bool(feature_layers))
+    if feature_layers:
+        states = out.hidden_states
+        features = states[feature_layers[0]][0] if len(feature_layers) == 1 else \
+            torch.cat([states[layer][0] for layer in feature_layers], dim=-1)          # [n, F]
+        return out.logits[0], features                                                 # [keep, vocab], [n, F]
     return out.logits[0]                                                               # [logits_to_keep, vocab]

@@ -122,8 +122,8 @@ class SpeculativeDecoder:
         target_cache = new_cache(self.target)
         features = None
         if len(committed) > 1:
-            out = forward_logits(self.target, committed[:-1], target_cache, 1, self.drafter.uses_target_features)
-            features = out[1] if self.drafter.uses_target_features else None      # [T - 1, hidden]
+            out = forward_logits(self.target, committed[:-1], target_cache, 1, self.drafter.feature_layers)
+            features = out[1] if self.drafter.feature_layers else None            # [T - 1, F]
         self.drafter.begin(committed, features)
         return DecodeState(committed, len(committed), target_cache, generator, eos_set(eos_token_id), k,
                            max_new_tokens, sampling, prefill_seconds=perf_counter() - begin)
@@ -138,15 +138,15 @@ class SpeculativeDecoder:
         draft_done = perf_counter()
         drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=self.target.device)            # [n]
         scored = forward_logits(self.target, committed[-1:] + proposal.tokens, state.target_cache,
-                                len(proposal.tokens) + 1, self.drafter.uses_target_features)
-        target_logits, features = scored if self.drafter.uses_target_features else (scored, None)   # [n + 1, vocab]
+                                len(proposal.tokens) + 1, self.drafter.feature_layers)
+        target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
         verdict, target_probs = verify(self.rule, state.sampling, drafted, proposal.probs, target_logits, state.generator)
         verify_done = perf_counter()
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
         target_before, draft_before = cache_len(state.target_cache), self.drafter.cache_len()
         trim_cache(state.target_cache, len(committed) - 1)
-        self.drafter.rollback(committed, None if features is None else features[:len(emitted)])   # [m, hidden]
+        self.drafter.rollback(committed, None if features is None else features[:len(emitted)])   # [m, F]
         check_invariant(state.target_cache, len(committed) - 1, "target")
         state.stop_reason = ("eos" if hit_eos else "max_new_tokens" if state.generated >= state.max_new_tokens
                              else "cancelled" if should_stop is not None and should_stop() else None)

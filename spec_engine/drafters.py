@@ -4,9 +4,10 @@
     propose(committed, k, params, generator)     -> Proposal: up to k target-token ids + what they were drawn from
     rollback(committed, target_features)         learn how the round went; trim own state to the committed text
 
-`target_features` is None unless the drafter sets `uses_target_features`; then it is the target's final
-hidden states [n, hidden] for the committed tokens the target has processed since the last call, in order:
-every committed token but the newest (its features come with the next round's verify forward).
+`target_features` is None unless the drafter lists `feature_layers` (indices into transformers' `hidden_states`,
+-1 = the post-norm final states the LM head reads); then it is those layers' hidden states side by side,
+[n, len(feature_layers) * hidden], for the committed tokens the target has processed since the last call, in
+order: every committed token but the newest (its features come with the next round's verify forward).
 
 A `Proposal.probs` of None means the proposals are a deterministic function of the context, i.e. q is
 one-hot on each drafted token; the exact rule is then still exact. A drafter that samples must report the
@@ -39,7 +40,7 @@ class Drafter:
 
     name = "drafter"
     cache = None
-    uses_target_features = False
+    feature_layers: tuple[int, ...] = ()        # the target hidden states it reads (none: it drafts from ids)
 
     def check_target(self, target_model) -> None:
         """Raise ValueError if this drafter cannot propose ids for `target_model`."""
@@ -230,7 +231,7 @@ class LookupFirstDrafter(Drafter):
         self.fallback = fallback
         self.lookup = lookup or PromptLookupDrafter()
         self.name = f"{fallback.name}+lookup"
-        self.uses_target_features = fallback.uses_target_features
+        self.feature_layers = fallback.feature_layers
 
     @property
     def cache(self):

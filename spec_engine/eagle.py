@@ -5,7 +5,11 @@ The head reads the target's final hidden states (post-norm: what the LM head rea
     pair t:  (feature f_t, embedding of token t+1)  ->  fc: Linear(2H -> H)  ->  one Llama decoder layer  ->  RMSNorm
              ->  predicted feature f^_{t+1}  ->  logits for token t+2 from the target's LM-head rows of a reduced vocabulary
 
-Feature f_t is the target's hidden state after reading token t, so it predicts token t+1. The head keeps its own
+Feature f_t is the target's hidden state after reading token t, so it predicts token t+1. A head may also read
+lower layers of the target (EAGLE-3, Li et al. 2025): its config lists `eagle_feature_layers`, e.g. (2, 15, 27, -1);
+the target's states of those layers, each RMS-normalised, are fused by one more linear layer into f_t (initialised
+to pass the final states through unchanged, so a single-layer head is its starting point). Only committed
+positions have target states; past the first draft step the head reads its own predicted features, as before. The head keeps its own
 KV cache, one position per pair; after every call it holds the pairs of every committed token but the newest
 (`cache_ids == committed[:-1]`), all computed from *true* target features, which the engine hands over at prefill
 and after each verification (no extra target work). Drafting rolls the head forward from its predicted features;
@@ -25,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from .cache import check_invariant, trim_cache
 from .drafters import Drafter, Proposal, vocab_size
@@ -36,27 +41,54 @@ HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key
              "hidden_act", "max_position_embeddings", "rope_parameters", "rope_theta", "attention_bias", "mlp_bias")
 
 
-def head_config(target_config, intermediate_size: int | None = None) -> LlamaConfig:
-    """One Llama layer shaped like the target's (same width, heads and RoPE), with no vocabulary of its own."""
+def head_config(target_config, intermediate_size: int | None = None, feature_layers=(-1,)) -> LlamaConfig:
+    """One Llama layer shaped like the target's (same width, heads and RoPE), with no vocabulary of its own,
+    reading the target's hidden states `feature_layers` (indices into transformers' hidden_states, ending with -1)."""
     fields = {key: getattr(target_config, key) for key in HEAD_KEYS if getattr(target_config, key, None) is not None}
     if intermediate_size:
         fields["intermediate_size"] = intermediate_size
+    layers = [int(layer) for layer in feature_layers]
+    n_states = target_config.num_hidden_layers + 1
+    lower = layers[:-1]
+    if not layers or layers[-1] != -1 or lower != sorted(set(lower)) or not all(0 <= l < n_states - 1 for l in lower):
+        raise ValueError(f"feature_layers must be increasing hidden-state indices in [0, {n_states - 1}), then -1 "
+                         f"(the final states), got {feature_layers!r}")
     return LlamaConfig(**fields, num_hidden_layers=1, vocab_size=1, pad_token_id=None, bos_token_id=None,
-                       eos_token_id=None, tie_word_embeddings=False)
+                       eos_token_id=None, tie_word_embeddings=False, eagle_feature_layers=layers)
 
 
 class EagleHead(nn.Module):
-    """(features [B, n, H], next-token embeddings [B, n, H]) -> predicted next features [B, n, H]."""
+    """(features [B, n, F], next-token embeddings [B, n, H]) -> predicted next features [B, n, H].
+
+    F is H for the head's own predictions, or len(feature_layers) * H for the target's states, fused first."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
         hidden = config.hidden_size
+        self.feature_layers = tuple(getattr(config, "eagle_feature_layers", None) or (-1,))
+        if len(self.feature_layers) > 1:
+            self.fuse_norms = nn.ModuleList(LlamaRMSNorm(hidden, config.rms_norm_eps) for _ in self.feature_layers[:-1])
+            self.fuse = nn.Linear(len(self.feature_layers) * hidden, hidden, bias=False)
+            with torch.no_grad():            # start as the single-layer head: pass the final states through
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -hidden:].copy_(torch.eye(hidden))
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.body = LlamaModel(config)          # its 1-row embedding is never used: the head reads inputs_embeds
 
+    def fuse_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's states [..., len(feature_layers) * H] -> one feature [..., H] in the final states' space."""
+        hidden = self.config.hidden_size
+        if features.shape[-1] == hidden:
+            return features
+        assert features.shape[-1] == len(self.feature_layers) * hidden, (features.shape, self.feature_layers)
+        lower = features[..., :-hidden].unflatten(-1, (-1, hidden))                   # [..., layers - 1, H]
+        normed = [norm(lower[..., i, :]) for i, norm in enumerate(self.fuse_norms)]
+        return self.fuse(torch.cat([*normed, features[..., -hidden:]], dim=-1))       # [..., H]
+
     def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, position_ids: torch.Tensor | None = None,
                 cache=None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        features = self.fuse_features(features)
         assert features.shape == next_embeds.shape and features.dim() == 3, (features.shape, next_embeds.shape)
         fused = self.fc(torch.cat([features, next_embeds], dim=-1))                   # [B, n, H]
         out = self.body(inputs_embeds=fused, position_ids=position_ids, cache=cache, use_cache=cache is not None,
@@ -89,25 +121,29 @@ def eagle_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, ma
                distill_weight: float = 0.5, unroll: int = 1, loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Teacher-forced training loss on right-padded sequences, plus optional unrolled steps.
 
-    tokens [B, L] ids, features [B, L, H] the target's final hidden states, mask [B, L] 1 on real positions,
+    tokens [B, L] ids, features [B, L, F] the target's hidden states of the head's feature_layers (the final,
+    post-norm ones last: F = len(feature_layers) * H), mask [B, L] 1 on real positions,
     embed [vocab, H] the target's input embedding, rows [N, H] the reduced LM-head rows; loss_mask [B, L] (default
     `mask`) marks the positions whose feature is a training target (e.g. only those that predict response tokens).
     Step 1 feeds pairs (f_t + noise, e(x_{t+1})) and predicts f_{t+1}; step s > 1 feeds the previous step's own
     (detached) predictions instead, as drafting does past the first token. Loss per step: smooth L1 to the true
-    feature + distill_weight * cross-entropy of the head's reduced logits to the target's (softmax of rows @ f).
+    final feature + distill_weight * cross-entropy of the head's reduced logits to the target's (softmax of rows @ f).
+    Noise goes on the final states only: they are what the head's own predictions stand in for.
     """
-    batch, length, hidden = features.shape
+    batch, length, hidden = *features.shape[:2], head.config.hidden_size
     features = features.float()
-    inputs = features[:, :-1]
+    inputs = features[:, :-1]                                                          # [B, L - 1, F]
     if noise:
-        inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * noise
+        inputs = inputs.clone()
+        inputs[..., -hidden:] += (torch.rand(inputs[..., -hidden:].shape, generator=generator) * 2 - 1) * noise
+    final = features[..., -hidden:]                                                    # [B, L, H]
     losses, stats = [], {}
     for step in range(1, unroll + 1):
         n = length - step
         if n <= 0:
             break
         next_embeds = embed[tokens[:, step:]]                                          # [B, n, H]
-        target = features[:, step:]                                                    # [B, n, H]
+        target = final[:, step:]                                                       # [B, n, H]
         valid = ((mask if loss_mask is None else loss_mask)[:, step:] * mask[:, :n]).float()   # [B, n]
         position_ids = torch.arange(n)[None].expand(batch, n)
         predicted = head(inputs[:, :n], next_embeds, position_ids, attention_mask=mask[:, :n].long())   # [B, n, H]
@@ -137,7 +173,6 @@ class EagleDrafter(Drafter):
     """
 
     name = "eagle"
-    uses_target_features = True
 
     def __init__(self, head: EagleHead, target_model, vocab_index: torch.Tensor, name: str = "eagle",
                  min_confidence: float = 0.0):
@@ -145,6 +180,7 @@ class EagleDrafter(Drafter):
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
         self.min_confidence = min_confidence       # stop drafting when the head's top probability falls below it
         self.head = head.eval()
+        self.feature_layers = head.feature_layers                                      # what the engine hands over
         self.target = target_model
         self.name = name
         self.vocab_index = vocab_index.to(torch.long)                                  # [N] target ids
@@ -160,6 +196,9 @@ class EagleDrafter(Drafter):
             raise ValueError("an EagleDrafter drafts for the model it was built from; build one for this target")
         if self.head.config.hidden_size != target_model.config.hidden_size:
             raise ValueError(f"head width {self.head.config.hidden_size} != target hidden size {target_model.config.hidden_size}")
+        n_states = target_model.config.num_hidden_layers + 1
+        if not all(-n_states <= layer < n_states for layer in self.feature_layers):
+            raise ValueError(f"the head reads hidden states {self.feature_layers}, but the target has only {n_states}")
         if int(self.vocab_index.max()) >= vocab_size(target_model):
             raise ValueError("the head's vocabulary index lists ids beyond the target's vocabulary")
 
@@ -167,19 +206,20 @@ class EagleDrafter(Drafter):
         self.cache = self.head.new_cache()
         self.cache_ids, self._predicted, self._true_len = [], None, 0
         if len(prompt_ids) > 1:
-            assert target_features is not None and target_features.shape == (len(prompt_ids) - 1, self.head.config.hidden_size), \
+            width = len(self.feature_layers) * self.head.config.hidden_size
+            assert target_features is not None and target_features.shape == (len(prompt_ids) - 1, width), \
                 "EagleDrafter needs the target's features for prompt[:-1]"
             self._feed(prompt_ids, target_features)
 
     @torch.inference_mode()
     def _step(self, features: torch.Tensor, next_ids: list[int], start: int) -> torch.Tensor:
-        """Run the head over pairs (features [n, H], next_ids) at positions start.. ; returns predictions [n, H]."""
+        """Run the head over pairs (features [n, F], next_ids) at positions start.. ; returns predictions [n, H]."""
         next_embeds = self.embed[torch.tensor(next_ids, device=self.embed.device)]                 # [n, H]
         position_ids = torch.arange(start, start + len(next_ids), device=self.embed.device)[None]  # [1, n]
         return self.head(features.to(self.embed.dtype)[None], next_embeds[None], position_ids, self.cache)[0]
 
     def _feed(self, committed: list[int], features: torch.Tensor) -> None:
-        """Append the pairs of `features` [m, H], the true features of committed[true_len : true_len + m]."""
+        """Append the pairs of `features` [m, F], the true features of committed[true_len : true_len + m]."""
         start, m = self._true_len, features.shape[0]
         assert start + m == len(committed) - 1, "features must cover every committed token but the newest"
         self._predicted = self._step(features, committed[start + 1:start + m + 1], start)[-1]     # [H]
@@ -286,10 +326,10 @@ def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS, min_confidenc
 
 
 def random_eagle_drafter(target_model, vocab_index: torch.Tensor | None = None, seed: int = 0,
-                         scale: float = 1.0) -> EagleDrafter:
+                         scale: float = 1.0, feature_layers=(-1,)) -> EagleDrafter:
     """An untrained head (for exactness tests: the rule must be exact whatever the head proposes)."""
     generator = torch.Generator().manual_seed(seed)
-    head = EagleHead(head_config(target_model.config))
+    head = EagleHead(head_config(target_model.config, feature_layers=feature_layers))
     with torch.no_grad():
         for p in head.parameters():
             if p.dim() > 1:

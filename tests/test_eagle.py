@@ -1,7 +1,7 @@
 """EagleDrafter: exactness on tiny models whatever the head proposes (random and briefly trained heads, a reduced
-vocabulary whose outside tokens get q = 0), head-cache invariants every round (only committed positions, built
-from true target features), a training step that lowers the loss, the shipped weights' sha256, and greedy identity
-on the real offline default with the shipped head.
+vocabulary whose outside tokens get q = 0; heads reading one or several target layers), head-cache invariants every
+round (only committed positions, built from true target features), a training step that lowers the loss, the
+shipped weights' sha256, and greedy identity on the real offline default with the shipped head.
 
 The chi-square tests reuse test_statistical's enumeration; each fails falsely with probability ALPHA = 1e-4.
 """
@@ -13,13 +13,14 @@ import torch
 import spec_engine as se
 from spec_engine.cache import cache_len
 from spec_engine.eagle import (DEFAULT_WEIGHTS, EagleDrafter, EagleHead, eagle_loss, head_config, load_head,
-                               random_eagle_drafter, sha256_file)
+                               random_eagle_drafter, save_head, sha256_file)
 from test_statistical import ALPHA, exact_joint, chi_square_pvalue, speculative_samples
 from tiny import greedy_identity_runs, tiny_llama
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2]])
 GREEDY = se.SamplingParams(0.0)
 REDUCED = torch.tensor([0, 1, 2, 3, 5, 7])          # ids 4 and 6 are never proposed
+LAYERS = (0, 2, -1)                                 # a layered head reads the embeddings, layer 2 and the final states
 
 
 @pytest.fixture(scope="module")
@@ -27,23 +28,28 @@ def target():
     return tiny_llama(vocab=8, layers=3, seed=0)
 
 
-def tiny_batch(target, generator, batch=16, length=24):
-    """Random sequences with the tiny target's final hidden states: tokens [B, L], features [B, L, H], mask [B, L]."""
-    tokens = torch.randint(0, target.config.vocab_size, (batch, length), generator=generator)
+def layer_features(target, tokens: torch.Tensor, layers=(-1,)) -> torch.Tensor:
+    """The target's hidden states of `layers` side by side: tokens [B, L] -> [B, L, len(layers) * H]."""
     with torch.no_grad():
-        features = target(input_ids=tokens, output_hidden_states=True).hidden_states[-1]
-    return tokens, features, torch.ones(batch, length)
+        states = target(input_ids=tokens, output_hidden_states=True).hidden_states
+    return torch.cat([states[layer] for layer in layers], dim=-1)
 
 
-def train_tiny_head(target, steps: int, seed: int = 0):
+def tiny_batch(target, generator, batch=16, length=24, layers=(-1,)):
+    """Random sequences with the tiny target's hidden states: tokens [B, L], features [B, L, F], mask [B, L]."""
+    tokens = torch.randint(0, target.config.vocab_size, (batch, length), generator=generator)
+    return tokens, layer_features(target, tokens, layers), torch.ones(batch, length)
+
+
+def train_tiny_head(target, steps: int, seed: int = 0, layers=(-1,)):
     torch.manual_seed(seed)
-    head = EagleHead(head_config(target.config))
+    head = EagleHead(head_config(target.config, feature_layers=layers))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
     embed, rows = target.get_input_embeddings().weight, target.get_output_embeddings().weight[REDUCED]
     losses = []
     for _ in range(steps):
-        tokens, features, mask = tiny_batch(target, generator)
+        tokens, features, mask = tiny_batch(target, generator, layers=layers)
         loss, _ = eagle_loss(head, tokens, features, mask, embed, rows, noise=0.05, generator=generator, unroll=2)
         optimizer.zero_grad()
         loss.backward()
@@ -59,25 +65,82 @@ def trained(target):
     return train_tiny_head(target, steps=60)
 
 
-def test_training_step_lowers_the_loss(trained):
-    _, losses = trained
+@pytest.fixture(scope="module")
+def layered(target):
+    return train_tiny_head(target, steps=60, seed=1, layers=LAYERS)
+
+
+@pytest.mark.parametrize("which", ["trained", "layered"])
+def test_training_step_lowers_the_loss(trained, layered, which):
+    _, losses = {"trained": trained, "layered": layered}[which]
     assert sum(losses[-10:]) / 10 < 0.85 * sum(losses[:5]) / 5, losses
 
 
-def drafters(target, trained):
+def test_layered_head_moves_its_fusion_weights(layered):
+    """The fusion layer learns to read the lower layers: not still the pass-through it starts as."""
+    head, _ = layered
+    hidden = head.config.hidden_size
+    assert head.fuse.weight[:, :-hidden].abs().max() > 1e-3
+
+
+def test_a_widened_head_starts_as_the_single_layer_head(target, trained):
+    """bench.train_eagle.widen_head adds a fusion layer that passes the final states through: same predictions and
+    drafts as the head it came from, whatever the lower layers hold."""
+    from bench.train_eagle import widen_head
+    wide = widen_head(trained[0], LAYERS).eval()
+    assert wide.feature_layers == LAYERS
+    tokens = torch.randint(0, 8, (2, 12), generator=torch.Generator().manual_seed(0))
+    embeds = target.get_input_embeddings().weight[tokens[:, 1:]]
+    with torch.no_grad():
+        narrow_out = trained[0](layer_features(target, tokens)[:, :-1], embeds)
+        wide_out = wide(layer_features(target, tokens, LAYERS)[:, :-1], embeds)
+    assert torch.allclose(narrow_out, wide_out, atol=1e-5)
+    narrow = se.SpeculativeDecoder(target, EagleDrafter(trained[0], target, REDUCED)).generate(PROMPT, k=3, max_new_tokens=20)
+    widened = se.SpeculativeDecoder(target, EagleDrafter(wide, target, REDUCED)).generate(PROMPT, k=3, max_new_tokens=20)
+    assert [r.drafted for r in narrow.rounds] == [r.drafted for r in widened.rounds]
+
+
+def test_forward_logits_hands_over_the_listed_layers_side_by_side(target):
+    from spec_engine.cache import forward_logits, new_cache
+    ids = PROMPT[0].tolist()
+    logits, features = forward_logits(target, ids, new_cache(target), 1, LAYERS)
+    assert features.shape == (len(ids), len(LAYERS) * target.config.hidden_size)
+    assert torch.allclose(features, layer_features(target, PROMPT, LAYERS)[0], atol=1e-5)
+
+
+def test_a_layered_head_round_trips_through_its_weights_file(target, layered, tmp_path):
+    """fp16 safetensors keep the feature layers (in the config metadata) and the fusion weights."""
+    path = tmp_path / "head.safetensors"
+    save_head(layered[0], REDUCED, path, {"target": "tiny"})
+    head, vocab_index = load_head(path)
+    assert head.feature_layers == LAYERS and vocab_index.tolist() == REDUCED.tolist()
+    assert torch.equal(head.fuse.weight, layered[0].fuse.weight.half().float())
+    first = se.SpeculativeDecoder(target, EagleDrafter(head, target, REDUCED)).generate(PROMPT, k=3, max_new_tokens=16)
+    assert first.stats.drafted > 0
+
+
+@pytest.mark.parametrize("layers", [(), (1, 2), (2, 1, -1), (1, 1, -1), (3, -1), (-2, -1)])
+def test_head_config_refuses_bad_feature_layers(target, layers):
+    with pytest.raises(ValueError, match="feature_layers"):
+        head_config(target.config, feature_layers=layers)
+
+
+def drafters(target, trained, layered=None):
     return {"random": lambda: random_eagle_drafter(target, seed=1),
+            "layered-random": lambda: random_eagle_drafter(target, REDUCED, seed=4, feature_layers=LAYERS),
+            "layered-trained": lambda: EagleDrafter(layered[0], target, REDUCED),
             "random-reduced": lambda: random_eagle_drafter(target, REDUCED, seed=2),
             "trained-reduced": lambda: EagleDrafter(trained[0], target, REDUCED),
             "trained-dynamic": lambda: EagleDrafter(trained[0], target, REDUCED, min_confidence=0.5),
             "lookup-first": lambda: se.LookupFirstDrafter(EagleDrafter(trained[0], target, REDUCED))}
 
-KINDS = ["random", "random-reduced", "trained-reduced", "trained-dynamic", "lookup-first"]
+KINDS = ["random", "random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-random", "layered-trained"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("params", [GREEDY, se.SamplingParams(0.9, top_k=6, top_p=0.95)], ids=["greedy", "sampled"])
-def test_head_cache_holds_committed_positions_every_round(target, trained, kind, params):
-    drafter = drafters(target, trained)[kind]()
+def test_head_cache_holds_committed_positions_every_round(target, trained, layered, kind, params):
+    drafter = drafters(target, trained, layered)[kind]()
     decoder = se.SpeculativeDecoder(target, drafter)
     state = decoder.start(PROMPT, k=4, max_new_tokens=30, sampling=params, seed=3)
     accepted, sources = 0, set()
@@ -88,31 +151,35 @@ def test_head_cache_holds_committed_positions_every_round(target, trained, kind,
         assert drafter.cache_ids == state.committed[:-1]
         assert cache_len(drafter.cache) == event.draft_cache_len == len(state.committed) - 1
         assert all(t in REDUCED.tolist() for t in event.drafted) or kind in ("random", "lookup-first")
-    if kind == "trained-reduced":
+    if kind in ("trained-reduced", "layered-trained"):
         assert accepted > 0      # the accepted-draft path is exercised, not only rejections
     if kind == "lookup-first":
         assert sources == {None, se.drafters.LOOKUP_NOTE}     # rounds from both sources, the head kept in step across both
 
 
-def test_head_cache_equals_a_fresh_pass_over_true_features(target, trained):
+@pytest.mark.parametrize("which", ["trained", "layered"])
+def test_head_cache_equals_a_fresh_pass_over_true_features(target, trained, layered, which):
     """After rounds with accepted drafts, the head's last prediction equals one from a fresh head pass over the
     target's features of the committed text: no predicted feature survives in the cache."""
-    drafter = EagleDrafter(trained[0], target, REDUCED)
+    head = {"trained": trained, "layered": layered}[which][0]
+    drafter = EagleDrafter(head, target, REDUCED)
     decoder = se.SpeculativeDecoder(target, drafter)
     state = decoder.start(PROMPT, k=3, max_new_tokens=20, sampling=GREEDY, seed=0)
+    accepted = 0
     while state.stop_reason is None:
-        decoder.step(state)
+        accepted += decoder.step(state).accepted
+    assert accepted > 0
     committed = state.committed
     with torch.no_grad():
-        features = target(input_ids=torch.tensor([committed]), output_hidden_states=True).hidden_states[-1][0, :-1]
+        features = layer_features(target, torch.tensor([committed]), head.feature_layers)[0, :-1]    # [T - 1, F]
         embeds = target.get_input_embeddings().weight[torch.tensor(committed[1:])]
-        fresh = trained[0](features[None], embeds[None])[0, -1]
+        fresh = head(features[None], embeds[None])[0, -1]
     assert torch.allclose(drafter._predicted, fresh, atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_greedy_identity_with_plain_decoding(target, trained, kind):
-    base, runs = greedy_identity_runs(target, drafters(target, trained)[kind], PROMPT)
+def test_greedy_identity_with_plain_decoding(target, trained, layered, kind):
+    base, runs = greedy_identity_runs(target, drafters(target, trained, layered)[kind], PROMPT)
     for result in runs.values():
         assert result.tokens == base.tokens
 
@@ -139,10 +206,10 @@ def test_dynamic_draft_length_drafts_fewer_when_unsure(target, trained):
         EagleDrafter(trained[0], target, REDUCED, min_confidence=1.0)
 
 
-@pytest.mark.parametrize("make", ["random-reduced", "trained-reduced", "trained-dynamic", "lookup-first"])
-def test_sampled_output_follows_the_target_distribution(target, trained, make):
+@pytest.mark.parametrize("make", ["random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-trained"])
+def test_sampled_output_follows_the_target_distribution(target, trained, layered, make):
     params = se.SamplingParams(0.7, top_p=0.9) if make == "random-reduced" else se.SamplingParams(1.0, top_k=5)
-    samples = speculative_samples(target, drafters(target, trained)[make], params)
+    samples = speculative_samples(target, drafters(target, trained, layered)[make], params)
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 
