@@ -145,8 +145,8 @@ DRAFT_KINDS: list[DraftKind] = [
               "No model at all: propose what followed the last n tokens earlier in the text; shines when the "
               "answer copies the prompt.", build_from_factory),
     DraftKind("eagle", "EAGLE head (trained on the target's features)",
-              "A one-layer head trained to predict the target's next features from its own last layer: cheap "
-              "drafts that read the target's hidden state.", build_from_factory, available=eagle_available),
+              "A one-layer head trained to predict the target's next features from its hidden states (the last layer, "
+              "and lower ones if the head fuses them, as in EAGLE-3): cheap drafts, no extra target work.", build_from_factory, available=eagle_available),
     DraftKind("eagle+lookup", "EAGLE head + prompt lookup (copies when the text repeats)",
               "Two draft sources, one rule: copy an n-gram continuation when the context has one, else ask the "
               "EAGLE head; each round's drafts stay exact because the choice depends on the text alone.",
