@@ -57,7 +57,7 @@ def respond(model, tokenizer, prompts: list[list[int]], new_tokens: int, sampled
 
 
 @torch.inference_mode()
-def final_features(model, sequences: list[list[int]], layers: tuple[int, ...] = (-1,)) -> list[torch.Tensor]:
+def layer_features(model, sequences: list[list[int]], layers: tuple[int, ...] = (-1,)) -> list[torch.Tensor]:
     """One right-padded forward; each sequence's hidden states [len, len(layers) * hidden] in fp16: those of
     `layers` (indices into transformers' hidden_states, -1 = post-norm final, what the LM head reads), side by side."""
     width = max(len(s) for s in sequences)
@@ -140,7 +140,7 @@ def cmd_generate(args) -> None:
         sampled = args.all_sampled or (b // args.batch) % 4 == 3
         responses = respond(target.model, target.tokenizer, batch, args.new_tokens, sampled, seed=args.seed + b)
         sequences = [p + r for p, r in zip(batch, responses)]
-        features = final_features(target.model, sequences, tuple(args.layers))
+        features = layer_features(target.model, sequences, tuple(args.layers))
         torch.save({"tokens": sequences, "prompt_lens": [len(p) for p in batch], "features": features, "sampled": sampled,
                     "feature_layers": list(args.layers)}, shard)
         print(f"shard {shard.name}: {len(batch)} prompts, {sum(map(len, responses))} response tokens, "
@@ -183,7 +183,7 @@ def cmd_extract(args) -> None:
     random.Random(args.seed + 1).shuffle(chunks)
     start = time.perf_counter()
     for b, shard, batch in pending_shards(out, chunks, args.batch, digits=4):
-        torch.save({"tokens": batch, "prompt_lens": [1] * len(batch), "features": final_features(target.model, batch, tuple(args.layers)),
+        torch.save({"tokens": batch, "prompt_lens": [1] * len(batch), "features": layer_features(target.model, batch, tuple(args.layers)),
                     "sampled": False, "corpus": True, "feature_layers": list(args.layers)}, shard)
         if (b // args.batch) % 10 == 0:
             print(f"{shard.name}: {b + len(batch)}/{len(chunks)} chunks, {time.perf_counter() - start:.0f} s", flush=True)
@@ -204,7 +204,7 @@ def cmd_relayer(args) -> None:
         blob = torch.load(shard)
         sequences = blob["tokens"]
         blob["features"] = [f for b in range(0, len(sequences), args.batch)
-                            for f in final_features(target.model, sequences[b:b + args.batch], tuple(args.layers))]
+                            for f in layer_features(target.model, sequences[b:b + args.batch], tuple(args.layers))]
         blob["feature_layers"] = list(args.layers)
         torch.save(blob, out / shard.name)
         print(f"{shard.name}: {len(sequences)} sequences, {time.perf_counter() - start:.0f} s", flush=True)

@@ -58,8 +58,6 @@ def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int, feat
     out = model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
                 logits_to_keep=logits_to_keep, output_hidden_states=bool(feature_layers))
     if feature_layers:
-        states = out.hidden_states
-        features = states[feature_layers[0]][0] if len(feature_layers) == 1 else \
-            torch.cat([states[layer][0] for layer in feature_layers], dim=-1)          # [n, F]
+        features = torch.cat([out.hidden_states[layer][0] for layer in feature_layers], dim=-1)   # [n, F]
         return out.logits[0], features                                                 # [keep, vocab], [n, F]
     return out.logits[0]                                                               # [logits_to_keep, vocab]

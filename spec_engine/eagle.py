@@ -9,10 +9,11 @@ Feature f_t is the target's hidden state after reading token t, so it predicts t
 lower layers of the target (EAGLE-3, Li et al. 2025): its config lists `eagle_feature_layers`, e.g. (2, 15, 27, -1);
 the target's states of those layers, each RMS-normalised, are fused by one more linear layer into f_t (initialised
 to pass the final states through unchanged, so a single-layer head is its starting point). Only committed
-positions have target states; past the first draft step the head reads its own predicted features, as before. The head keeps its own
-KV cache, one position per pair; after every call it holds the pairs of every committed token but the newest
-(`cache_ids == committed[:-1]`), all computed from *true* target features, which the engine hands over at prefill
-and after each verification (no extra target work). Drafting rolls the head forward from its predicted features;
+positions have target states; past the first draft step the head reads its own predicted features, as before.
+
+The head keeps its own KV cache, one position per pair; after every call it holds the pairs of every committed
+token but the newest (`cache_ids == committed[:-1]`), all computed from *true* target features, which the engine
+hands over at prefill and after each verification (no extra target work). Drafting rolls the head forward from its predicted features;
 those speculative positions are dropped at rollback and the committed ones recomputed from the true features.
 
 The reduced vocabulary (the few thousand tokens the target emits most, as in FR-Spec) makes a draft step cheap:
