@@ -478,6 +478,12 @@ def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
+    if hasattr(args, "layers"):          # before any compute: a wrong list would waste a whole data pass
+        from spec_engine.eagle import check_feature_layers
+        try:
+            check_feature_layers(args.layers)
+        except ValueError as error:
+            parser.error(str(error))
     {"generate": cmd_generate, "train": cmd_train, "evaluate": cmd_evaluate, "extract": cmd_extract,
      "relayer": cmd_relayer}[args.cmd](args)
 

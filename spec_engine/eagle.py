@@ -42,18 +42,26 @@ HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key
              "hidden_act", "max_position_embeddings", "rope_parameters", "rope_theta", "attention_bias", "mlp_bias")
 
 
+def check_feature_layers(feature_layers, n_layers: int | None = None) -> list[int]:
+    """Increasing hidden-state indices (below `n_layers`, the target's layer count, when given), then -1 (the final
+    states, the space the head predicts into); ValueError otherwise."""
+    layers = [int(layer) for layer in feature_layers]
+    lower = layers[:-1]
+    if not layers or layers[-1] != -1 or lower != sorted(set(lower)) or \
+            not all(0 <= l < (n_layers if n_layers is not None else l + 1) for l in lower):
+        bound = f"[0, {n_layers})" if n_layers is not None else ">= 0"
+        raise ValueError(f"feature_layers must be increasing hidden-state indices in {bound}, then -1 "
+                         f"(the final states), got {feature_layers!r}")
+    return layers
+
+
 def head_config(target_config, intermediate_size: int | None = None, feature_layers=(-1,)) -> LlamaConfig:
     """One Llama layer shaped like the target's (same width, heads and RoPE), with no vocabulary of its own,
     reading the target's hidden states `feature_layers` (indices into transformers' hidden_states, ending with -1)."""
     fields = {key: getattr(target_config, key) for key in HEAD_KEYS if getattr(target_config, key, None) is not None}
     if intermediate_size:
         fields["intermediate_size"] = intermediate_size
-    layers = [int(layer) for layer in feature_layers]
-    n_states = target_config.num_hidden_layers + 1
-    lower = layers[:-1]
-    if not layers or layers[-1] != -1 or lower != sorted(set(lower)) or not all(0 <= l < n_states - 1 for l in lower):
-        raise ValueError(f"feature_layers must be increasing hidden-state indices in [0, {n_states - 1}), then -1 "
-                         f"(the final states), got {feature_layers!r}")
+    layers = check_feature_layers(feature_layers, target_config.num_hidden_layers)
     return LlamaConfig(**fields, num_hidden_layers=1, vocab_size=1, pad_token_id=None, bos_token_id=None,
                        eos_token_id=None, tie_word_embeddings=False, eagle_feature_layers=layers)
 

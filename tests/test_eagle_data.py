@@ -59,3 +59,13 @@ def test_choose_vocab_keeps_special_ids_then_the_most_frequent_then_fills_by_id(
     assert choose_vocab(samples, 4, always=[2], vocab_total=12).tolist() == [2, 5, 7, 9]
     assert choose_vocab(samples, 3, always=[2], vocab_total=12).tolist() == [2, 5, 9]
     assert choose_vocab(samples, 6, always=[2], vocab_total=12).tolist() == [0, 1, 2, 5, 7, 9]
+
+
+@pytest.mark.parametrize("command", ["generate", "extract", "relayer", "train"])
+def test_bad_feature_layers_stop_before_any_compute(command, tmp_path, capsys):
+    from bench.train_eagle import main
+    extra = {"generate": ["--out", str(tmp_path)], "extract": ["--out", str(tmp_path)],
+             "relayer": ["--data", str(tmp_path), "--out", str(tmp_path)], "train": ["--data", str(tmp_path)]}[command]
+    with pytest.raises(SystemExit):
+        main([command, *extra, "--layers", "15", "2", "-1"])
+    assert "feature_layers must be increasing" in capsys.readouterr().err
