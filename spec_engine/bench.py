@@ -243,6 +243,7 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
     `--target random-smollm2-135m` is a self-draft (acceptance 1 under greedy)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from .cpu_gemm import pack_linears
     from .models import resolve_device, resolve_dtype
     size = name.removeprefix(RANDOM_PREFIX)
     if size not in RANDOM_SIZES:
@@ -255,6 +256,7 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype=dtype).eval().requires_grad_(False)
+    pack_linears(model)                  # as load_model does: fp32 CPU layers only
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"random weights, {size} shape", device=device,
                        dtype=dtype, load_seconds=0.0)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from .cpu_gemm import batched_gemm
+
 
 def new_cache(model) -> DynamicCache:
     """A dynamic cache laid out for `model` (sliding-window layers included), able to roll back."""
@@ -55,8 +57,9 @@ def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int, feat
     start = cache_len(cache)
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)             # [1, n]
     position_ids = torch.arange(start, start + len(token_ids), device=device)[None]    # [1, n]
-    out = model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
-                logits_to_keep=logits_to_keep, output_hidden_states=bool(feature_layers))
+    with batched_gemm():            # packed CPU weights for 4-16 rows, where models were packed (cpu_gemm.py)
+        out = model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
+                    logits_to_keep=logits_to_keep, output_hidden_states=bool(feature_layers))
     if feature_layers:
         features = torch.cat([out.hidden_states[layer][0] for layer in feature_layers], dim=-1)   # [n, F]
         return out.logits[0], features                                                 # [keep, vocab], [n, F]

@@ -32,6 +32,8 @@ from typing import Any, Callable
 import torch
 import yaml
 
+from .cpu_gemm import pack_linears
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 PRESET_KINDS = ("gguf-package", "hub")
@@ -493,6 +495,9 @@ def load_model(
     else:
         model, tokenizer, source = _load_path_or_hub(name_or_path, device, dtype, placement, report)
     _freeze(model)
+    packed = pack_linears(model)         # fp32 CPU layers only: cheaper batched verification (cpu_gemm.py)
+    if packed:
+        report(f"packed {packed / 2**20:.0f} MB of linear weights for batched verification")
     seconds = time.perf_counter() - started
     report(f"ready in {seconds:.1f} s")
     return LoadedModel(

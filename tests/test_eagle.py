@@ -247,8 +247,9 @@ def test_tampered_weights_are_refused(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("k", [2, 3])             # k = 3 verifies 4 tokens: the packed CPU product (cpu_gemm.py)
 @pytest.mark.parametrize("draft", ["eagle", "eagle+lookup"])
-def test_greedy_identity_on_the_offline_default(smollm2, draft):
+def test_greedy_identity_on_the_offline_default(smollm2, draft, k):
     from test_real_models import NEW_TOKENS, PROMPTS
     eos = smollm2.tokenizer.eos_token_id
     accepted = drafted = 0
@@ -258,7 +259,7 @@ def test_greedy_identity_on_the_offline_default(smollm2, draft):
         expected = se.autoregressive_generate(smollm2.model, prompt_ids, max_new_tokens=NEW_TOKENS, sampling=GREEDY,
                                               eos_token_id=eos).tokens
         result = se.SpeculativeDecoder(smollm2.model, se.make_drafter(draft, smollm2)).generate(
-            prompt_ids, k=2, max_new_tokens=NEW_TOKENS, sampling=GREEDY, eos_token_id=eos)
+            prompt_ids, k=k, max_new_tokens=NEW_TOKENS, sampling=GREEDY, eos_token_id=eos)
         assert result.tokens == expected, smollm2.tokenizer.decode(result.tokens)
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
         notes |= {r.note for r in result.rounds}

@@ -1,0 +1,111 @@
+"""The packed CPU product for batched verification (spec_engine/cpu_gemm.py): equal to F.linear for every row
+count, used only for 4-16 rows inside the engine's forwards, never stale, and off where it cannot apply."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spec_engine import cpu_gemm
+from spec_engine.cache import forward_logits, new_cache
+from spec_engine.cpu_gemm import PackedLinear, batched_gemm, pack_linears
+
+pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason="this torch has no MKL packed sgemm")
+
+
+@pytest.fixture
+def packed_calls(monkeypatch):
+    """Row counts of every call that took the packed product."""
+    calls, real = [], cpu_gemm.packed_product
+
+    def counting(x, packed, weight, bias, rows):
+        calls.append(rows)
+        return real(x, packed, weight, bias, rows)
+    monkeypatch.setattr(cpu_gemm, "packed_product", counting)
+    return calls
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_equals_linear_for_every_row_count(bias, packed_calls):
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=bias).requires_grad_(False)
+    reference = copy.deepcopy(linear)
+    PackedLinear.pack(linear)
+    with torch.no_grad(), batched_gemm():
+        for rows in range(1, 21):
+            for shape in ((rows, 96), (1, rows, 96)):
+                x = torch.randn(shape)
+                torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
+    assert sorted(set(packed_calls)) == list(range(cpu_gemm.MIN_ROWS, cpu_gemm.MAX_ROWS + 1))
+
+
+def test_packed_weights_only_inside_the_engines_block(packed_calls):
+    linear = PackedLinear.pack(nn.Linear(32, 48).requires_grad_(False))
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        linear(x)                          # e.g. Hugging Face generate() on the same model object
+        with batched_gemm():
+            linear(x)
+        linear(x)
+    with batched_gemm():
+        linear(x)                          # autograd on: training code never sees the packed copy
+    assert packed_calls == [5]
+
+
+def test_a_weight_changed_after_packing_is_never_served_stale(packed_calls):
+    linear = PackedLinear.pack(nn.Linear(32, 48).requires_grad_(False))
+    x = torch.randn(6, 32)
+    with torch.no_grad():
+        linear.weight.mul_(2.0)
+        with batched_gemm():
+            out = linear(x)
+    torch.testing.assert_close(out, x @ linear.weight.T + linear.bias)
+    assert packed_calls == []
+
+
+def tiny_llama():
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval().requires_grad_(False)
+
+
+def test_pack_linears_keeps_tied_weights_and_outputs(packed_calls):
+    model = tiny_llama()
+    reference = copy.deepcopy(model)
+    n_linears = sum(type(m) is nn.Linear for m in model.modules())
+    assert pack_linears(model) == sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == n_linears
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids = list(range(10, 18))
+    for keep in (1, 8):
+        out = forward_logits(model, ids, new_cache(model), keep)
+        torch.testing.assert_close(out, forward_logits(reference, ids, new_cache(reference), keep), rtol=1e-4, atol=1e-4)
+    assert 8 in packed_calls
+
+
+def test_pack_linears_declines_what_it_cannot_serve(monkeypatch):
+    assert pack_linears(tiny_llama(), max_bytes=1024) == 0                     # over the memory budget
+    assert pack_linears(tiny_llama().to(torch.bfloat16)) == 0                  # packed sgemm is fp32 only
+    monkeypatch.setenv("SPEC_ENGINE_PACKED_GEMM", "0")
+    model = tiny_llama()
+    assert pack_linears(model) == 0 and not any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def test_the_offline_default_scores_the_same_packed(smollm2, packed_calls):
+    """A verify forward of 1-12 tokens on SmolLM2-135M: packed (the engine's path) against stock F.linear."""
+    model = smollm2.model
+    assert any(isinstance(m, PackedLinear) for m in model.modules())
+    prompt = smollm2.encode_prompt("Name three rivers in Europe.")[0].tolist()
+    for n in range(1, 13):
+        tokens = list(range(1000, 1000 + n))
+        cache = new_cache(model)
+        forward_logits(model, prompt, cache, 1)
+        packed = forward_logits(model, tokens, cache, n)                          # [n, vocab]
+        with torch.inference_mode():
+            stock = model(torch.tensor([prompt + tokens]), logits_to_keep=n).logits[0]
+        torch.testing.assert_close(packed, stock, rtol=0, atol=2e-3)
+        assert torch.equal(packed.argmax(-1), stock.argmax(-1))
+    assert set(packed_calls) == set(range(cpu_gemm.MIN_ROWS, 13))
