@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_gemm import pack_linears, prepack
 from .decoder import SpeculativeDecoder, autoregressive_generate
 from .factory import make_drafter, parse_draft
 from .metrics import expected_tokens_per_round
@@ -243,7 +244,6 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
     `--target random-smollm2-135m` is a self-draft (acceptance 1 under greedy)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from .cpu_gemm import pack_linears
     from .models import resolve_device, resolve_dtype
     size = name.removeprefix(RANDOM_PREFIX)
     if size not in RANDOM_SIZES:
@@ -295,10 +295,13 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_any(args.model, args.device, args.dtype)
+    prepack(target.model)                # packed CPU weights made now, not inside a measured run (cpu_gemm.py)
     drafts = {}
     for name in args.drafts:
         spec = parse_draft(name)
         draft = load_any(spec.model, target.device, target.dtype) if spec.needs_model else None
+        if draft is not None:
+            prepack(draft.model)
         drafts[name] = (spec, draft, hf_assistant_for(spec, draft))
     rows, eos = [], not args.no_eos
     prompts = {name: PROMPTS[name] for name in args.prompts} | held_out_prompts(args.held_out)

@@ -49,32 +49,35 @@ def batched_gemm():
 
 
 class PackedLinear(nn.Linear):
-    """An nn.Linear that also holds its weight packed by MKL, used for 4-16 rows inside `batched_gemm()`.
+    """An nn.Linear that computes 4-16 rows inside `batched_gemm()` from a copy of its weight packed by MKL.
 
-    Made from an existing module in place (`pack`), so parameters, tied weights and hooks stay as they were.
-    A weight changed or moved after packing (checked by version counter and pointer) falls back to F.linear.
+    Made from an existing module in place (`wrap`), so parameters, tied weights and hooks stay as they were. The
+    copy is made on the first call that uses it (a model that never verifies 4+ tokens, such as a draft model,
+    never pays its memory), and made again if the weight changed since (version counter, pointer, dtype).
     """
 
-    packed: torch.Tensor
-    packed_key: tuple
+    packed: torch.Tensor | None = None
+    packed_key: tuple | None = None
 
     @classmethod
-    def pack(cls, linear: nn.Linear) -> "PackedLinear":
-        weight = linear.weight.detach()
+    def wrap(cls, linear: nn.Linear) -> "PackedLinear":
         linear.__class__ = cls
-        linear.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, MIN_ROWS)   # opaque MKL layout of [out, in]
-        linear.packed_key = cls._key(weight)
+        linear.packed, linear.packed_key = None, None
         return linear
 
-    @staticmethod
-    def _key(weight: torch.Tensor) -> tuple:
-        return weight.data_ptr(), weight._version, weight.dtype, weight.device
+    def packed_weight(self) -> torch.Tensor:
+        weight = self.weight.detach()
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        if self.packed_key != key:
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, MIN_ROWS)    # MKL's layout of [out, in]
+            self.packed_key = key
+        return self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         if (MIN_ROWS <= rows <= MAX_ROWS and _ENABLED.get() and not torch.is_grad_enabled()
-                and self._key(self.weight) == self.packed_key and x.dtype == torch.float32):
-            return packed_product(x.contiguous(), self.packed, self.weight, self.bias, rows)
+                and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu"):
+            return packed_product(x.contiguous(), self.packed_weight(), self.weight, self.bias, rows)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -86,13 +89,22 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, 
 
 
 def pack_linears(model: nn.Module, max_bytes: int = MAX_PACKED_BYTES) -> int:
-    """Pack every fp32 CPU nn.Linear of `model` (see the module docstring); returns the bytes packed, 0 if the
-    packed product is unavailable here or the weights exceed `max_bytes`."""
+    """Make every fp32 CPU nn.Linear of `model` a PackedLinear (see the module docstring); returns the bytes of
+    weight they may pack on first use, 0 if the packed product is unavailable here or they exceed `max_bytes`."""
     linears = [m for m in model.modules() if type(m) is nn.Linear and m.weight.dtype == torch.float32
                and m.weight.device.type == "cpu"]
     total = sum(m.weight.numel() * m.weight.element_size() for m in linears)
     if not available() or not linears or total > max_bytes:
         return 0
     for linear in linears:
-        PackedLinear.pack(linear)
+        PackedLinear.wrap(linear)
     return total
+
+
+def prepack(model: nn.Module) -> int:
+    """Pack every PackedLinear of `model` now (a benchmark or an app's default target should not pay for it inside
+    a measured run); returns the number packed."""
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear) and m.weight.dtype == torch.float32]
+    for layer in layers:
+        layer.packed_weight()
+    return len(layers)

@@ -497,7 +497,7 @@ def load_model(
     _freeze(model)
     packed = pack_linears(model)         # fp32 CPU layers only: cheaper batched verification (cpu_gemm.py)
     if packed:
-        report(f"packed {packed / 2**20:.0f} MB of linear weights for batched verification")
+        report(f"batched verification: {packed / 2**20:.0f} MB of linear weights to pack on first use")
     seconds = time.perf_counter() - started
     report(f"ready in {seconds:.1f} s")
     return LoadedModel(

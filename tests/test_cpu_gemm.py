@@ -31,7 +31,7 @@ def test_packed_linear_equals_linear_for_every_row_count(bias, packed_calls):
     torch.manual_seed(0)
     linear = nn.Linear(96, 200, bias=bias).requires_grad_(False)
     reference = copy.deepcopy(linear)
-    PackedLinear.pack(linear)
+    PackedLinear.wrap(linear)
     with torch.no_grad(), batched_gemm():
         for rows in range(1, 21):
             for shape in ((rows, 96), (1, rows, 96)):
@@ -41,7 +41,7 @@ def test_packed_linear_equals_linear_for_every_row_count(bias, packed_calls):
 
 
 def test_packed_weights_only_inside_the_engines_block(packed_calls):
-    linear = PackedLinear.pack(nn.Linear(32, 48).requires_grad_(False))
+    linear = PackedLinear.wrap(nn.Linear(32, 48).requires_grad_(False))
     x = torch.randn(5, 32)
     with torch.no_grad():
         linear(x)                          # e.g. Hugging Face generate() on the same model object
@@ -53,15 +53,22 @@ def test_packed_weights_only_inside_the_engines_block(packed_calls):
     assert packed_calls == [5]
 
 
-def test_a_weight_changed_after_packing_is_never_served_stale(packed_calls):
-    linear = PackedLinear.pack(nn.Linear(32, 48).requires_grad_(False))
+def test_packed_on_first_use_and_never_served_stale(packed_calls):
+    linear = PackedLinear.wrap(nn.Linear(32, 48).requires_grad_(False))
     x = torch.randn(6, 32)
-    with torch.no_grad():
+    with torch.no_grad(), batched_gemm():
+        linear(x[:1])
+        assert linear.packed is None                       # one row never needs the copy (nor does a draft model)
+        linear(x)
+        first = linear.packed
+        assert first is not None
+        linear(x)
+        assert linear.packed is first                      # packed once
         linear.weight.mul_(2.0)
-        with batched_gemm():
-            out = linear(x)
+        out = linear(x)
+    assert linear.packed is not first
     torch.testing.assert_close(out, x @ linear.weight.T + linear.bias)
-    assert packed_calls == []
+    assert packed_calls == [6, 6, 6]
 
 
 def tiny_llama():
@@ -109,3 +116,18 @@ def test_the_offline_default_scores_the_same_packed(smollm2, packed_calls):
         torch.testing.assert_close(packed, stock, rtol=0, atol=2e-3)
         assert torch.equal(packed.argmax(-1), stock.argmax(-1))
     assert set(packed_calls) == set(range(cpu_gemm.MIN_ROWS, 13))
+
+
+def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
+    from types import SimpleNamespace
+
+    from spec_engine.cpu_gemm import prepack
+    from ui.registry import warm_up
+    target, draft = tiny_llama(), tiny_llama()
+    pack_linears(target), pack_linears(draft)
+    layers = lambda model: [m for m in model.modules() if isinstance(m, PackedLinear)]
+    warm_up(SimpleNamespace(model=draft, device=torch.device("cpu")))
+    warm_up(SimpleNamespace(model=target, device=torch.device("cpu")), prepack=True)
+    assert all(m.packed is None for m in layers(draft))             # a draft-only model never pays the memory
+    assert all(m.packed is not None for m in layers(target))
+    assert prepack(draft) == len(layers(draft)) and all(m.packed is not None for m in layers(draft))

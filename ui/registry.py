@@ -377,7 +377,7 @@ class ModelRegistry:
             with self._load_gate:
                 self._check_memory(name)
                 loaded = self._loader(name, device=self._device, dtype=self._dtype, progress=progress)
-                warm_up(loaded)
+                warm_up(loaded, prepack=name in self._pinned)
             entry.result = loaded
             entry.message = f"ready ({loaded.device}, {str(loaded.dtype).removeprefix('torch.')}, {loaded.load_seconds:.1f} s)"
         except BaseException as exc:   # reported to whoever waits; the next call retries
@@ -536,12 +536,17 @@ def _is_preset(name: str) -> bool:
     return name in preset_names()
 
 
-def warm_up(loaded) -> None:
-    """One short forward so the first measured run does not pay for lazy initialisation."""
+def warm_up(loaded, prepack: bool = False) -> None:
+    """One short forward so the first measured run does not pay for lazy initialisation; with `prepack` (the
+    pinned default target, which verifies every run) also the packed CPU weights of batched verification."""
     import torch
+
+    from spec_engine import cpu_gemm
     with torch.inference_mode():
         ids = torch.tensor([PRELOAD_PROMPT], dtype=torch.long, device=loaded.device)
         loaded.model(input_ids=ids)
+    if prepack:
+        cpu_gemm.prepack(loaded.model)
 
 
 def eos_ids(loaded):
