@@ -6,10 +6,10 @@ over 3 tokens costs 1.2x a 1-token forward, but 4 tokens cost 1.6x and 9 tokens 
 alone steps up at 4 and 7 rows. Packing each weight once with MKL (`cblas_sgemm_pack`, reached
 through `torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`, the ops inductor's CPU weight freezing
 emits) brings a 4-token forward to 1.25x and 9 tokens to 2.0x, so verifying k = 3..8 draft tokens gets cheaper
-while plain decoding (one row) is untouched. Inductor does this only inside `torch.compile` with freezing
-(minutes of compilation on two cores, and a graph per shape); no maintained library applies it to eager
-transformers modules, so it is done here, by hand, for the rows where it measured faster (4 to 16; prefill
-blocks of 32 and more are faster unpacked).
+while plain decoding (one row) is untouched. Inductor emits these ops only from `torch.compile` with weight
+freezing, which compiles per input shape; no maintained library applies them to eager transformers modules, so
+it is done here, by hand, for the row counts where it measured faster (4 to 16; prefill blocks of 32 rows and
+more are faster unpacked).
 
 It is scoped: packed weights are used only inside `batched_gemm()`, which the engine's own forwards enter
 (`cache.forward_logits`). Anything else calling the same model object (Hugging Face `generate` in the benchmark,
