@@ -131,3 +131,12 @@ def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
     assert all(m.packed is None for m in layers(draft))             # a draft-only model never pays the memory
     assert all(m.packed is not None for m in layers(target))
     assert prepack(draft) == len(layers(draft)) and all(m.packed is not None for m in layers(draft))
+
+
+def test_verify_cost_benchmark_writes_its_table(tmp_path):
+    """bench/verify_cost.py runs end to end (timings are its output, never asserted here)."""
+    from bench import verify_cost
+    verify_cost.main(["--repeats", "1", "--tokens", "1", "4", "--context", "8", "--out", str(tmp_path / "cost")])
+    rows = __import__("json").loads((tmp_path / "cost.json").read_text())["rows"]
+    assert [r["tokens"] for r in rows] == [1, 4] and rows[0]["stock"] == 1.0
+    assert "| 4 |" in (tmp_path / "cost.md").read_text()
