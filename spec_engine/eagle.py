@@ -33,6 +33,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from .cache import check_invariant, trim_cache
+from .cpu_gemm import batched_gemm, pack_linears, prepack
 from .drafters import Drafter, Proposal, vocab_size
 from .sampling import SamplingParams, choose_token
 
@@ -189,6 +190,8 @@ class EagleDrafter(Drafter):
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
         self.min_confidence = min_confidence       # stop drafting when the head's top probability falls below it
         self.head = head.eval()
+        if pack_linears(self.head):     # fp32 CPU: its feeds of 4+ accepted features use packed weights too,
+            prepack(self.head)          # made here (~40 ms), not inside the run
         self.feature_layers = head.feature_layers                                      # what the engine hands over
         self.target = target_model
         self.name = name
@@ -225,7 +228,8 @@ class EagleDrafter(Drafter):
         """Run the head over pairs (features [n, F], next_ids) at positions start.. ; returns predictions [n, H]."""
         next_embeds = self.embed[torch.tensor(next_ids, device=self.embed.device)]                 # [n, H]
         position_ids = torch.arange(start, start + len(next_ids), device=self.embed.device)[None]  # [1, n]
-        return self.head(features.to(self.embed.dtype)[None], next_embeds[None], position_ids, self.cache)[0]
+        with batched_gemm():
+            return self.head(features.to(self.embed.dtype)[None], next_embeds[None], position_ids, self.cache)[0]
 
     def _feed(self, committed: list[int], features: torch.Tensor) -> None:
         """Append the pairs of `features` [m, F], the true features of committed[true_len : true_len + m]."""
