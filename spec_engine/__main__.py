@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from .cpu_gemm import prepack
 from .decoder import MAX_K, MAX_NEW_TOKENS, SpeculativeDecoder, autoregressive_generate
 from .factory import make_drafter, parse_draft
 from .models import DEFAULT_MODEL, load_model
@@ -26,7 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="target: preset name, local dir or hub id")
     parser.add_argument("--draft", default="prompt-lookup",
-                        help="layer-skip | early-exit[:N] | prompt-lookup[:N] | <model> | <model>:cross-tokenizer | <model>:naive-ids")
+                        help="layer-skip | early-exit[:N] | prompt-lookup[:N[:M]] | eagle[:C] | eagle+lookup[:C] | <model> | "
+                             "<model>:cross-tokenizer | <model>:naive-ids")
     parser.add_argument("--k", type=int, default=4, help=f"draft tokens per round, 1..{MAX_K}")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -65,6 +67,7 @@ def main(argv=None) -> int:
         spec = parse_draft(args.draft)
         log = (lambda message: None) if args.json else (lambda message: print(f"  {message}", file=sys.stderr))
         target = load_model(args.model, args.device, args.dtype, progress=log)
+        prepack(target.model)           # packed verify weights (CPU fp32) made before the timed run
         draft = load_model(spec.model, target.device, target.dtype, progress=log) if spec.needs_model else None
         prompt_ids = target.encode_prompt(args.prompt, chat=not args.no_chat)
         decoder = SpeculativeDecoder(target.model, make_drafter(spec, target, draft), rule=args.rule)

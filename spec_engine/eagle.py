@@ -191,7 +191,7 @@ class EagleDrafter(Drafter):
         self.min_confidence = min_confidence       # stop drafting when the head's top probability falls below it
         self.head = head.eval()
         if pack_linears(self.head):     # fp32 CPU: its feeds of 4+ accepted features use packed weights too,
-            prepack(self.head)          # made here (~40 ms), not inside the run
+            prepack(self.head)          # made here, not inside the run
         self.feature_layers = head.feature_layers                                      # what the engine hands over
         self.target = target_model
         self.name = name
