@@ -65,6 +65,13 @@ class PackedLinear(nn.Linear):
         linear.packed, linear.packed_key = None, None
         return linear
 
+    def __getstate__(self):
+        """Copies (deepcopy, pickle) leave the packed copy behind: MKL's opaque tensor has no storage to copy, and
+        the copy packs its own on first use."""
+        state = dict(super().__getstate__())
+        state["packed"], state["packed_key"] = None, None
+        return state
+
     def packed_weight(self) -> torch.Tensor:
         weight = self.weight.detach()
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)

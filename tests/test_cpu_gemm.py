@@ -140,3 +140,16 @@ def test_verify_cost_benchmark_writes_its_table(tmp_path):
     rows = __import__("json").loads((tmp_path / "cost.json").read_text())["rows"]
     assert [r["tokens"] for r in rows] == [1, 4] and rows[0]["stock"] == 1.0
     assert "| 4 |" in (tmp_path / "cost.md").read_text()
+
+
+def test_a_packed_model_can_be_copied(packed_calls):
+    """The benchmark gives Hugging Face a deep copy of a cross-tokenizer draft; MKL's packed tensor cannot be copied."""
+    model = tiny_llama()
+    pack_linears(model)
+    from spec_engine.cpu_gemm import prepack
+    prepack(model)
+    twin = copy.deepcopy(model)
+    assert all(m.packed is None for m in twin.modules() if isinstance(m, PackedLinear))
+    ids = list(range(20, 26))
+    torch.testing.assert_close(forward_logits(twin, ids, new_cache(twin), 6), forward_logits(model, ids, new_cache(model), 6))
+    assert all(m.packed is not None for m in twin.modules() if isinstance(m, PackedLinear))
