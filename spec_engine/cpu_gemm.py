@@ -110,7 +110,9 @@ def pack_linears(model: nn.Module, max_bytes: int = MAX_PACKED_BYTES) -> int:
 
 def prepack(model: nn.Module) -> int:
     """Pack every PackedLinear of `model` now (a benchmark or an app's default target should not pay for it inside
-    a measured run); returns the number packed."""
+    a measured run); returns the number packed (0 for anything that is not a torch module)."""
+    if not isinstance(model, nn.Module):
+        return 0
     layers = [m for m in model.modules() if isinstance(m, PackedLinear) and m.weight.dtype == torch.float32]
     for layer in layers:
         layer.packed_weight()
