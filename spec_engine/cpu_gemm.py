@@ -5,8 +5,9 @@ than the caches): `F.linear` (MKL sgemm) on a few rows costs far more than readi
 over 3 tokens costs 1.2x a 1-token forward, but 4 tokens cost 1.6x and 9 tokens 2.2x; one 1536 x 576 layer
 alone steps up at 4 and 7 rows. Packing each weight once with MKL (`cblas_sgemm_pack`, reached
 through `torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`, the ops inductor's CPU weight freezing
-emits) brings a 4-token forward to 1.25x and 9 tokens to 2.0x, so verifying k = 3..8 draft tokens gets cheaper
-while plain decoding (one row) is untouched. Inductor emits these ops only from `torch.compile` with weight
+emits) brings a 4-token forward to 1.3x and 9 tokens to 2.0x (bench/verify_cost.py, results in
+bench/results/verify-cost-fp32.md), so verifying k = 3..8 draft tokens gets cheaper while plain decoding (one row)
+is untouched. Inductor emits these ops only from `torch.compile` with weight
 freezing, which compiles per input shape; no maintained library applies them to eager transformers modules, so
 it is done here, by hand, for the row counts where it measured faster (4 to 16; prefill blocks of 32 rows and
 more are faster unpacked).

@@ -13,8 +13,9 @@ positions have target states; past the first draft step the head reads its own p
 
 The head keeps its own KV cache, one position per pair; after every call it holds the pairs of every committed
 token but the newest (`cache_ids == committed[:-1]`), all computed from *true* target features, which the engine
-hands over at prefill and after each verification (no extra target work). Drafting rolls the head forward from its predicted features;
-those speculative positions are dropped at rollback and the committed ones recomputed from the true features.
+hands over at prefill and after each verification (no extra target work). Drafting rolls the head forward from its
+predicted features; those speculative positions are dropped at rollback and the committed ones recomputed from the
+true features.
 
 The reduced vocabulary (the few thousand tokens the target emits most, as in FR-Spec) makes a draft step cheap:
 the head scores only those rows of the target's tied embedding, selected by an index list stored with the weights.
@@ -190,8 +191,8 @@ class EagleDrafter(Drafter):
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
         self.min_confidence = min_confidence       # stop drafting when the head's top probability falls below it
         self.head = head.eval()
-        if pack_linears(self.head):     # fp32 CPU: its feeds of 4+ accepted features use packed weights too,
-            prepack(self.head)          # made here, not inside the run
+        pack_linears(self.head)         # fp32 CPU: its feeds of 4+ accepted features use packed weights too,
+        prepack(self.head)              # made here, not inside the run (a no-op where nothing was packed)
         self.feature_layers = head.feature_layers                                      # what the engine hands over
         self.target = target_model
         self.name = name
