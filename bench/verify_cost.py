@@ -38,7 +38,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.verify_cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 3, 4, 5, 6, 7, 9, 12, 17])
+    parser.add_argument("--tokens", nargs="+", type=int, default=list(range(1, 18)))
     parser.add_argument("--context", type=int, default=160, help="cached positions before the verified tokens")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=None)

@@ -35,6 +35,7 @@ import torch
 
 from .cpu_gemm import pack_linears, prepack
 from .decoder import SpeculativeDecoder, autoregressive_generate
+from .drafters import PROMPT_LOOKUP_MAX_NGRAM
 from .factory import make_drafter, parse_draft
 from .metrics import expected_tokens_per_round
 from .models import DEFAULT_MODEL, LoadedModel, load_model
@@ -95,7 +96,7 @@ class Row:
 def hf_kwargs(spec, k: int, target, draft, hf_assistant) -> dict | None:
     """The `generate()` arguments of transformers' own equivalent of this draft, or None if it has none."""
     if spec.mode == "prompt-lookup":
-        return {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": spec.arg or 3}
+        return {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": spec.arg or PROMPT_LOOKUP_MAX_NGRAM}
     if spec.mode == "same-tokenizer":
         return {"assistant_model": hf_assistant}
     if spec.mode == "cross-tokenizer":

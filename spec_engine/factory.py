@@ -2,11 +2,13 @@
 
     layer-skip                     the target without DEFAULT_SKIP_LAYERS (self-speculative)
     early-exit[:N]                 the target's first N layers (default EARLY_EXIT_AFTER), a lesson, not a default
-    prompt-lookup[:N[:M]]          n-gram lookup, M <= n <= N (defaults 3 and PROMPT_LOOKUP_MIN_NGRAM)
+    prompt-lookup[:N[:M]]          n-gram lookup: the longest match of M <= n <= N tokens (defaults
+                                   PROMPT_LOOKUP_MAX_NGRAM = 8 and PROMPT_LOOKUP_MIN_NGRAM = 1), drafts sized by n
     eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/weights/); a round
                                    stops drafting when the head's top probability < C / 100 (default: the
                                    measured recommendation stored with the weights)
-    eagle+lookup[:C]               prompt lookup (3:2) where the text repeats itself, the EAGLE head elsewhere
+    eagle+lookup[:C]               prompt lookup (matches of 2+ tokens) where the text repeats itself, the EAGLE
+                                   head elsewhere
     <preset or path>               a separate draft model with the target's tokenizer
     <preset>:cross-tokenizer       a draft with another tokenizer, text re-tokenized
     <preset>:naive-ids             the tokenizer-mismatch mistake: ids passed through unchanged
@@ -16,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .drafters import (CrossTokenizerDrafter, DEFAULT_SKIP_LAYERS, Drafter, LayerSkipDrafter, LookupFirstDrafter,
-                       ModelDrafter, NaiveIdDrafter, PROMPT_LOOKUP_MIN_NGRAM, PromptLookupDrafter, early_exit_layers)
+                       ModelDrafter, NaiveIdDrafter, PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM, PromptLookupDrafter,
+                       early_exit_layers)
 
 EARLY_EXIT_AFTER = 20
 MODES = ("layer-skip", "early-exit", "prompt-lookup", "eagle", "eagle+lookup", "same-tokenizer", "cross-tokenizer", "naive-ids")
@@ -66,16 +69,17 @@ def make_drafter(spec: DraftSpec | str, target, draft=None) -> Drafter:
     spec = parse_draft(spec) if isinstance(spec, str) else spec
     if spec.needs_model and draft is None:
         raise ValueError(f"draft mode {spec.mode} needs the draft model {spec.model!r} loaded")
-    n_layers = len(target.model.model.layers)
     if spec.mode == "layer-skip":
+        n_layers = len(target.model.model.layers)
         return LayerSkipDrafter(target.model, [i for i in DEFAULT_SKIP_LAYERS if i < n_layers])
     if spec.mode == "early-exit":
+        n_layers = len(target.model.model.layers)
         exit_after = spec.arg or min(EARLY_EXIT_AFTER, n_layers - 1)
         if not 1 <= exit_after < n_layers:
             raise ValueError(f"early-exit:N needs 1 <= N < {n_layers} (the target's layer count), got {exit_after}")
         return LayerSkipDrafter(target.model, early_exit_layers(n_layers, exit_after))
     if spec.mode == "prompt-lookup":
-        longest = spec.arg or 3
+        longest = spec.arg or PROMPT_LOOKUP_MAX_NGRAM
         return PromptLookupDrafter(max_ngram=longest, min_ngram=min(spec.min_ngram or PROMPT_LOOKUP_MIN_NGRAM, longest))
     if spec.mode in ("eagle", "eagle+lookup"):
         from .eagle import load_eagle_drafter

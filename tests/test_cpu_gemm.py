@@ -119,6 +119,8 @@ def test_the_offline_default_scores_the_same_packed(smollm2, packed_calls):
 
 
 def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
+    """The pinned target is packed and its verify-cost curve measured at warm-up (spec_engine/costs.py); a draft
+    is neither."""
     from types import SimpleNamespace
 
     from spec_engine.cpu_gemm import prepack
@@ -130,6 +132,8 @@ def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
     warm_up(SimpleNamespace(model=target, device=torch.device("cpu")), prepack=True)
     assert all(m.packed is None for m in layers(draft))             # a draft-only model never pays the memory
     assert all(m.packed is not None for m in layers(target))
+    assert not hasattr(draft, "_spec_engine_verify_costs")          # and only the target's cost curve is measured
+    assert len(target._spec_engine_verify_costs) == 18
     assert prepack(draft) == len(layers(draft)) and all(m.packed is not None for m in layers(draft))
 
 

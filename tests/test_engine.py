@@ -157,9 +157,88 @@ def test_prompt_lookup_finds_latest_longest_match():
     assert lookup_continuation([5, 1, 2, 6, 1, 2], 2, 3, 2) == [6, 1]
 
 
+def test_longest_suffix_match():
+    from spec_engine.drafters import longest_suffix_match
+    seq = [1, 2, 3, 4, 9, 8, 3, 4, 7, 2, 3, 4]
+    assert longest_suffix_match(seq, 8) == (3, 4)                 # [2, 3, 4] at 1..3, continuation from 4
+    assert longest_suffix_match(seq, 2) == (2, 8)                 # capped at 2: the latest [3, 4] is at 6..7
+    assert longest_suffix_match([5, 6, 7], 8) == (0, -1)
+    assert longest_suffix_match([5], 8) == (0, -1)
+
+
+def test_best_draft_length_by_enumeration():
+    """Against a brute force over all accept/reject patterns: expected tokens of a round that drafts m tokens."""
+    import itertools
+    from spec_engine.costs import best_draft_length, expected_tokens
+    chances = [0.9, 0.8, 0.7, 0.95]
+    for m in range(len(chances) + 1):
+        total = 0.0
+        for outcome in itertools.product([True, False], repeat=m):
+            p = math.prod(c if ok else 1 - c for c, ok in zip(chances, outcome))
+            accepted = next((i for i, ok in enumerate(outcome) if not ok), m)
+            total += p * (accepted + 1)
+        assert expected_tokens(chances)[m] == pytest.approx(total)
+    flat = (0.0,) + (1.0,) * 17                                    # free verification: draft everything
+    assert best_draft_length(chances, flat) == 4
+    cliff = (0.0, 1.0, 1.07, 1.19, 1.32, 1.47)                     # rows 1..5; a 5th row would step up
+    assert best_draft_length([0.9] * 4, cliff[:5] + (3.0,)) == 3
+    assert best_draft_length([0.05] * 4, cliff) == 0               # weak evidence: not worth a row
+    assert best_draft_length([0.9] * 10, cliff) == 4               # never past the measured rows
+
+
+def test_lookup_sizes_drafts_by_odds_and_cost():
+    from spec_engine.drafters import LookupOdds
+    propose = lambda d, ids, k: d.propose(ids, k, GREEDY, torch.Generator()).tokens
+    one_token_match = [5, 1, 2, 3, 4, 6, 7, 8, 9, 10, 5]            # only [5] matches
+    long_match = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3]  # [1, 2, 3] matches
+    full = se.PromptLookupDrafter(sizing="full")
+    assert propose(full, one_token_match, 8) == [1, 2, 3, 4, 6, 7, 8, 9]
+    assert propose(se.PromptLookupDrafter(min_ngram=2, sizing="full"), one_token_match, 8) == []
+    sized = se.PromptLookupDrafter()
+    sized.costs = (0.0, 1.0, 1.07, 1.19, 1.32, 1.47, 1.48, 1.56, 1.56, 2.04, 2.10)  # measured here: a step at 9 rows
+    assert propose(sized, one_token_match, 8) == [1, 2]             # 26% odds: worth two rows, not eight
+    assert propose(sized, long_match, 16) == [4, 5, 6, 7, 8, 9, 10]     # stops below the step (7 drafts = 8 rows)
+    # Odds follow the run: after rounds where 1-token matches were copied right, they earn longer drafts.
+    sized.begin([0])
+    for _ in range(12):
+        sized.odds.observe(1, 4, 4)
+    assert len(propose(sized, one_token_match, 8)) > 1
+    odds = LookupOdds()
+    odds.observe(3, 5, 2)                                           # first right, second right, third wrong
+    assert odds.counts[3] == [4 * 0.78 + 1, 5, 4 * 0.85 + 1, 6]
+
+
+def test_lookup_learns_from_the_rounds_it_proposed(target):
+    drafter = se.PromptLookupDrafter()
+    decoder = se.SpeculativeDecoder(target, drafter)
+    assert drafter.costs is not None and len(drafter.costs) == se.MAX_K + 2 and drafter.costs[1] == 1.0
+    prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2]])
+    result = decoder.generate(prompt, k=6, max_new_tokens=24, sampling=GREEDY)
+    rounds_with_drafts = sum(1 for r in result.rounds if r.drafted)
+    trials = sum(c[1] - se.drafters.LookupOdds.PRIOR_WEIGHT for c in drafter.odds.counts.values())
+    assert rounds_with_drafts >= 1 and trials == pytest.approx(rounds_with_drafts)
+
+
+def test_lookup_first_leaves_one_token_matches_to_its_fallback():
+    class Fallback(se.Drafter):
+        name, feature_layers = "fallback", ()
+        def begin(self, prompt_ids, target_features=None): pass
+        def rollback(self, committed, target_features=None): pass
+        def propose(self, committed, k, params, generator):
+            return Proposal([42] * k, None)
+    drafter = se.LookupFirstDrafter(Fallback())
+    propose = lambda ids: drafter.propose(ids, 3, GREEDY, torch.Generator())
+    assert propose([5, 1, 2, 3, 4, 5]).tokens == [42, 42, 42]       # a 1-token match: the fallback drafts
+    copied = propose([5, 6, 1, 2, 3, 5, 6])
+    assert copied.tokens == [1, 2, 3] and copied.note == se.drafters.LOOKUP_NOTE
+
+
 def test_prompt_lookup_draft_names():
     assert se.parse_draft("prompt-lookup:4:2") == se.DraftSpec("prompt-lookup", None, 4, 2)
     assert se.parse_draft("prompt-lookup:4") == se.DraftSpec("prompt-lookup", None, 4)
+    default = se.make_drafter("prompt-lookup", None)
+    assert (default.max_ngram, default.min_ngram, default.sizing) == (8, 1, "cost")
+    assert (se.make_drafter("prompt-lookup:3:2", None).max_ngram, se.make_drafter("prompt-lookup:3:2", None).min_ngram) == (3, 2)
     for bad in ("prompt-lookup:2:3", "prompt-lookup:3:0", "prompt-lookup:3:x"):
         with pytest.raises(ValueError, match="1 <= M <= N"):
             se.parse_draft(bad)

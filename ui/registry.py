@@ -538,15 +538,17 @@ def _is_preset(name: str) -> bool:
 
 def warm_up(loaded, prepack: bool = False) -> None:
     """One short forward so the first measured run does not pay for lazy initialisation; with `prepack` (the
-    pinned default target, which verifies every run) also the packed CPU weights of batched verification."""
+    pinned default target, which verifies every run) also the packed CPU weights of batched verification and
+    the verify-cost curve that sizes prompt-lookup drafts (a few seconds, measured once)."""
     import torch
 
-    from spec_engine import cpu_gemm
+    from spec_engine import costs, cpu_gemm
     with torch.inference_mode():
         ids = torch.tensor([PRELOAD_PROMPT], dtype=torch.long, device=loaded.device)
         loaded.model(input_ids=ids)
-    if prepack:
+    if prepack and isinstance(loaded.model, torch.nn.Module):
         cpu_gemm.prepack(loaded.model)
+        costs.verify_costs(loaded.model)
 
 
 def eos_ids(loaded):

@@ -1,0 +1,76 @@
+"""What a verify forward costs on this machine, and the draft length that buys the most tokens for it.
+
+A speculative round costs one target forward over the drafted tokens plus one, and that cost is not linear in
+the row count: on this CPU with MKL's packed weights, 8 rows cost 1.56 one-token forwards and 9 rows 2.04
+(bench/results/verify-cost-fp32.md); on a GPU the first dozen rows are nearly free. So the best draft length
+depends on the kernels as much as on the odds of acceptance. `verify_costs` measures the curve once per model
+(a few seconds on the offline default, cached on the model object), and `best_draft_length` picks the length
+with the most expected tokens per unit of that cost. The choice only changes how many tokens are proposed,
+never how they are verified, so exactness is untouched.
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Sequence
+
+import torch
+
+from .cache import forward_logits, new_cache, trim_cache
+
+MAX_ROWS = 17            # decoder.MAX_K + 1: a round verifies at most 16 drafts and the token before them
+CALIBRATION_CONTEXT = 64
+CALIBRATION_REPEATS = 3
+_ATTRIBUTE = "_spec_engine_verify_costs"
+_LOCK = threading.Lock()
+
+
+def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION_CONTEXT,
+                         repeats: int = CALIBRATION_REPEATS) -> tuple[float, ...]:
+    """costs[r] = median time of a forward over r new tokens after `context` cached ones / that of one token,
+    r = 1..rows (costs[0] is 0.0, a placeholder). Row counts are interleaved within each repeat so that a
+    passing slowdown of the machine touches all of them alike."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (context + rows,), generator=generator).tolist()
+    cache = new_cache(model)
+    forward_logits(model, ids[:context], cache, 1)
+    seconds: list[list[float]] = [[] for _ in range(rows + 1)]
+    for _ in range(repeats + 1):                                       # the first pass warms up and is dropped
+        for r in range(1, rows + 1):
+            start = time.perf_counter()
+            logits = forward_logits(model, ids[context:context + r], cache, r)
+            if logits.device.type == "cuda":
+                torch.cuda.synchronize(logits.device)
+            seconds[r].append(time.perf_counter() - start)
+            trim_cache(cache, context)
+    medians = [statistics.median(s[1:]) if s else 0.0 for s in seconds]
+    return (0.0,) + tuple(m / medians[1] for m in medians[1:])
+
+
+def verify_costs(model) -> tuple[float, ...]:
+    """The model's verify-cost curve (see measure_verify_costs), measured on first use and kept on the model."""
+    with _LOCK:
+        costs = getattr(model, _ATTRIBUTE, None)
+        if costs is None:
+            costs = measure_verify_costs(model)
+            object.__setattr__(model, _ATTRIBUTE, costs)        # a plain attribute, not a module or a buffer
+        return costs
+
+
+def expected_tokens(chances: Sequence[float]) -> list[float]:
+    """expected[m] = tokens a round yields when it drafts the first m tokens, whose chances of being right
+    given all earlier ones are right are `chances`: the accepted drafts plus the correction or bonus token."""
+    expected, survive = [1.0], 1.0
+    for chance in chances:
+        survive *= chance
+        expected.append(expected[-1] + survive)
+    return expected
+
+
+def best_draft_length(chances: Sequence[float], costs: Sequence[float]) -> int:
+    """The m in 0..len(chances) with the most expected tokens per verify cost (costs[r] = cost of r rows);
+    the shorter length wins a tie."""
+    expected = expected_tokens(chances[:len(costs) - 2])
+    return max(range(len(expected)), key=lambda m: (expected[m] / costs[m + 1], -m))
