@@ -4,7 +4,7 @@ A speculative round costs one target forward over the drafted tokens plus one, a
 the row count: on this CPU with MKL's packed weights, 8 rows cost 1.56 one-token forwards and 9 rows 2.04
 (bench/results/verify-cost-fp32.md); on a GPU the first dozen rows are nearly free. So the best draft length
 depends on the kernels as much as on the odds of acceptance. `verify_costs` measures the curve once per model
-(a few seconds on the offline default, cached on the model object), and `best_draft_length` picks the length
+(at most CALIBRATION_BUDGET_S seconds, cached on the model object), and `best_draft_length` picks the length
 with the most expected tokens per unit of that cost. The choice only changes how many tokens are proposed,
 never how they are verified, so exactness is untouched.
 """
@@ -18,34 +18,48 @@ from typing import Sequence
 import torch
 
 from .cache import forward_logits, new_cache, trim_cache
+from .cpu_gemm import prepack
 
 MAX_ROWS = 17            # decoder.MAX_K + 1: a round verifies at most 16 drafts and the token before them
 CALIBRATION_CONTEXT = 64
 CALIBRATION_REPEATS = 3
+CALIBRATION_BUDGET_S = 6.0      # SmolLM2-135M on one CPU thread: all passes in about 5 s
 _ATTRIBUTE = "_spec_engine_verify_costs"
 _LOCK = threading.Lock()
 
 
 def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION_CONTEXT,
-                         repeats: int = CALIBRATION_REPEATS) -> tuple[float, ...]:
+                         repeats: int = CALIBRATION_REPEATS, budget_s: float = CALIBRATION_BUDGET_S) -> tuple[float, ...]:
     """costs[r] = median time of a forward over r new tokens after `context` cached ones / that of one token,
-    r = 1..rows (costs[0] is 0.0, a placeholder). Row counts are interleaved within each repeat so that a
-    passing slowdown of the machine touches all of them alike."""
+    r = 1..rows (costs[0] is 0.0, a placeholder).
+
+    Row counts are interleaved within each pass so that a passing slowdown of the machine touches all of them
+    alike; the first pass warms up and is dropped. Measuring stops once `budget_s` is spent (a large target on a
+    CPU gets fewer passes, or part of one): row counts left unmeasured continue the slope of the last two
+    measured ones, so the first request never waits long for the curve."""
+    prepack(model)                                  # packing on first use would land inside a measured forward
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (context + rows,), generator=generator).tolist()
     cache = new_cache(model)
     forward_logits(model, ids[:context], cache, 1)
     seconds: list[list[float]] = [[] for _ in range(rows + 1)]
-    for _ in range(repeats + 1):                                       # the first pass warms up and is dropped
+    deadline = time.perf_counter() + budget_s
+    for _ in range(repeats + 1):
         for r in range(1, rows + 1):
+            if time.perf_counter() > deadline and len(seconds[2]) > 0:
+                break
             start = time.perf_counter()
             logits = forward_logits(model, ids[context:context + r], cache, r)
             if logits.device.type == "cuda":
                 torch.cuda.synchronize(logits.device)
             seconds[r].append(time.perf_counter() - start)
             trim_cache(cache, context)
-    medians = [statistics.median(s[1:]) if s else 0.0 for s in seconds]
+    medians = [statistics.median(s[1:] if len(s) > 1 else s) if s else None for s in seconds]
+    measured = max(r for r in range(1, rows + 1) if medians[r] is not None)
+    slope = max(0.0, medians[measured] - medians[measured - 1])
+    for r in range(measured + 1, rows + 1):
+        medians[r] = medians[measured] + slope * (r - measured)
     return (0.0,) + tuple(m / medians[1] for m in medians[1:])
 
 

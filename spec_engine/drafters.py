@@ -224,7 +224,7 @@ class LookupOdds:
     def observe(self, match_len: int, drafted: int, accepted: int) -> None:
         c = self.counts[self.bucket(match_len)]
         if drafted:
-            c[0] += accepted > 0
+            c[0] += int(accepted > 0)
             c[1] += 1
         if accepted:
             c[2] += accepted - 1                      # right tokens after the first ...

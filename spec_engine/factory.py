@@ -3,7 +3,7 @@
     layer-skip                     the target without DEFAULT_SKIP_LAYERS (self-speculative)
     early-exit[:N]                 the target's first N layers (default EARLY_EXIT_AFTER), a lesson, not a default
     prompt-lookup[:N[:M]]          n-gram lookup: the longest match of M <= n <= N tokens (defaults
-                                   PROMPT_LOOKUP_MAX_NGRAM = 8 and PROMPT_LOOKUP_MIN_NGRAM = 1), drafts sized by n
+                                   PROMPT_LOOKUP_MAX_NGRAM = 8 and PROMPT_LOOKUP_MIN_NGRAM = 1), drafts sized by cost
     eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/weights/); a round
                                    stops drafting when the head's top probability < C / 100 (default: the
                                    measured recommendation stored with the weights)

@@ -186,6 +186,15 @@ def test_best_draft_length_by_enumeration():
     assert best_draft_length([0.9] * 10, cliff) == 4               # never past the measured rows
 
 
+def test_verify_cost_curve_stays_within_its_time_budget(target):
+    """With no time to spare the curve measures one and two rows once and continues their slope."""
+    from spec_engine.costs import MAX_ROWS, measure_verify_costs
+    costs = measure_verify_costs(target, budget_s=0.0)
+    assert len(costs) == MAX_ROWS + 1 == se.MAX_K + 2 and costs[1] == 1.0
+    steps = [costs[r + 1] - costs[r] for r in range(2, MAX_ROWS)]
+    assert all(step == pytest.approx(steps[0]) for step in steps) and steps[0] >= 0
+
+
 def test_lookup_sizes_drafts_by_odds_and_cost():
     from spec_engine.drafters import LookupOdds
     propose = lambda d, ids, k: d.propose(ids, k, GREEDY, torch.Generator()).tokens
