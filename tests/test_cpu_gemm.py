@@ -118,6 +118,7 @@ def test_the_offline_default_scores_the_same_packed(smollm2, packed_calls):
     assert set(packed_calls) == set(range(cpu_gemm.MIN_ROWS, 13))
 
 
+@pytest.mark.measured_costs
 def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
     """The pinned target is packed and its verify-cost curve measured at warm-up (spec_engine/costs.py); a draft
     is neither."""

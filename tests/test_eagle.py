@@ -206,6 +206,23 @@ def test_dynamic_draft_length_drafts_fewer_when_unsure(target, trained):
         EagleDrafter(trained[0], target, REDUCED, min_confidence=1.0)
 
 
+def test_drafts_are_cut_to_the_prefix_worth_its_verify_rows(target, trained):
+    """Under a cost curve where a second row costs as much as five tokens are worth, no draft pays: every round
+    verifies one row and emits the target's own token; under free verification nothing is cut."""
+    steep = (0.0, 1.0) + (5.0,) * 16
+    for costs, expect_drafts in ((steep, False), ((0.0,) + (1.0,) * 17, True)):
+        drafter = EagleDrafter(trained[0], target, REDUCED)
+        decoder = se.SpeculativeDecoder(target, drafter)
+        drafter.costs = costs
+        result = decoder.generate(PROMPT, k=4, max_new_tokens=12, sampling=GREEDY)
+        assert any(r.drafted for r in result.rounds) == expect_drafts
+        plain = se.autoregressive_generate(target, PROMPT, max_new_tokens=12, sampling=GREEDY)
+        assert result.tokens == plain.tokens
+    unsized = EagleDrafter(trained[0], target, REDUCED, size_by_cost=False)
+    se.SpeculativeDecoder(target, unsized)
+    assert unsized.costs is None
+
+
 @pytest.mark.parametrize("make", ["random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-trained"])
 def test_sampled_output_follows_the_target_distribution(target, trained, layered, make):
     params = se.SamplingParams(0.7, top_p=0.9) if make == "random-reduced" else se.SamplingParams(1.0, top_k=5)
@@ -247,6 +264,7 @@ def test_tampered_weights_are_refused(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.measured_costs                        # drafts sized by this machine's verify costs, as in the app
 @pytest.mark.parametrize("k", [2, 3])             # k = 3 verifies 4 tokens: the packed CPU product (cpu_gemm.py)
 @pytest.mark.parametrize("draft", ["eagle", "eagle+lookup"])
 def test_greedy_identity_on_the_offline_default(smollm2, draft, k):

@@ -13,6 +13,7 @@ PROMPTS = [
     "Rewrite this sentence in the past tense: The cat sits on the mat and watches the birds.",
 ]
 NEW_TOKENS = 24
+pytestmark = pytest.mark.measured_costs     # drafts sized by this machine's measured verify costs, as in the app
 
 
 @pytest.fixture(scope="module")
