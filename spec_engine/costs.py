@@ -5,7 +5,8 @@ the row count: on this CPU with MKL's packed weights, 8 rows cost 1.56 one-token
 (bench/results/verify-cost-fp32.md); on a GPU the first dozen rows are nearly free. So the best draft length
 depends on the kernels as much as on the odds of acceptance. `verify_costs` measures the curve once per model
 (at most CALIBRATION_BUDGET_S seconds, cached on the model object), and `best_draft_length` picks the length
-with the most expected tokens per unit of that cost. The choice only changes how many tokens are proposed,
+with the most expected tokens per unit of that cost. Prompt lookup (odds by match length) and the EAGLE head
+(its own top probabilities) size their drafts with it. The choice only changes how many tokens are proposed,
 never how they are verified, so exactness is untouched.
 """
 from __future__ import annotations

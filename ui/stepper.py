@@ -20,7 +20,7 @@ from . import plots, render
 from .render import RenderOptions, esc, fmt_prob, show_text
 from .state import RunSettings, SessionState
 
-CAPTION = ("**Step through one round at a time.** The draft proposes k tokens with probabilities q; the target "
+CAPTION = ("**Step through one round at a time.** The draft proposes up to k tokens with probabilities q; the target "
            "scores them all in one forward pass (p). Draft token i is kept while a uniform draw u < min(1, p/q); "
            "at the first rejection the later drafts are discarded and a correction is drawn from the residual "
            "max(0, p − q), which is exactly what keeps the text distributed as the target alone would write it.")
