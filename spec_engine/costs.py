@@ -1,7 +1,7 @@
 """What a verify forward costs on this machine, and the draft length that buys the most tokens for it.
 
 A speculative round costs one target forward over the drafted tokens plus one, and that cost is not linear in
-the row count: on this CPU with MKL's packed weights, 8 rows cost 1.56 one-token forwards and 9 rows 2.04
+the row count: on this CPU with MKL's packed weights, 8 rows cost 1.54 one-token forwards and 9 rows 2.01
 (bench/results/verify-cost-fp32.md); on a GPU the first dozen rows are nearly free. So the best draft length
 depends on the kernels as much as on the odds of acceptance. `verify_costs` measures the curve once per model
 (at most CALIBRATION_BUDGET_S seconds, cached on the model object), and `best_draft_length` picks the length
@@ -24,7 +24,7 @@ from .cpu_gemm import prepack
 MAX_ROWS = 17            # decoder.MAX_K + 1: a round verifies at most 16 drafts and the token before them
 CALIBRATION_CONTEXT = 64
 CALIBRATION_REPEATS = 3
-CALIBRATION_BUDGET_S = 6.0      # SmolLM2-135M on one CPU thread: all passes in about 5 s
+CALIBRATION_BUDGET_S = 6.0      # about what all passes take for the offline default on one CPU thread
 _ATTRIBUTE = "_spec_engine_verify_costs"
 _LOCK = threading.Lock()
 

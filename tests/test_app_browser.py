@@ -46,18 +46,19 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
     floating = page.locator("#spec-tip")
     hovered = ("() => { const t = document.querySelector('#spec-tokens .tokens .tok:hover');"
                " return [document.querySelector('#spec-tip')?.innerText ?? '', t ? t.dataset.tip : null]; }")
+    # The boxes are read in the same attempt: a re-render after the evaluation can hide the tooltip again.
     for _ in range(10):
         token = page.locator("#spec-tokens .tokens .tok").first
         token.hover()
         floating.wait_for(state="visible", timeout=5_000)
         shown, tip = page.evaluate(hovered)
-        if tip and shown.split() == tip.split():
+        box, anchor = floating.bounding_box(), token.bounding_box()
+        if tip and shown.split() == tip.split() and box and anchor:
             break
         page.mouse.move(0, 0)
         time.sleep(0.3)
     assert tip and "p(x)" in tip and "q(x)" in tip
     assert shown.replace("\n", " ").split() == tip.replace("\n", " ").split()
-    box, anchor = floating.bounding_box(), token.bounding_box()
     assert abs(box["x"] - anchor["x"]) < 500 and box["width"] > 100
     page.screenshot(path=str(tmp_path / "playground-running.png"), full_page=True)
 
