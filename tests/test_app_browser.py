@@ -21,7 +21,13 @@ def token_count(page) -> int:
     return page.evaluate("document.querySelectorAll('#spec-tokens .tokens .tok').length")
 
 
+LONG_ANSWER = "Write a Python function that merges two sorted lists into one sorted list, with a docstring."
+
+
 def test_run_hover_stop_in_a_browser(page, tmp_path):
+    # A prompt whose greedy answer runs past 160 tokens, so the run is still streaming when Stop is pressed (the
+    # default prompt's answer ends at EOS after ~57 tokens, which a fast run can finish before the hover checks).
+    page.fill("#spec-prompt textarea", LONG_ANSWER)
     max_new = page.locator("#spec-max-new input[type=number]")
     max_new.fill("300")
     max_new.press("Enter")
@@ -83,7 +89,9 @@ def test_html_in_the_prompt_stays_inert_text(page):
     max_new.fill("12")
     max_new.press("Enter")
     page.click("#spec-run")
-    page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished') && "
+                           "document.querySelector('#spec-tokens .ptext').textContent.includes('Repeat this exactly')",
+                           timeout=120_000)                               # this run's result, not the previous one's
     assert page.evaluate("window.__pwned") is None                        # neither handler nor script ran
     injected = "document.querySelectorAll('#spec-tokens img, #spec-tokens script, #injected').length"
     assert page.evaluate(injected) == 0
