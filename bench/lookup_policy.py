@@ -64,19 +64,12 @@ def prompt_set() -> dict[str, str]:
             | {f"grounded-{name}": text for name, text in GROUNDED.items()})
 
 
-def verify_costs() -> tuple[list[float], list[float]]:
-    """Packed and stock cost of a forward over n = 1..17 tokens, interpolated between the measured n."""
+def saved_cost_curves() -> tuple[list[float], list[float]]:
+    """Packed and stock cost of a forward over n = 1..17 tokens (index n), as bench.verify_cost saved them."""
     rows = json.loads(VERIFY_COST.read_text())["rows"]
-    measured = {r["tokens"]: (r["packed"], r["stock"]) for r in rows}
-    known = sorted(measured)
-    def at(n, col):
-        lo = max(m for m in known if m <= n)
-        hi = min(m for m in known if m >= n)
-        if lo == hi:
-            return measured[lo][col]
-        w = (n - lo) / (hi - lo)
-        return (1 - w) * measured[lo][col] + w * measured[hi][col]
-    return [math.nan] + [at(n, 0) for n in range(1, 18)], [math.nan] + [at(n, 1) for n in range(1, 18)]
+    if [r["tokens"] for r in rows] != list(range(1, 18)):
+        raise SystemExit(f"{VERIFY_COST} must list every row count 1..17: run python -m bench.verify_cost")
+    return [math.nan] + [r["packed"] for r in rows], [math.nan] + [r["stock"] for r in rows]
 
 
 class HFRule:
@@ -172,7 +165,7 @@ def main(argv=None) -> None:
         answers = greedy_answers(args.tokens)
         if args.answers:
             Path(args.answers).write_text(json.dumps(answers))
-    packed, stock = verify_costs()
+    packed, stock = saved_cost_curves()
     groups = {"grounded": [n for n in answers if n in ("summarise", "edit") or n.startswith("grounded-")
                            or n in ("preset-edit-typos", "preset-code-rename", "preset-summarise")]}
     groups["chat and code"] = [n for n in answers if n not in groups["grounded"]]
