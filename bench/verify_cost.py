@@ -1,6 +1,8 @@
 """What a verify forward costs on this CPU: one target forward over n new tokens after a cached context, as a
-multiple of a one-token forward, with the stock `F.linear` and with the packed weights the engine uses
-(spec_engine/cpu_gemm.py), interleaved in one process, medians over repeats.
+multiple of a one-token forward, as transformers runs it (stock `F.linear`, SDPA copying the grouped KV heads) and
+as the engine runs it (MKL-packed weights, spec_engine/cpu_gemm.py, and grouped-query attention without the copy,
+spec_engine/cpu_attention.py), interleaved in one process, medians over repeats. The JSON keeps the keys "stock"
+and "packed" (the engine's column) that bench/lookup_policy.py reads.
 
     python -m bench.verify_cost --threads 1 --repeats 9 --out bench/results/verify-cost-fp32
 """
@@ -62,7 +64,7 @@ def main(argv=None) -> None:
     one = statistics.median(seconds[False, 1])
     rows = [{"tokens": n, "stock": statistics.median(seconds[False, n]) / one,
              "packed": statistics.median(seconds[True, n]) / one} for n in args.tokens]
-    table = "\n".join(["| tokens per forward | stock F.linear | packed (engine) |", "|---|---|---|"] +
+    table = "\n".join(["| tokens per forward | stock (transformers) | engine (packed weights, grouped attention) |", "|---|---|---|"] +
                       [f"| {r['tokens']} | {r['stock']:.2f} | {r['packed']:.2f} |" for r in rows])
     meta = {"model": target.name, "one_token_ms": one * 1e3, "context": args.context, "repeats": args.repeats,
             "threads": torch.get_num_threads(), "torch": torch.__version__,

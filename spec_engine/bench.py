@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_attention import use_engine_attention
 from .cpu_gemm import pack_linears, prepack
 from .decoder import SpeculativeDecoder, autoregressive_generate
 from .drafters import PROMPT_LOOKUP_MAX_NGRAM
@@ -258,6 +259,7 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype=dtype).eval().requires_grad_(False)
     pack_linears(model)                  # as load_model does: fp32 CPU layers only
+    use_engine_attention(model)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"random weights, {size} shape", device=device,
                        dtype=dtype, load_seconds=0.0)
 

@@ -1,7 +1,7 @@
 """What a verify forward costs on this machine, and the draft length that buys the most tokens for it.
 
 A speculative round costs one target forward over the drafted tokens plus one, and that cost is not linear in
-the row count: on this CPU with MKL's packed weights, 8 rows cost 1.54 one-token forwards and 9 rows 2.01
+the row count: on this CPU with the engine's kernels, 8 rows cost 1.43 one-token forwards and 9 rows 1.92
 (bench/results/verify-cost-fp32.md); on a GPU the first dozen rows are nearly free. So the best draft length
 depends on the kernels as much as on the odds of acceptance. `verify_costs` measures the curve once per model
 (at most CALIBRATION_BUDGET_S seconds, cached on the model object), and `best_draft_length` picks the length

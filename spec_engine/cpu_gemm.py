@@ -39,6 +39,11 @@ def available() -> bool:
             and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"))
 
 
+def enabled() -> bool:
+    """Inside `batched_gemm()` on this thread: the engine's own forwards (packed weights, grouped attention)."""
+    return _ENABLED.get()
+
+
 @contextlib.contextmanager
 def batched_gemm():
     """Inside this block (this thread only), packed linear layers use their packed weights."""

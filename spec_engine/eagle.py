@@ -35,6 +35,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from .cache import check_invariant, trim_cache
 from .costs import best_draft_length, verify_costs
+from .cpu_attention import use_engine_attention
 from .cpu_gemm import batched_gemm, pack_linears, prepack
 from .drafters import Drafter, Proposal, vocab_size
 from .sampling import SamplingParams, choose_token
@@ -200,6 +201,7 @@ class EagleDrafter(Drafter):
         self.head = head.eval()
         pack_linears(self.head)         # fp32 CPU: its feeds of 4+ accepted features use packed weights too,
         prepack(self.head)              # made here, not inside the run (a no-op where nothing was packed)
+        use_engine_attention(self.head.body)    # its multi-row feeds skip the KV copy too (cpu_attention.py)
         self.feature_layers = head.feature_layers                                      # what the engine hands over
         self.target = target_model
         self.name = name

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 import yaml
 
+from .cpu_attention import use_engine_attention
 from .cpu_gemm import pack_linears
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -496,6 +497,7 @@ def load_model(
         model, tokenizer, source = _load_path_or_hub(name_or_path, device, dtype, placement, report)
     _freeze(model)
     packed = pack_linears(model)         # fp32 CPU layers only: cheaper batched verification (cpu_gemm.py)
+    use_engine_attention(model)          # grouped-query attention without the KV copy (cpu_attention.py)
     if packed:
         report(f"batched verification: {packed / 2**20:.0f} MB of linear weights to pack on first use")
     seconds = time.perf_counter() - started

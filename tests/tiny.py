@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from spec_engine.cpu_attention import use_engine_attention
+
 
 def tiny_llama(vocab: int = 10, layers: int = 2, seed: int = 0, hidden: int = 32, scale: float = 4.0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
@@ -16,6 +18,7 @@ def tiny_llama(vocab: int = 10, layers: int = 2, seed: int = 0, hidden: int = 32
         model.lm_head.weight.mul_(scale)
     for p in model.parameters():
         p.requires_grad_(False)
+    use_engine_attention(model)      # as load_model does: every exactness test verifies through the engine's attention
     return model
 
 
