@@ -182,7 +182,10 @@ class EagleDrafter(Drafter):
     Greedy: argmax of the head's reduced logits, probs None. Sampling: draws from the warped reduced
     distribution (same temperature / top-k / top-p) and reports it over the full target vocabulary.
     With `min_confidence` > 0 a round drafts fewer than k tokens when the head's own top probability (softmax of
-    its logits) drops below it. With `size_by_cost` (the default) the round then proposes the prefix with the
+    its logits) drops below it; with `min_path_confidence` > 0 it stops before the next head step once the product
+    of those probabilities so far (the odds that the next draft is even reached, the score EAGLE-2 expands its
+    tree by) drops below it, which saves the step and its LM-head rows in rounds whose first draft is a guess
+    (measured at k = 3, greedy: 0.2 lifted chat / code from 1.46x / 1.68x to 1.48x / 1.71x, the same tokens per round). With `size_by_cost` (the default) the round then proposes the prefix with the
     most expected tokens per verify cost (`costs.best_draft_length`, the top probabilities as the odds, the
     target's measured cost curve): drafts unlikely to pay for their verify row are dropped. Measured at k = 3
     (chat / code, greedy): acceptance 0.58 / 0.59 -> 0.62 / 0.62 at the same tokens per forward and speed. Either
@@ -192,10 +195,12 @@ class EagleDrafter(Drafter):
     name = "eagle"
 
     def __init__(self, head: EagleHead, target_model, vocab_index: torch.Tensor, name: str = "eagle",
-                 min_confidence: float = 0.0, size_by_cost: bool = True):
-        if not 0.0 <= min_confidence < 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence!r}")
+                 min_confidence: float = 0.0, size_by_cost: bool = True, min_path_confidence: float = 0.0):
+        for label, value in (("min_confidence", min_confidence), ("min_path_confidence", min_path_confidence)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{label} must be in [0, 1), got {value!r}")
         self.min_confidence = min_confidence       # stop drafting when the head's top probability falls below it
+        self.min_path_confidence = min_path_confidence   # ... or before a step, when their product has
         self.size_by_cost = size_by_cost
         self.costs: tuple[float, ...] | None = None  # the target's verify-cost curve, from check_target
         self.head = head.eval()
@@ -257,19 +262,22 @@ class EagleDrafter(Drafter):
             return Proposal([], None)
         assert self.cache_ids == committed[:-1], "the head cache must hold committed[:-1] before drafting"
         feature, tokens, probs, confidences = self._predicted, [], [], []
+        path = 1.0                      # the product of the confidences so far: the odds that a next draft is reached
         for i in range(k):
             logits = self.lm_head(feature)                                                    # [N]
             confidence = float(torch.softmax(logits.float(), -1).max())
             if i and confidence < self.min_confidence:
                 break       # dynamic draft length: decided from the head's own distribution only, so still exact
             confidences.append(confidence)
+            path *= confidence
             index, reduced_probs = choose_token(logits, params, generator)
             tokens.append(int(self.vocab_index[index]))
             probs.append(reduced_probs)
-            if i + 1 < k:
-                previous = committed[-1] if i == 0 else tokens[-2]
-                feature = self._step(feature[None], tokens[-1:], len(committed) - 1 + i)[-1]
-                self.cache_ids.append(previous)
+            if i + 1 == k or path < self.min_path_confidence:
+                break           # the last draft, or the next one is unlikely to be reached: skip its head step
+            previous = committed[-1] if i == 0 else tokens[-2]
+            feature = self._step(feature[None], tokens[-1:], len(committed) - 1 + i)[-1]
+            self.cache_ids.append(previous)
         # The cache now also holds the pairs of committed[-1], d_1..d_{k-2}, built from predicted features.
         if self.costs is not None:      # keep the prefix worth its verify rows, the head's confidences as odds
             keep = best_draft_length(confidences, self.costs)
@@ -348,13 +356,18 @@ def recommended_settings(path: Path = DEFAULT_WEIGHTS) -> dict:
     return dict(json.loads(record_path.read_text()).get("recommended", {})) if record_path.exists() else {}
 
 
-def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS, min_confidence: float | None = None) -> EagleDrafter:
-    """The shipped head for `target_model`, in the target's dtype and on its device. `min_confidence` None takes
+def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS, min_confidence: float | None = None,
+                       min_path_confidence: float | None = None) -> EagleDrafter:
+    """The shipped head for `target_model`, in the target's dtype and on its device. Either stop left None takes
     the measured recommendation of the head's record (0, no early stop, when there is none)."""
     head, vocab_index = load_head(path, dtype=target_model.dtype, device=target_model.device)
+    recommended = recommended_settings(path)
     if min_confidence is None:
-        min_confidence = float(recommended_settings(path).get("min_confidence", 0.0))
-    return EagleDrafter(head, target_model, vocab_index, min_confidence=min_confidence)
+        min_confidence = float(recommended.get("min_confidence", 0.0))
+    if min_path_confidence is None:
+        min_path_confidence = float(recommended.get("min_path_confidence", 0.0))
+    return EagleDrafter(head, target_model, vocab_index, min_confidence=min_confidence,
+                        min_path_confidence=min_path_confidence)
 
 
 def random_eagle_drafter(target_model, vocab_index: torch.Tensor | None = None, seed: int = 0,

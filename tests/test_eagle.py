@@ -131,7 +131,8 @@ def drafters(target, trained, layered=None):
             "layered-trained": lambda: EagleDrafter(layered[0], target, REDUCED),
             "random-reduced": lambda: random_eagle_drafter(target, REDUCED, seed=2),
             "trained-reduced": lambda: EagleDrafter(trained[0], target, REDUCED),
-            "trained-dynamic": lambda: EagleDrafter(trained[0], target, REDUCED, min_confidence=0.5),
+            "trained-dynamic": lambda: EagleDrafter(trained[0], target, REDUCED, min_confidence=0.5,
+                                                    min_path_confidence=0.3),
             "lookup-first": lambda: se.LookupFirstDrafter(EagleDrafter(trained[0], target, REDUCED))}
 
 KINDS = ["random", "random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-random", "layered-trained"]
@@ -204,6 +205,25 @@ def test_dynamic_draft_length_drafts_fewer_when_unsure(target, trained):
     assert min(lengths[0.5]) >= 1 and any(n < 4 for n in lengths[0.5])
     with pytest.raises(ValueError, match="min_confidence"):
         EagleDrafter(trained[0], target, REDUCED, min_confidence=1.0)
+
+
+def test_path_confidence_skips_the_head_steps_of_unlikely_drafts(target, trained, monkeypatch):
+    """min_path_confidence stops drafting once the product of the head's top probabilities is below it: fewer head
+    steps and shorter drafts than without it, the same first draft of every round, and the same output."""
+    runs = {}
+    for path in (0.0, 0.5):
+        drafter = EagleDrafter(trained[0], target, REDUCED, min_path_confidence=path)
+        steps, real_step = [], drafter._step
+        monkeypatch.setattr(drafter, "_step", lambda *args: steps.append(len(args[1])) or real_step(*args))
+        result = se.SpeculativeDecoder(target, drafter).generate(PROMPT, k=4, max_new_tokens=40, sampling=GREEDY)
+        runs[path] = (result, sum(1 for n in steps if n == 1))      # one-pair calls: the draft steps, not feeds
+    (free, free_steps), (stopped, stopped_steps) = runs[0.0], runs[0.5]
+    assert stopped.tokens == free.tokens == se.autoregressive_generate(target, PROMPT, max_new_tokens=40,
+                                                                         sampling=GREEDY).tokens
+    assert stopped_steps < free_steps
+    assert any(0 < len(r.drafted) < 4 for r in stopped.rounds) and all(r.drafted for r in stopped.rounds[1:])
+    with pytest.raises(ValueError, match="min_path_confidence"):
+        EagleDrafter(trained[0], target, REDUCED, min_path_confidence=-0.1)
 
 
 def test_drafts_are_cut_to_the_prefix_worth_its_verify_rows(target, trained):
