@@ -73,3 +73,21 @@ def test_prompt_longer_than_the_context_is_refused(smollm2):
     too_long = torch.ones((1, smollm2.model.config.max_position_embeddings), dtype=torch.long)
     with pytest.raises(ValueError, match="context"):
         se.SpeculativeDecoder(smollm2.model, se.PromptLookupDrafter()).stream(too_long, max_new_tokens=1)
+
+
+def test_loaded_models_verify_through_the_engines_kernels(smollm2, gemma):
+    """load_model switches both real models to the engine's grouped attention (cpu_attention.py) and packs the
+    target's fp32 linear layers (cpu_gemm.py); a 5-token verify through them equals transformers' stock forward."""
+    from spec_engine.cpu_attention import ENGINE_ATTENTION
+    from spec_engine.cpu_gemm import PackedLinear
+    for loaded in (smollm2, gemma):
+        assert loaded.model.config._attn_implementation == ENGINE_ATTENTION
+    target = smollm2.model
+    assert all(isinstance(m, PackedLinear) for m in target.modules() if isinstance(m, torch.nn.Linear))
+    ids = smollm2.encode_prompt(PROMPTS[0])[0].tolist()
+    cache = new_cache(target)
+    forward_logits(target, ids[:-5], cache, 1)
+    engine = forward_logits(target, ids[-5:], cache, 5)                               # [5, vocab]
+    with torch.inference_mode():                                                      # stock: outside the engine
+        stock = target(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -5:]
+    torch.testing.assert_close(engine, stock, rtol=1e-4, atol=1e-4)
