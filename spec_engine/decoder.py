@@ -16,7 +16,7 @@ import torch
 from .cache import check_invariant, forward_logits, new_cache, trim_cache, cache_len
 from .drafters import Drafter, Proposal
 from .events import BaselineResult, GenerationResult, RoundEvent, run_stats
-from .sampling import SamplingParams, choose_token, make_generator
+from .sampling import SamplingParams, choose_token, make_generator, top_entries
 from .verify import RULES, Verdict, drafted_probs, verify
 
 MAX_K = 16
@@ -163,7 +163,7 @@ class SpeculativeDecoder:
         tail = emitted[accepted:]
         correction = tail[0] if tail and verdict.accepted < n else None
         bonus = tail[0] if tail and verdict.accepted == n else None
-        top_values, top_ids = torch.topk(target_probs, min(TARGET_TOP, target_probs.shape[-1]), dim=-1)   # [n + 1, m]
+        top_values, top_ids = top_entries(target_probs, TARGET_TOP)                               # [n + 1, m]
         parts = [drafted_probs(target_probs[:n], drafted), top_values.flatten(), top_ids.flatten().to(top_values.dtype)]
         if proposal.probs is not None:
             parts.append(drafted_probs(proposal.probs, drafted).to(top_values.dtype))

@@ -185,7 +185,7 @@ class EagleDrafter(Drafter):
     its logits) drops below it; with `min_path_confidence` > 0 it stops before the next head step once the product
     of those probabilities so far (the odds that the next draft is even reached, the score EAGLE-2 expands its
     tree by) drops below it, which saves the step and its LM-head rows in rounds whose first draft is a guess
-    (measured at k = 3, greedy: 0.2 lifted chat / code from 1.46x / 1.68x to 1.48x / 1.71x, the same tokens per round). With `size_by_cost` (the default) the round then proposes the prefix with the
+    (bench/eagle_path_stop.py). With `size_by_cost` (the default) the round then proposes the prefix with the
     most expected tokens per verify cost (`costs.best_draft_length`, the top probabilities as the odds, the
     target's measured cost curve): drafts unlikely to pay for their verify row are dropped. Measured at k = 3
     (chat / code, greedy): acceptance 0.58 / 0.59 -> 0.62 / 0.62 at the same tokens per forward and speed. Either
@@ -200,7 +200,7 @@ class EagleDrafter(Drafter):
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{label} must be in [0, 1), got {value!r}")
         self.min_confidence = min_confidence       # stop drafting when the head's top probability falls below it
-        self.min_path_confidence = min_path_confidence   # ... or before a step, when their product has
+        self.min_path_confidence = min_path_confidence   # ... or before a step, once their product falls below it
         self.size_by_cost = size_by_cost
         self.costs: tuple[float, ...] | None = None  # the target's verify-cost curve, from check_target
         self.head = head.eval()
@@ -278,7 +278,7 @@ class EagleDrafter(Drafter):
             previous = committed[-1] if i == 0 else tokens[-2]
             feature = self._step(feature[None], tokens[-1:], len(committed) - 1 + i)[-1]
             self.cache_ids.append(previous)
-        # The cache now also holds the pairs of committed[-1], d_1..d_{k-2}, built from predicted features.
+        # The cache now also holds pairs built from predicted features (committed[-1], d_1, ...): rollback drops them.
         if self.costs is not None:      # keep the prefix worth its verify rows, the head's confidences as odds
             keep = best_draft_length(confidences, self.costs)
             tokens, probs = tokens[:keep], probs[:keep]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingParams, sample, top_p_members, warp
+from .sampling import SamplingParams, sample, top_entries, top_p_members, warp
 
 RULES = ("exact", "topp_membership", "no_residual")
 WRONG_RULES = ("topp_membership", "no_residual")
@@ -99,7 +99,7 @@ def count_accepted_host(accept_probs: list[float], uniforms: list[float]) -> int
 
 
 def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP) -> list[tuple[int, float]]:
-    values, ids = torch.topk(probs, min(n, probs.shape[-1]))
+    values, ids = top_entries(probs, n)
     return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist()) if v > 0]
 
 

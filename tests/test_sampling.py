@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from spec_engine.sampling import SamplingParams, choose_token, make_generator, top_p_filter, warp
+from spec_engine.sampling import SamplingParams, choose_token, make_generator, top_entries, top_p_filter, topk_top_p, warp
 
 SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (2.0, 3, 0.5), (1.0, 0, 0.05)]
 
@@ -78,13 +78,29 @@ def test_inverse_cdf_sampler_matches_the_distribution_and_never_draws_zero_proba
     assert chisquare(counts[support].numpy(), (probs[support] * 20_000).numpy()).pvalue > 1e-4
 
 
+@pytest.mark.parametrize("search", [top_p_filter, topk_top_p], ids=["cpu-floors", "topk"])
 @pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999, 0.99999])
-def test_top_p_candidate_search_equals_a_full_sort(top_p):
-    """The candidate search widens until the mass is reached; flat distributions force it to widen."""
+def test_top_p_candidate_search_equals_a_full_sort(top_p, search):
+    """Both candidate searches (floors lowered on the CPU, topk widened elsewhere) find the full sort's set;
+    flat distributions force them to lower or widen."""
     for scale in (0.1, 1.0, 5.0):
         probs = torch.softmax(torch.randn(3, 5000, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * scale, -1)
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, (torch.cumsum(sorted_probs, -1) - sorted_probs) >= top_p)
         reference = probs.masked_fill(drop, 0.0)
         reference = reference / reference.sum(-1, keepdim=True)
-        assert torch.allclose(top_p_filter(probs, top_p), reference, atol=1e-15)
+        assert torch.allclose(search(probs, top_p), reference, atol=1e-15)
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 60])
+def test_top_entries_equal_topk(n):
+    """The floor search for the display's top entries finds what torch.topk finds, peaked or flat, any shape."""
+    generator = torch.Generator().manual_seed(2)
+    for scale, shape in ((0.01, (4, 49152)), (1.0, (3, 2000)), (8.0, (2, 3, 500)), (3.0, (40,))):
+        for dtype in (torch.float32, torch.float64):
+            probs = torch.softmax(torch.randn(shape, generator=generator, dtype=dtype) * scale, -1)
+            values, ids = top_entries(probs, n)
+            expected_values, expected_ids = torch.topk(probs, min(n, shape[-1]), dim=-1)
+            assert torch.equal(ids, expected_ids) and torch.equal(values, expected_values)
+    sparse = torch.tensor([0.0, 0.7, 0.0, 0.3])                      # fewer nonzero entries than asked for
+    assert top_entries(sparse, 3)[1][:2].tolist() == [1, 3] and top_entries(sparse, 3)[0][2] == 0
