@@ -46,7 +46,8 @@ def enabled() -> bool:
 
 @contextlib.contextmanager
 def batched_gemm():
-    """Inside this block (this thread only), packed linear layers use their packed weights."""
+    """Inside this block (this thread only) the engine's kernels apply: packed linear weights (here) and grouped-query
+    attention without the KV copy (cpu_attention.py)."""
     token = _ENABLED.set(True)
     try:
         yield

@@ -75,7 +75,7 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     probability floor; elsewhere they are the top-256, widened until their mass suffices, for all rows at once
     (a per-row search would make the host wait on the device for every row).
     """
-    if probs.device.type == "cpu" and probs.dtype in (torch.float32, torch.float64):
+    if on_cpu_as_numpy(probs):
         rows = probs.reshape(-1, probs.shape[-1])                                 # [R, vocab]
         kept = torch.zeros_like(rows)
         for row, out in zip(rows.numpy(), kept.numpy()):
@@ -108,16 +108,28 @@ def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> None:
     here: a compare over a 49k row costs ~35 us in torch and ~5 us in numpy, and torch.topk(256) ~200 us, which
     was 1-2% of a sampled round on the offline default.
     """
-    for floor in TOP_P_FLOORS:
-        candidates = np.flatnonzero(row >= floor)
-        if row[candidates].sum() >= top_p:
-            break
-    else:
+    candidates = above_a_floor(row, lambda ids: row[ids].sum() >= top_p)
+    if candidates is None:
         candidates = np.arange(row.shape[0])
     order = np.argsort(-row[candidates], kind="stable")
     ids, values = candidates[order], row[candidates[order]]                    # descending
     inside = (np.cumsum(values) - values) < top_p                                # mass before each candidate
     out[ids[inside]] = values[inside]
+
+
+def on_cpu_as_numpy(probs: torch.Tensor) -> bool:
+    """Whether `probs` can be searched in numpy in place: a float32 / float64 CPU tensor outside autograd."""
+    return probs.device.type == "cpu" and probs.dtype in (torch.float32, torch.float64) and not probs.requires_grad
+
+
+def above_a_floor(row: np.ndarray, enough) -> np.ndarray | None:
+    """Ids of the entries of `row` at or above the first floor of TOP_P_FLOORS for which `enough(ids)` holds
+    (None if no floor gives enough). Every entry left out is below every entry kept."""
+    for floor in TOP_P_FLOORS:
+        ids = np.flatnonzero(row >= floor)
+        if enough(ids):
+            return ids
+    return None
 
 
 def top_entries(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,16 +140,13 @@ def top_entries(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor
     against ~100 us for torch.topk over 49k, paid for every event (the display's top-3 of every verified position).
     """
     n = min(n, probs.shape[-1])
-    if probs.device.type != "cpu" or probs.dtype not in (torch.float32, torch.float64):
+    if not on_cpu_as_numpy(probs):
         return torch.topk(probs, n, dim=-1)
     rows = probs.reshape(-1, probs.shape[-1])                                     # [R, vocab]
     ids = np.empty((rows.shape[0], n), dtype=np.int64)
     for i, row in enumerate(rows.numpy()):
-        for floor in TOP_P_FLOORS:
-            candidates = np.flatnonzero(row >= floor)
-            if candidates.shape[0] >= n:
-                break
-        else:
+        candidates = above_a_floor(row, lambda found: found.shape[0] >= n)
+        if candidates is None:
             candidates = np.argpartition(-row, n - 1)[:n]
         ids[i] = candidates[np.argsort(-row[candidates], kind="stable")[:n]]
     ids = torch.from_numpy(ids).reshape(*probs.shape[:-1], n)

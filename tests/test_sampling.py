@@ -104,3 +104,12 @@ def test_top_entries_equal_topk(n):
             assert torch.equal(ids, expected_ids) and torch.equal(values, expected_values)
     sparse = torch.tensor([0.0, 0.7, 0.0, 0.3])                      # fewer nonzero entries than asked for
     assert top_entries(sparse, 3)[1][:2].tolist() == [1, 3] and top_entries(sparse, 3)[0][2] == 0
+
+
+def test_searches_fall_back_to_torch_outside_numpys_reach():
+    """bf16 and autograd tensors take the topk path (numpy has no bf16 and cannot read a tensor that needs grad)."""
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    expected = top_p_filter(probs, 0.6)
+    assert torch.allclose(top_p_filter(probs.to(torch.bfloat16), 0.6).float(), expected, atol=1e-2)
+    assert torch.allclose(top_p_filter(probs.clone().requires_grad_(True), 0.6).detach(), expected)
+    assert top_entries(probs.clone().requires_grad_(True), 2)[1].tolist() == [0, 1]
