@@ -22,6 +22,9 @@ def token_count(page) -> int:
 
 
 LONG_ANSWER = "Write a Python function that merges two sorted lists into one sorted list, with a docstring."
+# greedy, the offline default does not stop on its own within 600 tokens here (LONG_ANSWER ends at EOS after ~190)
+ENDLESS_ANSWER = ("Write a long, detailed guide to learning the piano, with ten numbered sections of several "
+                  "paragraphs each.")
 
 
 def test_run_hover_stop_in_a_browser(page, tmp_path):
@@ -133,6 +136,7 @@ def test_closing_the_tab_ends_its_run_on_the_server(page, playground):
     tab = page.context.browser.new_page()
     tab.goto(playground)
     tab.wait_for_selector("#spec-run", timeout=60_000)
+    tab.fill("#spec-prompt textarea", ENDLESS_ANSWER)     # a run that cannot end by itself before the tab closes
     max_new = tab.locator("#spec-max-new input[type=number]")
     max_new.fill("600")
     max_new.press("Enter")
