@@ -35,6 +35,8 @@ import torch
 
 from .cpu_attention import use_engine_attention
 from .cpu_gemm import pack_linears, prepack
+from . import lean_llama
+from .lean_llama import use_lean_forward
 from .decoder import SpeculativeDecoder, autoregressive_generate
 from .drafters import PROMPT_LOOKUP_MAX_NGRAM
 from .factory import make_drafter, parse_draft
@@ -131,15 +133,31 @@ def hf_generate(target, prompt_ids, sampling: SamplingParams, tokens: int, seed:
 
 
 class ForwardClock:
-    """Wall time spent inside the forwards of the given modules (forward hooks), so the engine's own
-    overhead (sampling math, trimming, events, Python) is total time minus model time."""
+    """Wall time spent inside the forwards of the given modules (forward hooks, and the engine's lean forwards of
+    them, which do not call the module), so the engine's own overhead (sampling math, trimming, events, Python)
+    is total time minus model time."""
 
     def __init__(self, modules):
         self.seconds, self._start, self._handles = 0.0, {}, []
         # A layer-skip view is a shallow copy of the target and shares its hook dicts: hook those once.
-        for module in {id(m._forward_hooks): m for m in modules if m is not None}.values():
+        hooked = {id(m._forward_hooks): m for m in modules if m is not None}
+        for module in hooked.values():
             self._handles.append(module.register_forward_pre_hook(self._pre))
             self._handles.append(module.register_forward_hook(self._post))
+        self._lean_forward = lean_llama.forward_logits
+        lean_llama.forward_logits = self._timed_lean_forward(set(hooked))
+
+    def _timed_lean_forward(self, hooked: set[int]):
+        lean_forward = self._lean_forward
+
+        def timed(model, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return lean_forward(model, *args, **kwargs)
+            finally:
+                if id(model._forward_hooks) in hooked:
+                    self.seconds += time.perf_counter() - start
+        return timed
 
     def _pre(self, module, args):
         self._start[id(module)] = time.perf_counter()
@@ -150,6 +168,7 @@ class ForwardClock:
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
+        lean_llama.forward_logits = self._lean_forward
 
 
 def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assistant, with_hf: bool,
@@ -260,6 +279,7 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
         model = LlamaForCausalLM(config).to(dtype=dtype).eval().requires_grad_(False)
     pack_linears(model)                  # as load_model does: fp32 CPU layers only
     use_engine_attention(model)
+    use_lean_forward(model)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"random weights, {size} shape", device=device,
                        dtype=dtype, load_seconds=0.0)
 

@@ -30,6 +30,7 @@ from torch import nn
 
 MIN_ROWS, MAX_ROWS = 4, 16            # rows per call where the packed product measured faster than F.linear
 MAX_PACKED_BYTES = 2 << 30            # a second copy of the weights: skip models whose linear weights exceed 2 GiB
+ENGINE_LINEARS = "_spec_engine_lean"  # an attribute whose `.linears()` the engine also multiplies by (lean_llama.py)
 _ENABLED = contextvars.ContextVar("spec_engine_batched_gemm", default=False)
 
 
@@ -120,7 +121,12 @@ def prepack(model: nn.Module) -> int:
     a measured run); returns the number packed (0 for anything that is not a torch module)."""
     if not isinstance(model, nn.Module):
         return 0
-    layers = [m for m in model.modules() if isinstance(m, PackedLinear) and m.weight.dtype == torch.float32]
+    modules = list(model.modules())
+    modules += [linear for m in modules if getattr(m, ENGINE_LINEARS, None) is not None
+                for linear in getattr(m, ENGINE_LINEARS).linears()]
+    # A linear layer the lean forward superseded by a fused one is multiplied by only outside the engine's forwards.
+    layers = [m for m in modules if isinstance(m, PackedLinear) and m.weight.dtype == torch.float32
+              and not getattr(m, "superseded", False)]
     for layer in layers:
         layer.packed_weight()
     return len(layers)

@@ -33,7 +33,8 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from .cache import check_invariant, trim_cache
+from . import lean_llama
+from .cache import check_invariant, new_cache, trim_cache
 from .costs import best_draft_length, verify_costs
 from .cpu_attention import use_engine_attention
 from .cpu_gemm import batched_gemm, pack_linears, prepack
@@ -104,12 +105,15 @@ class EagleHead(nn.Module):
         features = self.fuse_features(features)
         assert features.shape == next_embeds.shape and features.dim() == 3, (features.shape, next_embeds.shape)
         fused = self.fc(torch.cat([features, next_embeds], dim=-1))                   # [B, n, H]
+        if cache is not None and attention_mask is None and lean_llama.enabled(self.body):     # drafting, on the CPU
+            assert position_ids is None or int(position_ids[0, 0]) == cache.get_seq_length(), "pairs follow the cache"
+            return lean_llama.run_layers(self.body, fused, cache)[0]                  # [1, n, H]
         out = self.body(inputs_embeds=fused, position_ids=position_ids, cache=cache, use_cache=cache is not None,
                         attention_mask=attention_mask)
         return out.last_hidden_state                                                  # [B, n, H]
 
     def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+        return new_cache(self)
 
 
 def reduced_rows(target_model, vocab_index: torch.Tensor) -> torch.Tensor:
@@ -205,8 +209,9 @@ class EagleDrafter(Drafter):
         self.costs: tuple[float, ...] | None = None  # the target's verify-cost curve, from check_target
         self.head = head.eval()
         pack_linears(self.head)         # fp32 CPU: its feeds of 4+ accepted features use packed weights too,
-        prepack(self.head)              # made here, not inside the run (a no-op where nothing was packed)
-        use_engine_attention(self.head.body)    # its multi-row feeds skip the KV copy too (cpu_attention.py)
+        use_engine_attention(self.head.body)    # its multi-row feeds skip the KV copy too (cpu_attention.py),
+        lean_llama.use_lean_forward(self.head.body)     # its steps run the engine's lean layer (lean_llama.py),
+        prepack(self.head)              # and the packed weights are made here, not inside the run
         self.feature_layers = head.feature_layers                                      # what the engine hands over
         self.target = target_model
         self.name = name

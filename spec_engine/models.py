@@ -34,6 +34,7 @@ import yaml
 
 from .cpu_attention import use_engine_attention
 from .cpu_gemm import pack_linears
+from .lean_llama import use_lean_forward
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -498,6 +499,7 @@ def load_model(
     _freeze(model)
     packed = pack_linears(model)         # fp32 CPU layers only: cheaper batched verification (cpu_gemm.py)
     use_engine_attention(model)          # grouped-query attention without the KV copy (cpu_attention.py)
+    use_lean_forward(model)              # Llama on the CPU: the engine's forwards skip transformers' module machinery
     if packed:
         report(f"batched verification: {packed / 2**20:.0f} MB of linear weights to pack on first use")
     seconds = time.perf_counter() - started

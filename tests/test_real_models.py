@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import spec_engine as se
-from spec_engine.cache import cache_len, forward_logits, new_cache
+from spec_engine.cache import cache_len, forward_logits, new_cache, trim_cache
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -76,18 +76,27 @@ def test_prompt_longer_than_the_context_is_refused(smollm2):
 
 
 def test_loaded_models_verify_through_the_engines_kernels(smollm2, gemma):
-    """load_model switches both real models to the engine's grouped attention (cpu_attention.py) and packs the
-    target's fp32 linear layers (cpu_gemm.py); a 5-token verify through them equals transformers' stock forward."""
+    """load_model switches both real models to the engine's grouped attention (cpu_attention.py), packs the
+    target's fp32 linear layers (cpu_gemm.py) and runs the Llama one (SmolLM2) on the engine's lean forward
+    (lean_llama.py; Gemma 3 stays on transformers'); a 5-token verify through them equals transformers' stock
+    forward, and so do a one-token step's logits and the hidden states the EAGLE head reads."""
+    from spec_engine import lean_llama
     from spec_engine.cpu_attention import ENGINE_ATTENTION
     from spec_engine.cpu_gemm import PackedLinear
     for loaded in (smollm2, gemma):
         assert loaded.model.config._attn_implementation == ENGINE_ATTENTION
     target = smollm2.model
+    assert lean_llama.enabled(target) and not lean_llama.enabled(gemma.model)
     assert all(isinstance(m, PackedLinear) for m in target.modules() if isinstance(m, torch.nn.Linear))
     ids = smollm2.encode_prompt(PROMPTS[0])[0].tolist()
     cache = new_cache(target)
     forward_logits(target, ids[:-5], cache, 1)
     engine = forward_logits(target, ids[-5:], cache, 5)                               # [5, vocab]
     with torch.inference_mode():                                                      # stock: outside the engine
-        stock = target(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -5:]
-    torch.testing.assert_close(engine, stock, rtol=1e-4, atol=1e-4)
+        out = target(input_ids=torch.tensor([ids]), use_cache=False, output_hidden_states=True)
+    torch.testing.assert_close(engine, out.logits[0, -5:], rtol=1e-4, atol=1e-4)
+    trim_cache(cache, len(ids) - 1)
+    one, features = forward_logits(target, ids[-1:], cache, 1, (2, 15, 27, -1))
+    torch.testing.assert_close(one, out.logits[0, -1:], rtol=1e-4, atol=1e-4)
+    stock_features = torch.cat([out.hidden_states[i][0, -1:] for i in (2, 15, 27, -1)], dim=-1)
+    torch.testing.assert_close(features, stock_features, rtol=1e-4, atol=2e-4)

@@ -1,0 +1,197 @@
+"""The engine's own forward for Llama-architecture models on the CPU: the same weights, the same transformers cache,
+a fraction of the tensor operations.
+
+Why this exists (measured here: torch 2.13 CPU, transformers 5.24, one thread, SmolLM2-135M in fp32, 160 cached
+tokens): a one-token forward costs ~51.5 ms, of which its 211 matrix products take ~37 ms (the weights read at
+~14 GB/s, this core's memory bound). The other ~14 ms are spent around them: transformers' modules issue about
+6,300 tensor operations per forward (RMSNorm in seven, the rotary embedding in ten per tensor, mask building,
+output capturing, deprecation and checkpointing wrappers), each dispatched on its own. Plain decoding pays that
+once per token and speculative decoding once per round, so it is the part of a CPU step an engine can still cut.
+torch.compile, the maintained remedy, measured slower here: 73 ms a token after 77 s of compiling, with
+DynamicCache breaking the graph and recompiling per layer. So, as gpt-fast does with its own `model.py`, the
+engine runs the decoder layers itself: ~20 operations per layer, the same modules' weights (the linear layers are
+called as modules, so the packed weights of cpu_gemm.py still apply), transformers' rotary embedding module and
+transformers' cache (`cache.update`, so cropping and the cache invariant are unchanged). A one-token forward
+then costs ~47 ms (bench/verify_cost.py prints both).
+
+Scoped like the engine's other kernels: only `cache.forward_logits` (and the EAGLE head's own steps) take it,
+only for models switched on by `use_lean_forward` (load_model does) whose every module is transformers' Llama
+class, on the CPU, batch 1; Hugging Face `generate` on the same model object runs transformers' modules, so
+the benchmark's baseline stays stock. SPEC_ENGINE_LEAN=0 switches it off. Numerics: equal to transformers'
+forward within float rounding (|d logit| ~ 2e-5 on the offline default, as for the packed product);
+tests/test_lean_llama.py compares logits, hidden states and cache entries.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel,
+                                                      LlamaRMSNorm)
+
+from .cpu_gemm import ENGINE_LINEARS, MIN_ROWS, PackedLinear
+
+LEAN_ATTRIBUTE = ENGINE_LINEARS     # cpu_gemm.prepack packs the fused projections stored under it
+SDPA_IMPLEMENTATIONS = ("sdpa", "spec_engine_sdpa")   # the lean path computes attention as SDPA does
+
+
+def unsupported_reason(inner: nn.Module) -> str | None:
+    """Why the lean path cannot run `inner` (a LlamaModel, the decoder stack), or None when it can."""
+    if not isinstance(inner, LlamaModel):
+        return f"{type(inner).__name__} is not a LlamaModel"
+    if getattr(inner.config, "_attn_implementation", None) not in SDPA_IMPLEMENTATIONS:
+        return f"attention implementation {inner.config._attn_implementation!r} is not SDPA"
+    if inner.embed_tokens.weight.device.type != "cpu":
+        return "the lean path is for the CPU (on accelerators transformers' forward runs)"
+    for layer in inner.layers:
+        kinds = (type(layer), type(layer.self_attn), type(layer.mlp), type(layer.input_layernorm),
+                 type(layer.post_attention_layernorm))
+        if kinds != (LlamaDecoderLayer, LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRMSNorm):
+            return f"layer {layer.self_attn.layer_idx} has modules other than transformers' Llama ones"
+        if len({attn.bias is None for attn in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)}) > 1:
+            return f"layer {layer.self_attn.layer_idx} mixes projections with and without bias"
+    if type(inner.norm) is not LlamaRMSNorm:
+        return "the final norm is not LlamaRMSNorm"
+    return None
+
+
+def fuse_linears(*linears: nn.Linear) -> nn.Linear:
+    """One linear layer computing `linears` side by side (their outputs concatenated). Each of them is re-pointed at
+    its rows of the fused weight and bias, so the model still holds one copy and transformers' own forward (which
+    calls them one by one) computes the same products from the same memory. A PackedLinear's fusion is one too."""
+    weight = torch.cat([linear.weight.detach() for linear in linears])                    # [sum of outs, in]
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([linear.bias.detach() for linear in linears]) if has_bias else None
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device="meta")
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    fused.bias = nn.Parameter(bias, requires_grad=False) if has_bias else None
+    row = 0
+    for linear in linears:
+        rows = slice(row, row + linear.out_features)
+        linear.weight = nn.Parameter(weight[rows], requires_grad=False)                  # views: no second copy
+        if has_bias:
+            linear.bias = nn.Parameter(bias[rows], requires_grad=False)
+        linear.superseded = True          # prepack leaves it alone: the lean path multiplies by `fused` instead
+        row = rows.stop
+    if isinstance(linears[0], PackedLinear):
+        PackedLinear.wrap(fused)
+    return fused
+
+
+class LeanLayers:
+    """The fused projections of a decoder stack, by layer: (q|k|v, gate|up). Views of the model that skip layers
+    share it and look their layers up."""
+
+    def __init__(self, inner: LlamaModel):
+        self.fused = {}
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.fused[layer] = (fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj),
+                                 fuse_linears(mlp.gate_proj, mlp.up_proj))
+
+    def linears(self) -> list[nn.Linear]:
+        return [linear for pair in self.fused.values() for linear in pair]
+
+
+def use_lean_forward(model: nn.Module) -> bool:
+    """Switch the engine's forwards of `model` (a LlamaForCausalLM, or a LlamaModel such as the EAGLE head's body)
+    to the lean path, fusing its projections; returns whether it is switched (False, and nothing changed, for
+    anything unsupported). Idempotent."""
+    inner = getattr(model, "model", model)
+    if unsupported_reason(inner) is not None:
+        return False
+    if getattr(model, LEAN_ATTRIBUTE, None) is None:
+        setattr(model, LEAN_ATTRIBUTE, LeanLayers(inner))
+    return True
+
+
+def lean_layers(model: nn.Module) -> LeanLayers | None:
+    """The fused projections of a model switched on by `use_lean_forward`, or None."""
+    return getattr(model, LEAN_ATTRIBUTE, None)
+
+
+def enabled(model: nn.Module) -> bool:
+    """`model` was switched on by `use_lean_forward`, and SPEC_ENGINE_LEAN is not 0."""
+    return lean_layers(model) is not None and os.environ.get("SPEC_ENGINE_LEAN", "1") != "0"
+
+
+def rms_norm(norm: LlamaRMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """LlamaRMSNorm's arithmetic (normalise in float32, cast back, then scale) in torch's fused kernel."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
+
+
+def project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x), calling F.linear directly below the packed product's row counts (a module call costs more here
+    than its arithmetic on one row)."""
+    if x.shape[-2] < MIN_ROWS:
+        return F.linear(x, linear.weight, linear.bias)
+    return linear(x)
+
+
+def attention(attn: LlamaAttention, qkv_proj: nn.Linear, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              mask: torch.Tensor | None, cache) -> torch.Tensor:
+    """x [1, n, H] -> the attention block's output [1, n, H]; appends the n new keys and values to `cache`.
+    cos / sin [1, n, 1, D]: the rotary embedding, applied to queries and keys at once (transformers' half-split
+    layout: x * cos + rotate_half(x) * sin)."""
+    head_dim, kv_heads = attn.head_dim, attn.k_proj.out_features // attn.head_dim
+    qkv = project(qkv_proj, x).unflatten(-1, (-1, head_dim))                                  # [1, n, Hq + 2 Hkv, D]
+    qk, value = qkv[:, :, :-kv_heads], qkv[:, :, -kv_heads:]
+    half = head_dim // 2
+    qk = torch.addcmul(qk * cos, torch.cat((-qk[..., half:], qk[..., :half]), dim=-1), sin)
+    query, key = qk[:, :, :-kv_heads].transpose(1, 2), qk[:, :, -kv_heads:].transpose(1, 2)   # [1, H*, n, D]
+    key, value = cache.update(key, value.transpose(1, 2), attn.layer_idx)              # [1, Hkv, L, D]
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=attn.scaling,
+                                         enable_gqa=query.shape[1] != key.shape[1])    # [1, Hq, n, D]
+    return project(attn.o_proj, out.transpose(1, 2).flatten(-2))                                # [1, n, H]
+
+
+def mlp(block: LlamaMLP, gate_up_proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x [1, n, H] -> down(act(gate(x)) * up(x)) [1, n, H], gate and up in one product."""
+    gate, up = project(gate_up_proj, x).chunk(2, dim=-1)                                        # [1, n, I] each
+    return project(block.down_proj, block.act_fn(gate) * up)
+
+
+def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
+               lean: LeanLayers | None = None) -> tuple[torch.Tensor, dict]:
+    """The decoder stack over embeds [1, n, H] placed after what `cache` holds -> (final post-norm states [1, n, H],
+    {index: hidden state [1, n, H]} for `state_indices`). Indices are transformers' `hidden_states` ones, counted
+    from 0 (the embeddings; i is the output of layer i - 1, the layer count the post-norm final states, as -1 is)
+    and returned so. `lean`: the fused projections (those of `inner`'s own switch when None)."""
+    assert embeds.dim() == 3 and embeds.shape[0] == 1, f"the lean path runs one sequence, got {tuple(embeds.shape)}"
+    lean = lean or lean_layers(inner)
+    n, last = embeds.shape[1], len(inner.layers)
+    wanted = {index % (last + 1) for index in state_indices}
+    start = int(cache.get_seq_length())
+    positions = torch.arange(start, start + n, device=embeds.device)                  # [n]
+    cos, sin = inner.rotary_emb(embeds, positions[None])                              # [1, n, D] each
+    cos, sin = cos[:, :, None], sin[:, :, None]                                       # [1, n, 1, D]
+    # One query attends to every cached key; several need the causal mask, offset by the cache: [n, start + n].
+    mask = None if n == 1 else torch.arange(start + n, device=embeds.device) <= positions[:, None]
+    hidden, states = embeds, {}
+    for i, layer in enumerate(inner.layers):
+        if i in wanted:
+            states[i] = hidden
+        qkv_proj, gate_up_proj = lean.fused[layer]
+        hidden = hidden + attention(layer.self_attn, qkv_proj, rms_norm(layer.input_layernorm, hidden), cos, sin,
+                                    mask, cache)
+        hidden = hidden + mlp(layer.mlp, gate_up_proj, rms_norm(layer.post_attention_layernorm, hidden))
+    hidden = rms_norm(inner.norm, hidden)
+    if last in wanted:
+        states[last] = hidden
+    return hidden, states
+
+
+def forward_logits(model, input_ids: torch.Tensor, cache, logits_to_keep: int,
+                   feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What `cache.forward_logits` computes, on the lean path: input_ids [1, n] -> (logits [logits_to_keep, vocab],
+    the `feature_layers` hidden states side by side [n, len(feature_layers) * H], or None)."""
+    inner = model.model
+    final, states = run_layers(inner, inner.embed_tokens(input_ids), cache, feature_layers, lean_layers(model))
+    logits = model.lm_head(final[:, -logits_to_keep:])                                 # [1, keep, vocab]
+    count = len(inner.layers) + 1
+    features = torch.cat([states[i % count][0] for i in feature_layers], dim=-1) if feature_layers else None
+    return logits[0], features

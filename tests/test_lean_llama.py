@@ -1,0 +1,235 @@
+"""The engine's lean Llama forward (spec_engine/lean_llama.py) and the growing KV cache layer (cache.py): the same
+logits, hidden states and cache entries as transformers' forward, taken only by the engine's forwards, and the
+model's weights shared with transformers' modules rather than copied."""
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers.cache_utils import DynamicLayer
+
+from spec_engine import lean_llama
+from spec_engine.cache import GrowingLayer, cache_len, forward_logits, new_cache, trim_cache
+from spec_engine.cpu_attention import use_engine_attention
+from spec_engine.cpu_gemm import PackedLinear, available, pack_linears, prepack
+from spec_engine.drafters import layer_skip_view
+from spec_engine.eagle import random_eagle_drafter
+
+FEATURES = (0, 1, 2, 3, -1)   # embeddings, layer outputs, the post-norm final states (3 of 3 layers, as -1 is)
+
+
+def llama(layers: int = 3, dtype=torch.float32, attention_bias: bool = False, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         attention_bias=attention_bias, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(config).to(dtype).eval().requires_grad_(False)
+    use_engine_attention(model)
+    return model
+
+
+@pytest.fixture
+def lean_off(monkeypatch):
+    """A function running `fn()` with the lean path switched off (SPEC_ENGINE_LEAN=0), as transformers' modules."""
+    def run(fn):
+        with monkeypatch.context() as patch:
+            patch.setenv("SPEC_ENGINE_LEAN", "0")
+            return fn()
+    return run
+
+
+@pytest.mark.parametrize("attention_bias", [False, True])
+def test_lean_forward_equals_transformers_over_rounds(lean_off, attention_bias):
+    """Rounds of 1-9 new tokens with rollbacks, as the engine runs them: logits, the requested hidden states and
+    every cached key and value agree with transformers' forward on a twin cache."""
+    model = llama(attention_bias=attention_bias)
+    assert lean_llama.use_lean_forward(model) and lean_llama.enabled(model)
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 96, (60,), generator=generator).tolist()
+    lean_cache, stock_cache = new_cache(model), new_cache(model)
+    forward_logits(model, ids[:7], lean_cache, 1)
+    lean_off(lambda: forward_logits(model, ids[:7], stock_cache, 1))
+    committed = 7
+    for n in (1, 4, 9, 2, 3, 1, 6):
+        tokens = ids[committed:committed + n]
+        lean_logits, lean_states = forward_logits(model, tokens, lean_cache, n, FEATURES)
+        stock_logits, stock_states = lean_off(lambda: forward_logits(model, tokens, stock_cache, n, FEATURES))
+        assert lean_states.shape == (n, len(FEATURES) * 64)
+        torch.testing.assert_close(lean_states[:, -128:-64], lean_states[:, -64:], rtol=0, atol=0)
+        torch.testing.assert_close(lean_logits, stock_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lean_states, stock_states, rtol=1e-5, atol=1e-5)
+        committed += max(1, n // 2)                           # accept some, roll back the rest
+        trim_cache(lean_cache, committed)
+        trim_cache(stock_cache, committed)
+        for lean_layer, stock_layer in zip(lean_cache.layers, stock_cache.layers):
+            torch.testing.assert_close(lean_layer.keys, stock_layer.keys, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(lean_layer.values, stock_layer.values, rtol=1e-5, atol=1e-5)
+
+
+def test_lean_forward_in_bf16_stays_within_bf16_rounding(lean_off):
+    model = llama(dtype=torch.bfloat16)
+    assert lean_llama.use_lean_forward(model)
+    ids = list(range(3, 40))
+    lean = forward_logits(model, ids, new_cache(model), 5)
+    stock = lean_off(lambda: forward_logits(model, ids, new_cache(model), 5))
+    assert lean.dtype == torch.bfloat16
+    torch.testing.assert_close(lean.float(), stock.float(), rtol=0.02, atol=0.05)
+
+
+def test_only_the_engines_forwards_take_the_lean_path(monkeypatch):
+    """forward_logits runs the lean layers; calling the model (as Hugging Face generate does) runs transformers'."""
+    model = llama()
+    lean_llama.use_lean_forward(model)
+    runs = []
+    real = lean_llama.run_layers
+    monkeypatch.setattr(lean_llama, "run_layers", lambda *a, **k: runs.append(a[1].shape[1]) or real(*a, **k))
+    forward_logits(model, [1, 2, 3], new_cache(model), 1)
+    assert runs == [3]
+    generated = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False)
+    assert runs == [3] and generated.shape == (1, 7)
+
+
+def test_fusion_shares_the_weights_and_leaves_transformers_forward_unchanged():
+    model = llama()
+    before = copy.deepcopy(model)
+    ids = torch.tensor([[5, 9, 2, 7]])
+    assert lean_llama.use_lean_forward(model) and lean_llama.use_lean_forward(model)     # idempotent
+    lean = lean_llama.lean_layers(model)
+    assert len(lean.fused) == 3
+    for layer in model.model.layers:
+        qkv, gate_up = lean.fused[layer]
+        attn, mlp = layer.self_attn, layer.mlp
+        assert qkv.weight.shape == (64 + 2 * 32, 64) and gate_up.weight.shape == (2 * 128, 64)
+        assert attn.q_proj.weight.data_ptr() == qkv.weight.data_ptr()                 # views, not copies
+        assert attn.v_proj.weight.data_ptr() == qkv.weight.data_ptr() + (64 + 32) * 64 * 4
+        assert mlp.up_proj.weight.data_ptr() == gate_up.weight.data_ptr() + 128 * 64 * 4
+        assert attn.q_proj.superseded and not hasattr(attn.o_proj, "superseded")
+    assert set(model.state_dict()) == set(before.state_dict())                         # nothing new to save
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, before(ids).logits, rtol=0, atol=0)
+
+
+def test_unsupported_models_stay_on_transformers_forward():
+    eager = llama()
+    eager.set_attn_implementation("eager")
+    assert not lean_llama.use_lean_forward(eager) and not lean_llama.enabled(eager)
+    assert "not SDPA" in lean_llama.unsupported_reason(eager.model)
+    torch.manual_seed(0)
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                               num_attention_heads=4, num_key_value_heads=2)).eval()
+    assert not lean_llama.use_lean_forward(mistral)
+    assert "not a LlamaModel" in lean_llama.unsupported_reason(mistral.model)
+    assert lean_llama.lean_layers(mistral) is None
+
+
+def test_switch_off_by_environment(monkeypatch):
+    model = llama()
+    lean_llama.use_lean_forward(model)
+    monkeypatch.setenv("SPEC_ENGINE_LEAN", "0")
+    assert not lean_llama.enabled(model)
+
+
+def test_layer_skip_views_run_lean_with_the_full_models_cache_layout(lean_off):
+    model = llama(layers=4)
+    lean_llama.use_lean_forward(model)
+    view = layer_skip_view(model, [2])
+    assert lean_llama.enabled(view)
+    ids = list(range(10, 30))
+    lean_cache, stock_cache = new_cache(model), new_cache(model)
+    lean = forward_logits(view, ids, lean_cache, 3, (0, 2, -1))
+    stock = lean_off(lambda: forward_logits(view, ids, stock_cache, 3, (0, 2, -1)))
+    torch.testing.assert_close(lean[0], stock[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lean[1], stock[1], rtol=1e-5, atol=1e-5)
+    assert not lean_cache.layers[2].is_initialized and cache_len(lean_cache) == 20     # the skipped layer stays empty
+
+
+def test_eagle_head_steps_run_lean_and_agree(lean_off):
+    target = llama()
+    lean_llama.use_lean_forward(target)
+    drafter = random_eagle_drafter(target, feature_layers=(1, -1), scale=2.0)
+    assert lean_llama.enabled(drafter.head.body)
+    features = torch.randn(12, 2 * 64, generator=torch.Generator().manual_seed(0))
+    ids = list(range(20, 33))
+
+    def predicted():
+        drafter.begin(ids, features)
+        return drafter._predicted
+    torch.testing.assert_close(predicted(), lean_off(predicted), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not available(), reason="this torch has no MKL packed sgemm")
+def test_prepack_packs_the_fused_projections_not_the_superseded_ones(lean_off):
+    model = llama(layers=2)
+    pack_linears(model)
+    lean_llama.use_lean_forward(model)
+    fused = lean_llama.lean_layers(model).linears()
+    assert all(isinstance(linear, PackedLinear) for linear in fused)
+    assert prepack(model) == 2 * 2 + 2 * 2 + 1                # fused (2 per layer), o and down (2 per layer), LM head
+    assert all(linear.packed is not None for linear in fused)
+    assert all(m.packed is None for m in model.modules() if getattr(m, "superseded", False))
+    ids = list(range(30))
+    cache = new_cache(model)
+    forward_logits(model, ids[:-6], cache, 1)
+    six = forward_logits(model, ids[-6:], cache, 6)                                  # 6 rows: the packed product
+    stock_cache = new_cache(model)
+    lean_off(lambda: forward_logits(model, ids[:-6], stock_cache, 1))
+    torch.testing.assert_close(six, lean_off(lambda: forward_logits(model, ids[-6:], stock_cache, 6)),
+                               rtol=1e-4, atol=1e-4)
+
+
+# ---- the growing cache layer ----
+
+def test_new_caches_grow_in_place():
+    model = llama(layers=2)
+    cache = new_cache(model)
+    assert all(type(layer) is GrowingLayer for layer in cache.layers)
+    forward_logits(model, list(range(10)), cache, 1)
+    buffer = cache.layers[0].key_buffer
+    assert buffer.shape[-2] == 64 and cache.layers[0].keys.data_ptr() == buffer.data_ptr()
+    for _ in range(20):
+        forward_logits(model, [3], cache, 1)
+    assert cache.layers[0].key_buffer is buffer                                        # appended in place
+    forward_logits(model, list(range(40)), cache, 1)                                  # 70 > 64: doubled once
+    assert cache.layers[0].key_buffer.shape[-2] == 140 and cache_len(cache) == 70
+
+
+def test_growing_layer_equals_dynamic_layer_under_updates_crops_and_replacement():
+    """Random appends and crops; then the keys replaced from outside (as beam reordering does) are kept."""
+    generator = torch.Generator().manual_seed(0)
+    growing, dynamic = GrowingLayer(), DynamicLayer()
+    length = 0
+    for step in range(60):
+        if length and torch.rand((), generator=generator) < 0.35:
+            drop = int(torch.randint(1, length + 1, (), generator=generator))
+            growing.crop(-drop)
+            dynamic.crop(-drop)
+            length -= drop
+        else:
+            n = int(torch.randint(1, 12, (), generator=generator))
+            keys, values = torch.randn(1, 2, n, 8, generator=generator), torch.randn(1, 2, n, 8, generator=generator)
+            got, want = growing.update(keys, values), dynamic.update(keys, values)
+            length += n
+            torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+            torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+        assert growing.get_seq_length() == dynamic.get_seq_length() == length
+        if step == 30 and length:
+            growing.keys, growing.values = growing.keys.clone() * 2, growing.values.clone() * 2
+            dynamic.keys, dynamic.values = dynamic.keys * 2, dynamic.values * 2
+    torch.testing.assert_close(growing.keys, dynamic.keys, rtol=0, atol=0)
+
+
+def test_benchmark_clock_counts_lean_forwards_as_model_time():
+    """The benchmark's overhead share is total time minus model time: forwards on the lean path (which never call
+    the module, so no forward hook fires) must be counted, and only for the clocked models."""
+    from spec_engine.bench import ForwardClock
+    model, other = llama(), llama(seed=1)
+    lean_llama.use_lean_forward(model)
+    lean_llama.use_lean_forward(other)
+    clock = ForwardClock([model])
+    forward_logits(model, list(range(20)), new_cache(model), 1)
+    counted = clock.seconds
+    forward_logits(other, list(range(20)), new_cache(other), 1)
+    clock.close()
+    assert counted > 0 and clock.seconds == counted
+    forward_logits(model, list(range(20)), new_cache(model), 1)                         # closed: no longer counted
+    assert clock.seconds == counted and lean_llama.forward_logits.__name__ == "forward_logits"
