@@ -80,7 +80,7 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         kept = torch.zeros_like(rows)
         for row, out in zip(rows.numpy(), kept.numpy()):
             cpu_top_p_row(row, top_p, out)
-        return (kept / kept.sum(-1, keepdim=True)).reshape(probs.shape)
+        return kept.reshape(probs.shape)
     return topk_top_p(probs, top_p)
 
 
@@ -101,7 +101,7 @@ def topk_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> None:
-    """Write the top-p members of `row` [vocab] (unnormalised) into `out` [vocab], zeros elsewhere.
+    """Write the top-p members of `row` [vocab], renormalised, into `out` [vocab] (zeros, left alone elsewhere).
 
     Candidates: the tokens at or above the first floor of TOP_P_FLOORS whose tokens carry top_p of the mass (all
     tokens if none does); only they are sorted. In numpy, by hand, because it is the cheap tool for this size
@@ -114,7 +114,8 @@ def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> None:
     order = np.argsort(-row[candidates], kind="stable")
     ids, values = candidates[order], row[candidates[order]]                    # descending
     inside = (np.cumsum(values) - values) < top_p                                # mass before each candidate
-    out[ids[inside]] = values[inside]
+    members = values[inside]
+    out[ids[inside]] = members / members.sum()              # normalised over the members only, not the vocabulary
 
 
 def on_cpu_as_numpy(probs: torch.Tensor) -> bool:
