@@ -47,10 +47,10 @@ class GrowingLayer(DynamicLayer):
             capacity = max(2 * (length + new), MIN_CAPACITY)
             self.key_buffer = grown(self.keys, key_states, length, capacity)                # [B, Hkv, capacity, D]
             self.value_buffer = grown(self.values, value_states, length, capacity)
-        self.key_buffer[..., length:length + new, :] = key_states
-        self.value_buffer[..., length:length + new, :] = value_states
-        self.keys = self.key_buffer[..., :length + new, :]                                   # [B, Hkv, L, D] views
-        self.values = self.value_buffer[..., :length + new, :]
+        self.key_buffer.narrow(-2, length, new).copy_(key_states)
+        self.value_buffer.narrow(-2, length, new).copy_(value_states)
+        self.keys = self.key_buffer.narrow(-2, 0, length + new)                              # [B, Hkv, L, D] views
+        self.values = self.value_buffer.narrow(-2, 0, length + new)
         return self.keys, self.values
 
 
@@ -106,13 +106,13 @@ def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int, feat
     assert token_ids, "forward needs at least one token"
     assert logits_to_keep >= 1   # 0 would mean "all positions" to transformers
     device = model.device
-    start = cache_len(cache)
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)             # [1, n]
-    position_ids = torch.arange(start, start + len(token_ids), device=device)[None]    # [1, n]
     with batched_gemm():            # packed CPU weights for 4-16 rows, where models were packed (cpu_gemm.py)
         if lean_llama.enabled(model):
             logits, features = lean_llama.forward_logits(model, input_ids, cache, logits_to_keep, feature_layers)
             return (logits, features) if feature_layers else logits
+        start = cache_len(cache)
+        position_ids = torch.arange(start, start + len(token_ids), device=device)[None]    # [1, n]
         out = model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
                     logits_to_keep=logits_to_keep, output_hidden_states=bool(feature_layers))
     if feature_layers:

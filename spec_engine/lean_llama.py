@@ -9,10 +9,12 @@ output capturing, deprecation and checkpointing wrappers), each dispatched on it
 once per token and speculative decoding once per round, so it is the part of a CPU step an engine can still cut.
 torch.compile, the maintained remedy, measured slower here: 73 ms a token after 77 s of compiling, with
 DynamicCache breaking the graph and recompiling per layer. So, as gpt-fast does with its own `model.py`, the
-engine runs the decoder layers itself: ~20 operations per layer, the same modules' weights (the linear layers are
-called as modules, so the packed weights of cpu_gemm.py still apply), transformers' rotary embedding module and
-transformers' cache (`cache.update`, so cropping and the cache invariant are unchanged). A one-token forward
-then costs ~47 ms (bench/verify_cost.py prints both).
+engine runs the decoder layers itself: ~25 operations per layer, the same modules' weights (q|k|v and gate|up fused
+into one product each, the originals re-pointed at views of the fused weights so nothing is copied; products of
+4-16 rows use cpu_gemm.py's packed weights), transformers' rotary embedding module and transformers' cache
+(`cache.update`, so cropping and the cache invariant are unchanged). A one-token forward then costs ~46 ms: the
+layers' products ~34 ms and the LM head's ~8 ms (together ~12.5 GB/s, the memory bound) and ~4.4 ms for everything
+else (measured by replacing the products with preallocated outputs), so what is left is mostly the weights' bytes.
 
 Scoped like the engine's other kernels: only `cache.forward_logits` (and the EAGLE head's own steps) take it,
 only for models switched on by `use_lean_forward` (load_model does) whose every module is transformers' Llama
@@ -135,24 +137,26 @@ def project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def attention(attn: LlamaAttention, qkv_proj: nn.Linear, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               mask: torch.Tensor | None, cache) -> torch.Tensor:
     """x [1, n, H] -> the attention block's output [1, n, H]; appends the n new keys and values to `cache`.
-    cos / sin [1, n, 1, D]: the rotary embedding, applied to queries and keys at once (transformers' half-split
-    layout: x * cos + rotate_half(x) * sin)."""
+    cos [1, n, 1, D] and sin [1, n, 1, D], its first half negated: the rotary embedding in transformers' half-split
+    layout (x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = swap_halves(x) * signed sin), applied to
+    queries and keys at once (split and chunk rather than indexing: fewer operations)."""
     head_dim, kv_heads = attn.head_dim, attn.k_proj.out_features // attn.head_dim
-    qkv = project(qkv_proj, x).unflatten(-1, (-1, head_dim))                                  # [1, n, Hq + 2 Hkv, D]
-    qk, value = qkv[:, :, :-kv_heads], qkv[:, :, -kv_heads:]
-    half = head_dim // 2
-    qk = torch.addcmul(qk * cos, torch.cat((-qk[..., half:], qk[..., :half]), dim=-1), sin)
-    query, key = qk[:, :, :-kv_heads].transpose(1, 2), qk[:, :, -kv_heads:].transpose(1, 2)   # [1, H*, n, D]
-    key, value = cache.update(key, value.transpose(1, 2), attn.layer_idx)              # [1, Hkv, L, D]
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=attn.scaling,
-                                         enable_gqa=query.shape[1] != key.shape[1])    # [1, Hq, n, D]
-    return project(attn.o_proj, out.transpose(1, 2).flatten(-2))                                # [1, n, H]
+    qkv = project(qkv_proj, x).unflatten(-1, (-1, head_dim))                          # [1, n, Hq + 2 Hkv, D]
+    qk, value = qkv.split([qkv.shape[2] - kv_heads, kv_heads], dim=2)                # [1, n, Hq + Hkv, D], [1, n, Hkv, D]
+    first, second = qk.chunk(2, dim=-1)                                               # [1, n, Hq + Hkv, D / 2]
+    qk = torch.addcmul(qk * cos, torch.cat((second, first), dim=-1), sin)
+    query, key = qk.split([qk.shape[2] - kv_heads, kv_heads], dim=2)
+    key, value = cache.update(key.transpose(1, 2), value.transpose(1, 2), attn.layer_idx)   # [1, Hkv, L, D]
+    out = F.scaled_dot_product_attention(query.transpose(1, 2), key, value, attn_mask=mask, scale=attn.scaling,
+                                         enable_gqa=query.shape[2] != key.shape[1])    # [1, Hq, n, D]
+    return project(attn.o_proj, out.transpose(1, 2).flatten(-2))                     # [1, n, H]
 
 
 def mlp(block: LlamaMLP, gate_up_proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """x [1, n, H] -> down(act(gate(x)) * up(x)) [1, n, H], gate and up in one product."""
-    gate, up = project(gate_up_proj, x).chunk(2, dim=-1)                                        # [1, n, I] each
-    return project(block.down_proj, block.act_fn(gate) * up)
+    gate, up = project(gate_up_proj, x).chunk(2, dim=-1)                             # [1, n, I] each
+    act = F.silu if block.config.hidden_act == "silu" else block.act_fn               # the function, not a module call
+    return project(block.down_proj, act(gate) * up)
 
 
 def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
@@ -168,7 +172,8 @@ def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
     start = int(cache.get_seq_length())
     positions = torch.arange(start, start + n, device=embeds.device)                  # [n]
     cos, sin = inner.rotary_emb(embeds, positions[None])                              # [1, n, D] each
-    cos, sin = cos[:, :, None], sin[:, :, None]                                       # [1, n, 1, D]
+    half = sin.shape[-1] // 2
+    cos, sin = cos[:, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, :, None]   # [1, n, 1, D]
     # One query attends to every cached key; several need the causal mask, offset by the cache: [n, start + n].
     mask = None if n == 1 else torch.arange(start + n, device=embeds.device) <= positions[:, None]
     hidden, states = embeds, {}
