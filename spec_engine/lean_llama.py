@@ -127,9 +127,9 @@ def rms_norm(norm: LlamaRMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 def project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x), calling F.linear directly below the packed product's row counts (a module call costs more here
-    than its arithmetic on one row)."""
-    if x.shape[-2] < MIN_ROWS:
+    """linear(x), calling F.linear directly for fp32 below the packed product's row counts (a module call costs more
+    here than its arithmetic on one row; bf16 takes the packed product at every row count)."""
+    if x.shape[-2] < MIN_ROWS and x.dtype == torch.float32:
         return F.linear(x, linear.weight, linear.bias)
     return linear(x)
 

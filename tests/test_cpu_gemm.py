@@ -40,6 +40,27 @@ def test_packed_linear_equals_linear_for_every_row_count(bias, packed_calls):
     assert sorted(set(packed_calls)) == list(range(cpu_gemm.MIN_ROWS, cpu_gemm.MAX_ROWS + 1))
 
 
+@pytest.mark.skipif(not cpu_gemm.bf16_available(), reason="this CPU has no oneDNN bf16 product")
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_packed_linear_equals_bf16_linear_for_every_row_count(bias, monkeypatch):
+    """bf16 weights take oneDNN's product on reordered weights at every row count, inside the engine's block only,
+    with the same numbers as F.linear in bf16."""
+    calls, real = [], cpu_gemm.bf16_product
+    monkeypatch.setattr(cpu_gemm, "bf16_product", lambda x, *a: calls.append(x.shape[-2]) or real(x, *a))
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=bias).to(torch.bfloat16).requires_grad_(False)
+    reference = copy.deepcopy(linear)
+    PackedLinear.wrap(linear)
+    with torch.no_grad():
+        linear(torch.randn(3, 96, dtype=torch.bfloat16))                         # outside: stock
+        with batched_gemm():
+            for rows in (1, 2, 3, 4, 9, 17, 40):
+                for shape in ((rows, 96), (1, rows, 96)):
+                    x = torch.randn(shape, dtype=torch.bfloat16)
+                    torch.testing.assert_close(linear(x), reference(x), rtol=0, atol=0)
+    assert calls == [rows for rows in (1, 2, 3, 4, 9, 17, 40) for _ in range(2)]
+
+
 def test_packed_weights_only_inside_the_engines_block(packed_calls):
     linear = PackedLinear.wrap(nn.Linear(32, 48).requires_grad_(False))
     x = torch.randn(5, 32)
@@ -95,7 +116,7 @@ def test_pack_linears_keeps_tied_weights_and_outputs(packed_calls):
 
 def test_pack_linears_declines_what_it_cannot_serve(monkeypatch):
     assert pack_linears(tiny_llama(), max_bytes=1024) == 0                     # over the memory budget
-    assert pack_linears(tiny_llama().to(torch.bfloat16)) == 0                  # packed sgemm is fp32 only
+    assert pack_linears(tiny_llama().to(torch.float16)) == 0                   # fp32 (MKL) and bf16 (oneDNN) only
     monkeypatch.setenv("SPEC_ENGINE_PACKED_GEMM", "0")
     model = tiny_llama()
     assert pack_linears(model) == 0 and not any(isinstance(m, PackedLinear) for m in model.modules())
