@@ -81,8 +81,9 @@ class PackedLinear(nn.Linear):
     weight packed by MKL (oneDNN for bf16).
 
     Made from an existing module in place (`wrap`), so parameters, tied weights and hooks stay as they were. The
-    copy is made on the first call that uses it (a model that never verifies 4+ tokens, such as a draft model,
-    never pays its memory), and made again if the weight changed since (version counter, pointer, dtype).
+    copy is made on the first call that uses it (an fp32 model that never verifies 4+ tokens, such as a draft model,
+    never pays its memory; a bf16 one uses it from its first forward), and made again if the weight changed since
+    (version counter, pointer, dtype).
     """
 
     packed: torch.Tensor | None = None
