@@ -26,6 +26,8 @@ tests/test_lean_llama.py compares logits, hidden states and cache entries.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -82,19 +84,30 @@ def fuse_linears(*linears: nn.Linear) -> nn.Linear:
     return fused
 
 
+@dataclass(frozen=True)
+class LeanLayer:
+    """What the lean path needs of one decoder layer beyond its modules, worked out once rather than per forward."""
+    qkv_proj: nn.Linear                 # q|k|v in one product
+    gate_up_proj: nn.Linear             # gate|up in one product
+    kv_heads: int
+    act: Callable                       # F.silu itself for SiLU (a function call, not a module call)
+
+
 class LeanLayers:
-    """The fused projections of a decoder stack, by layer: (q|k|v, gate|up). Views of the model that skip layers
-    share it and look their layers up."""
+    """The fused projections of a decoder stack, by layer. Views of the model that skip layers share it and look
+    their layers up."""
 
     def __init__(self, inner: LlamaModel):
         self.fused = {}
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.fused[layer] = (fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj),
-                                 fuse_linears(mlp.gate_proj, mlp.up_proj))
+            self.fused[layer] = LeanLayer(fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj),
+                                          fuse_linears(mlp.gate_proj, mlp.up_proj),
+                                          attn.k_proj.out_features // attn.head_dim,
+                                          F.silu if mlp.config.hidden_act == "silu" else mlp.act_fn)
 
     def linears(self) -> list[nn.Linear]:
-        return [linear for pair in self.fused.values() for linear in pair]
+        return [linear for lean in self.fused.values() for linear in (lean.qkv_proj, lean.gate_up_proj)]
 
 
 def use_lean_forward(model: nn.Module) -> bool:
@@ -134,14 +147,14 @@ def project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x)
 
 
-def attention(attn: LlamaAttention, qkv_proj: nn.Linear, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def attention(attn: LlamaAttention, lean: LeanLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               mask: torch.Tensor | None, cache) -> torch.Tensor:
     """x [1, n, H] -> the attention block's output [1, n, H]; appends the n new keys and values to `cache`.
     cos [1, n, 1, D] and sin [1, n, 1, D], its first half negated: the rotary embedding in transformers' half-split
     layout (x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = swap_halves(x) * signed sin), applied to
     queries and keys at once (split and chunk rather than indexing: fewer operations)."""
-    head_dim, kv_heads = attn.head_dim, attn.k_proj.out_features // attn.head_dim
-    qkv = project(qkv_proj, x).unflatten(-1, (-1, head_dim))                          # [1, n, Hq + 2 Hkv, D]
+    kv_heads = lean.kv_heads
+    qkv = project(lean.qkv_proj, x).unflatten(-1, (-1, attn.head_dim))                          # [1, n, Hq + 2 Hkv, D]
     qk, value = qkv.split([qkv.shape[2] - kv_heads, kv_heads], dim=2)                # [1, n, Hq + Hkv, D], [1, n, Hkv, D]
     first, second = qk.chunk(2, dim=-1)                                               # [1, n, Hq + Hkv, D / 2]
     qk = torch.addcmul(qk * cos, torch.cat((second, first), dim=-1), sin)
@@ -152,11 +165,10 @@ def attention(attn: LlamaAttention, qkv_proj: nn.Linear, x: torch.Tensor, cos: t
     return project(attn.o_proj, out.transpose(1, 2).flatten(-2))                     # [1, n, H]
 
 
-def mlp(block: LlamaMLP, gate_up_proj: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def mlp(block: LlamaMLP, lean: LeanLayer, x: torch.Tensor) -> torch.Tensor:
     """x [1, n, H] -> down(act(gate(x)) * up(x)) [1, n, H], gate and up in one product."""
-    gate, up = project(gate_up_proj, x).chunk(2, dim=-1)                             # [1, n, I] each
-    act = F.silu if block.config.hidden_act == "silu" else block.act_fn               # the function, not a module call
-    return project(block.down_proj, act(gate) * up)
+    gate, up = project(lean.gate_up_proj, x).chunk(2, dim=-1)                        # [1, n, I] each
+    return project(block.down_proj, lean.act(gate) * up)
 
 
 def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
@@ -180,10 +192,10 @@ def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
     for i, layer in enumerate(inner.layers):
         if i in wanted:
             states[i] = hidden
-        qkv_proj, gate_up_proj = lean.fused[layer]
-        hidden = hidden + attention(layer.self_attn, qkv_proj, rms_norm(layer.input_layernorm, hidden), cos, sin,
+        fused = lean.fused[layer]
+        hidden = hidden + attention(layer.self_attn, fused, rms_norm(layer.input_layernorm, hidden), cos, sin,
                                     mask, cache)
-        hidden = hidden + mlp(layer.mlp, gate_up_proj, rms_norm(layer.post_attention_layernorm, hidden))
+        hidden = hidden + mlp(layer.mlp, fused, rms_norm(layer.post_attention_layernorm, hidden))
     hidden = rms_norm(inner.norm, hidden)
     if last in wanted:
         states[last] = hidden

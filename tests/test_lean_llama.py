@@ -97,7 +97,7 @@ def test_fusion_shares_the_weights_and_leaves_transformers_forward_unchanged():
     lean = lean_llama.lean_layers(model)
     assert len(lean.fused) == 3
     for layer in model.model.layers:
-        qkv, gate_up = lean.fused[layer]
+        qkv, gate_up = lean.fused[layer].qkv_proj, lean.fused[layer].gate_up_proj
         attn, mlp = layer.self_attn, layer.mlp
         assert qkv.weight.shape == (64 + 2 * 32, 64) and gate_up.weight.shape == (2 * 128, 64)
         assert attn.q_proj.weight.data_ptr() == qkv.weight.data_ptr()                 # views, not copies
