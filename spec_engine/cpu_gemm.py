@@ -25,18 +25,39 @@ _reorder_linear_weight` / `_linear_pointwise`, the ops inductor's bf16 CPU freez
 as `F.linear` in bf16 and costs ~0.7 of it for 1-4 rows (120 layers of 1536 x 576: 19 ms against 28 ms, fp32 30 ms),
 so a bf16 SmolLM2-135M forward takes ~38 ms against fp32's ~46 ms. It serves every row count, on CPUs with bf16 dot
 products (`torch.ops.mkldnn._is_mkldnn_bf16_supported()`), scoped the same way.
+
+Which fp32 kernel is fastest depends on the CPU, so `prepack` measures it (`tune`). On an AMD EPYC with AVX-512
+(torch 2.13, one thread, SmolLM2-135M's 120 layer products, weights streamed from memory) the three kernels cost,
+in ms, by rows:  F.linear 35 / 57 / 66 / 45 / 61 (rows 1 / 2 / 3 / 4 / 9), MKL packed 28 / 40 / 48 / 49 / 65,
+oneDNN (fp32, reordered) 30 / 39 / 40 / 44 / 52: MKL's sgemm takes slow paths on this CPU for 2-3 rows, while on
+the Intel Xeon that the static rule above was measured on, F.linear was best below 4 rows and MKL packed from 4.
+So each weight shape gets a plan, the fastest kernel per row count, timed over the model's own layers of that shape
+(streamed, as a forward reads them) with the kinds interleaved; no maintained library picks kernels for eager
+modules at run time (inductor's freezing passes choose by fixed rules at compile time). A shape with no plan (the
+model was not prepacked, or SPEC_ENGINE_GEMM_TUNE=0) takes the static rule. The kernels differ by float rounding
+only (tests compare each with F.linear at every row count).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
+import json
 import os
+import platform
+import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-MIN_ROWS, MAX_ROWS = 4, 16            # rows per call where the packed product measured faster than F.linear
+from .paths import cache_root
+
+MIN_ROWS, MAX_ROWS = 4, 16            # the static rule: MKL packed for 4-16 rows (fp32), F.linear otherwise
+KERNELS = ("linear", "mkl", "onednn")  # the fp32 candidates: F.linear, MKL's packed sgemm, oneDNN on reordered weights
+TUNE_BYTES = 48 << 20                 # time each shape over at most this many bytes of its layers (beyond a 32 MB L3)
+TUNE_PASSES = 3                       # passes per shape; the fastest pass of each kernel decides
+PLANS_FILE = "gemm-plans.json"        # measured plans kept in the cache folder, by machine (paths.cache_root)
 MAX_PACKED_BYTES = 2 << 30            # a second copy of the weights: skip models whose linear weights exceed 2 GiB
 ENGINE_LINEARS = "_spec_engine_lean"  # an attribute whose `.linears()` the engine also multiplies by (lean_llama.py)
 _ENABLED = contextvars.ContextVar("spec_engine_batched_gemm", default=False)
@@ -55,9 +76,34 @@ def bf16_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def onednn_available() -> bool:
+    """oneDNN's product on reordered weights is compiled into this torch (fp32 on any x86 CPU it supports)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
 def packs(dtype: torch.dtype) -> bool:
-    """Whether PackedLinear serves weights of `dtype` here: fp32 (MKL, 4-16 rows) or bf16 (oneDNN, any row count)."""
+    """Whether PackedLinear serves weights of `dtype` here: fp32 (MKL; oneDNN where tuned) or bf16 (oneDNN)."""
     return (dtype == torch.float32 and available()) or (dtype == torch.bfloat16 and bf16_available())
+
+
+def static_kernel(rows: int) -> str:
+    """The fp32 kernel for `rows` rows of a shape with no measured plan (measured on an Intel Xeon, see above)."""
+    return "mkl" if MIN_ROWS <= rows <= MAX_ROWS else "linear"
+
+
+_PLANS: dict[tuple, tuple[str, ...]] = {}   # (out, in, bias, threads) -> fp32 kernel for 0..MAX_ROWS rows ([0] unused)
+
+
+def plan_key(linear: nn.Linear) -> tuple:
+    return (linear.out_features, linear.in_features, linear.bias is not None, torch.get_num_threads())
+
+
+def kernel_for(linear: nn.Linear, rows: int) -> str:
+    """The fp32 kernel that multiplies `rows` rows by `linear`'s weight: its shape's measured plan, else the static rule."""
+    if rows > MAX_ROWS:
+        return "linear"                 # prefill blocks: F.linear measured fastest on both CPUs
+    plan = _PLANS.get(plan_key(linear))
+    return plan[rows] if plan is not None else static_kernel(rows)
 
 
 def enabled() -> bool:
@@ -77,16 +123,16 @@ def batched_gemm():
 
 
 class PackedLinear(nn.Linear):
-    """An nn.Linear that computes 4-16 rows (fp32; bf16: every row count) inside `batched_gemm()` from a copy of its
-    weight packed by MKL (oneDNN for bf16).
+    """An nn.Linear that, inside `batched_gemm()`, multiplies with the kernel its shape's plan picks for the row
+    count (fp32: F.linear, MKL's packed sgemm or oneDNN on a reordered copy; bf16: oneDNN at every row count).
 
-    Made from an existing module in place (`wrap`), so parameters, tied weights and hooks stay as they were. The
-    copy is made on the first call that uses it (an fp32 model that never verifies 4+ tokens, such as a draft model,
-    never pays its memory; a bf16 one uses it from its first forward), and made again if the weight changed since
-    (version counter, pointer, dtype).
+    Made from an existing module in place (`wrap`), so parameters, tied weights and hooks stay as they were. A
+    kernel's copy of the weight is made on the first call that uses it (an fp32 draft model that only ever runs one
+    row under the static rule never pays its memory), and made again if the weight changed since (version counter,
+    pointer, dtype).
     """
 
-    packed: torch.Tensor | None = None
+    packed: dict | None = None          # kernel name -> its copy of the weight
     packed_key: tuple | None = None
 
     @classmethod
@@ -96,31 +142,48 @@ class PackedLinear(nn.Linear):
         return linear
 
     def __getstate__(self):
-        """Copies (deepcopy, pickle) leave the packed copy behind: MKL's opaque tensor has no storage to copy, and
+        """Copies (deepcopy, pickle) leave the packed copies behind: MKL's opaque tensor has no storage to copy, and
         the copy packs its own on first use."""
         state = dict(super().__getstate__())
         state["packed"], state["packed_key"] = None, None
         return state
 
-    def packed_weight(self) -> torch.Tensor:
+    def packed_weight(self, kernel: str) -> torch.Tensor:
         weight = self.weight.detach()
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
         if self.packed_key != key:
-            if weight.dtype == torch.bfloat16:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)      # oneDNN's blocked layout
-            else:
-                self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, MIN_ROWS)    # MKL's layout of [out, in]
-            self.packed_key = key
-        return self.packed
+            self.packed, self.packed_key = {}, key
+        if kernel not in self.packed:
+            self.packed[kernel] = pack_weight(weight, kernel)
+        return self.packed[kernel]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _ENABLED.get() and not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == self.weight.dtype:
+        return product(self, x)
+
+
+def pack_weight(weight: torch.Tensor, kernel: str) -> torch.Tensor:
+    """`weight` [out, in] in `kernel`'s layout: MKL's packed buffer (hinted for MIN_ROWS rows) or oneDNN's blocked one."""
+    if kernel == "mkl":
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight, MIN_ROWS)
+    assert kernel == "onednn", kernel
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+
+
+def product(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x) by the kernel the engine picks (see PackedLinear); a plain function, so the lean forward calls it
+    without a module call per product."""
+    if (_ENABLED.get() and isinstance(linear, PackedLinear) and not torch.is_grad_enabled() and x.device.type == "cpu"
+            and x.dtype == linear.weight.dtype):
+        if x.dtype == torch.bfloat16:
+            return onednn_product(x, linear.packed_weight("onednn"), linear.bias, linear.out_features)
+        if x.dtype == torch.float32:
             rows = x.numel() // x.shape[-1]
-            if x.dtype == torch.float32 and MIN_ROWS <= rows <= MAX_ROWS:
-                return packed_product(x.contiguous(), self.packed_weight(), self.weight, self.bias, rows)
-            if x.dtype == torch.bfloat16:
-                return bf16_product(x, self.packed_weight(), self.bias, self.out_features)
-        return F.linear(x, self.weight, self.bias)
+            kernel = kernel_for(linear, rows)
+            if kernel == "mkl":
+                return packed_product(x.contiguous(), linear.packed_weight("mkl"), linear.weight, linear.bias, rows)
+            if kernel == "onednn":
+                return onednn_product(x, linear.packed_weight("onednn"), linear.bias, linear.out_features)
+    return F.linear(x, linear.weight, linear.bias)
 
 
 def packed_product(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -130,9 +193,9 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, 
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
 
-def bf16_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """x [..., in] (bf16) @ weight.T + bias via oneDNN's reordered weight: the same numbers as F.linear in bf16
-    (fp32 accumulation; equal outputs measured), at ~0.7 of its time for one row on this CPU."""
+def onednn_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [..., in] @ weight.T + bias via oneDNN's reordered weight (fp32, or bf16 with fp32 accumulation: the same
+    numbers as F.linear in bf16, measured equal, at ~0.7 of its time for one row on the Xeon)."""
     rows = x.reshape(-1, x.shape[-1])
     return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "").reshape(*x.shape[:-1], out_features)
 
@@ -162,6 +225,110 @@ def prepack(model: nn.Module) -> int:
     # A linear layer the lean forward superseded by a fused one is multiplied by only outside the engine's forwards.
     layers = [m for m in modules if isinstance(m, PackedLinear) and packs(m.weight.dtype)
               and not getattr(m, "superseded", False)]
+    if os.environ.get("SPEC_ENGINE_GEMM_TUNE", "1") != "0":
+        tune([layer for layer in layers if layer.weight.dtype == torch.float32])
     for layer in layers:
-        layer.packed_weight()
+        if layer.weight.dtype == torch.bfloat16:
+            layer.packed_weight("onednn")
+        else:
+            for kernel in {kernel_for(layer, rows) for rows in range(1, MAX_ROWS + 1)} - {"linear"}:
+                layer.packed_weight(kernel)
     return len(layers)
+
+
+def tune(layers: list[nn.Linear], save: bool = True) -> dict[tuple, tuple[str, ...]]:
+    """Give every fp32 weight shape among `layers` a plan (see the module docstring): the one this machine measured
+    before (kept in the cache folder, keyed by CPU, torch version and thread count), else measured now: for
+    1..MAX_ROWS rows each candidate kernel multiplies by that shape's layers in turn (up to TUNE_BYTES of them), the
+    kernels interleaved per row count, the fastest of TUNE_PASSES passes counting, F.linear winning a tie. Measuring
+    takes ~6 s for SmolLM2-135M on one thread, once per machine. Returns the plans it set."""
+    kernels = ["linear"] + (["mkl"] if available() else []) + (["onednn"] if onednn_available() else [])
+    groups: dict[tuple, list[nn.Linear]] = {}
+    for layer in layers:
+        if layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu" and plan_key(layer) not in _PLANS:
+            groups.setdefault(plan_key(layer), []).append(layer)
+    if not groups:
+        return {}
+    saved = load_plans() if save else {}
+    made, measured = {}, False
+    for key, group in groups.items():
+        plan = saved.get(plan_name(key))
+        if plan is None or len(plan) != MAX_ROWS + 1 or not set(plan) <= set(kernels):
+            group = group[:max(1, TUNE_BYTES // (group[0].weight.numel() * 4))]
+            plan = measure_plan(group, kernels) if len(kernels) > 1 else ("linear",) * (MAX_ROWS + 1)
+            measured = True
+        made[key] = _PLANS[key] = tuple(plan)
+    if save and measured:
+        save_plans({**saved, **{plan_name(key): list(plan) for key, plan in made.items()}})
+    return made
+
+
+@torch.inference_mode()
+def measure_plan(group: list[nn.Linear], kernels: list[str]) -> tuple[str, ...]:
+    """The fastest of `kernels` for each row count 1..MAX_ROWS over the layers of `group` (one shape); [0] unused."""
+    weights = [layer.weight.detach() for layer in group]
+    copies = {kernel: [pack_weight(w, kernel) for w in weights] for kernel in kernels if kernel != "linear"}
+    bias = group[0].bias.detach() if group[0].bias is not None else None
+    generator = torch.Generator().manual_seed(0)
+    inputs = {rows: torch.randn(rows, weights[0].shape[1], generator=generator) for rows in range(1, MAX_ROWS + 1)}
+
+    def run(kernel: str, rows: int) -> float:
+        x, start = inputs[rows], time.perf_counter()
+        for i, weight in enumerate(weights):
+            if kernel == "linear":
+                F.linear(x, weight, bias)
+            elif kernel == "mkl":
+                packed_product(x, copies["mkl"][i], weight, bias, rows)
+            else:
+                onednn_product(x, copies["onednn"][i], bias, weight.shape[0])
+        return time.perf_counter() - start
+
+    fastest = {(kernel, rows): float("inf") for kernel in kernels for rows in inputs}
+    for _ in range(TUNE_PASSES):
+        for rows in inputs:
+            for kernel in kernels:
+                fastest[kernel, rows] = min(fastest[kernel, rows], run(kernel, rows))
+    return ("linear", *(min(kernels, key=lambda kernel: (fastest[kernel, rows], kernel != "linear")) for rows in inputs))
+
+
+def machine_key() -> str:
+    """What a plan depends on besides the shape: the CPU (model and feature flags), torch's version and build."""
+    cpu = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags"))]
+        cpu = "".join(sorted(set(lines)))
+    text = "|".join([platform.machine(), cpu or platform.processor(), torch.__version__, torch.__config__.show()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def plan_name(key: tuple) -> str:
+    out_features, in_features, bias, threads = key
+    return f"{out_features}x{in_features}{'+bias' if bias else ''}@{threads}"
+
+
+def load_plans() -> dict[str, list[str]]:
+    """This machine's saved plans ({} when there are none or the file is unreadable)."""
+    try:
+        saved = json.loads((cache_root() / PLANS_FILE).read_text())
+        return dict(saved.get(machine_key(), {}))
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def save_plans(plans: dict[str, list[str]]) -> None:
+    """Keep this machine's plans (other machines' entries in the file stay); a failed write only costs a re-measure."""
+    path = cache_root() / PLANS_FILE
+    try:
+        try:
+            everything = json.loads(path.read_text())
+        except (OSError, ValueError):
+            everything = {}
+        everything = everything if isinstance(everything, dict) else {}
+        everything[machine_key()] = plans
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_suffix(f".{os.getpid()}.tmp")
+        temp.write_text(json.dumps(everything, indent=1) + "\n")
+        os.replace(temp, path)
+    except OSError:
+        pass

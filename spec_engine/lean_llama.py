@@ -10,8 +10,8 @@ once per token and speculative decoding once per round, so it is the part of a C
 torch.compile, the maintained remedy, measured slower here: 73 ms a token after 77 s of compiling, with
 DynamicCache breaking the graph and recompiling per layer. So, as gpt-fast does with its own `model.py`, the
 engine runs the decoder layers itself: ~25 operations per layer, the same modules' weights (q|k|v and gate|up fused
-into one product each, the originals re-pointed at views of the fused weights so nothing is copied; products of
-4-16 rows use cpu_gemm.py's packed weights), transformers' rotary embedding module and transformers' cache
+into one product each, the originals re-pointed at views of the fused weights so nothing is copied; each product
+by the kernel cpu_gemm.py picks for its row count), transformers' rotary embedding module and transformers' cache
 (`cache.update`, so cropping and the cache invariant are unchanged). A one-token forward then costs ~46 ms: the
 layers' products ~34 ms and the LM head's ~8 ms (together ~12.5 GB/s, the memory bound) and ~4.4 ms for everything
 else (measured by replacing the products with preallocated outputs), so what is left is mostly the weights' bytes.
@@ -35,7 +35,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel,
                                                       LlamaRMSNorm)
 
-from .cpu_gemm import ENGINE_LINEARS, MIN_ROWS, PackedLinear
+from .cpu_gemm import ENGINE_LINEARS, PackedLinear, product
 
 LEAN_ATTRIBUTE = ENGINE_LINEARS     # cpu_gemm.prepack packs the fused projections stored under it
 SDPA_IMPLEMENTATIONS = ("sdpa", "spec_engine_sdpa")   # the lean path computes attention as SDPA does
@@ -140,11 +140,9 @@ def rms_norm(norm: LlamaRMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 def project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x), calling F.linear directly for fp32 below the packed product's row counts (a module call costs more
-    here than its arithmetic on one row; bf16 takes the packed product at every row count)."""
-    if x.shape[-2] < MIN_ROWS and x.dtype == torch.float32:
-        return F.linear(x, linear.weight, linear.bias)
-    return linear(x)
+    """linear(x) by the kernel cpu_gemm picks for its shape and row count, without a module call (which costs more
+    here than the dispatch itself)."""
+    return product(linear, x)
 
 
 def attention(attn: LlamaAttention, lean: LeanLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -35,6 +35,7 @@ import yaml
 from .cpu_attention import use_engine_attention
 from .cpu_gemm import pack_linears
 from .lean_llama import use_lean_forward
+from .paths import cache_root
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -625,15 +626,6 @@ def _bnb_config(quantization: str, dtype: torch.dtype):
 
 
 # ------------------------------------------------------------- packaged GGUF
-
-
-def cache_root() -> Path:
-    """$SPEC_ENGINE_CACHE, else $XDG_CACHE_HOME/spec_engine, else ~/.cache/spec_engine."""
-    override = os.environ.get("SPEC_ENGINE_CACHE")
-    if override:
-        return Path(override).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "spec_engine"
 
 
 def _packaged_or_offline(preset: ModelPreset) -> bool:

@@ -1,6 +1,8 @@
-"""The packed CPU product for batched verification (spec_engine/cpu_gemm.py): equal to F.linear for every row
-count, used only for 4-16 rows inside the engine's forwards, never stale, and off where it cannot apply."""
+"""The engine's CPU products (spec_engine/cpu_gemm.py): every kernel equal to F.linear for every row count, the
+static rule (MKL packed for 4-16 rows) or a measured plan applied inside the engine's forwards only, never stale,
+off where it cannot apply; plans measured once per machine and kept in the cache folder."""
 import copy
+import json
 
 import pytest
 import torch
@@ -12,6 +14,13 @@ from spec_engine.cache import forward_logits, new_cache
 from spec_engine.cpu_gemm import PackedLinear, batched_gemm, pack_linears
 
 pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason="this torch has no MKL packed sgemm")
+
+
+@pytest.fixture(autouse=True)
+def no_plans(monkeypatch, tmp_path):
+    """Each test starts with no measured plans, and any it saves go to its own cache folder."""
+    monkeypatch.setattr(cpu_gemm, "_PLANS", {})
+    monkeypatch.setenv("SPEC_ENGINE_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture
@@ -45,8 +54,8 @@ def test_packed_linear_equals_linear_for_every_row_count(bias, packed_calls):
 def test_bf16_packed_linear_equals_bf16_linear_for_every_row_count(bias, monkeypatch):
     """bf16 weights take oneDNN's product on reordered weights at every row count, inside the engine's block only,
     with the same numbers as F.linear in bf16."""
-    calls, real = [], cpu_gemm.bf16_product
-    monkeypatch.setattr(cpu_gemm, "bf16_product", lambda x, *a: calls.append(x.shape[-2]) or real(x, *a))
+    calls, real = [], cpu_gemm.onednn_product
+    monkeypatch.setattr(cpu_gemm, "onednn_product", lambda x, *a: calls.append(x.shape[-2]) or real(x, *a))
     torch.manual_seed(0)
     linear = nn.Linear(96, 200, bias=bias).to(torch.bfloat16).requires_grad_(False)
     reference = copy.deepcopy(linear)
@@ -179,3 +188,90 @@ def test_a_packed_model_can_be_copied(packed_calls):
     ids = list(range(20, 26))
     torch.testing.assert_close(forward_logits(twin, ids, new_cache(twin), 6), forward_logits(model, ids, new_cache(model), 6))
     assert all(m.packed is not None for m in twin.modules() if isinstance(m, PackedLinear))
+
+
+def kernels_here() -> list[str]:
+    return ["linear", "mkl"] + (["onednn"] if cpu_gemm.onednn_available() else [])
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_every_fp32_kernel_equals_linear_for_every_row_count(bias, monkeypatch):
+    """Each kernel a plan may pick gives F.linear's numbers (float rounding) at every row count, and the plan decides
+    which one runs."""
+    calls = []
+    for name in ("packed_product", "onednn_product"):
+        real = getattr(cpu_gemm, name)
+        monkeypatch.setattr(cpu_gemm, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=bias).requires_grad_(False)
+    reference = copy.deepcopy(linear)
+    PackedLinear.wrap(linear)
+    for kernel in kernels_here():
+        cpu_gemm._PLANS[cpu_gemm.plan_key(linear)] = (kernel,) * (cpu_gemm.MAX_ROWS + 1)
+        calls.clear()
+        with torch.no_grad(), batched_gemm():
+            for rows in range(1, cpu_gemm.MAX_ROWS + 1):
+                x = torch.randn(1, rows, 96)
+                torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
+        expected = {"linear": [], "mkl": ["packed_product"], "onednn": ["onednn_product"]}[kernel]
+        assert calls == expected * cpu_gemm.MAX_ROWS, kernel
+
+
+def test_tune_measures_a_plan_per_shape_keeps_it_and_prepack_follows_it(monkeypatch, tmp_path):
+    model = tiny_llama()
+    pack_linears(model)
+    shapes = {cpu_gemm.plan_key(m) for m in model.modules() if isinstance(m, PackedLinear)}
+    monkeypatch.setenv("SPEC_ENGINE_GEMM_TUNE", "1")
+    assert cpu_gemm.prepack(model)
+    plans = dict(cpu_gemm._PLANS)
+    assert set(plans) == shapes
+    for plan in plans.values():
+        assert len(plan) == cpu_gemm.MAX_ROWS + 1 and set(plan) <= set(kernels_here())
+    # the kernels a plan picks are packed now, the others never
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            assert set(m.packed or {}) == set(plans[cpu_gemm.plan_key(m)][1:]) - {"linear"}
+    # kept in the cache folder: a new process (no plans in memory) reads them back without measuring
+    saved = json.loads((tmp_path / "cache" / cpu_gemm.PLANS_FILE).read_text())
+    assert list(saved) == [cpu_gemm.machine_key()] and len(saved[cpu_gemm.machine_key()]) == len(shapes)
+    monkeypatch.setattr(cpu_gemm, "_PLANS", {})
+    monkeypatch.setattr(cpu_gemm, "measure_plan", lambda *a: pytest.fail("measured again"))
+    assert cpu_gemm.tune([m for m in model.modules() if isinstance(m, PackedLinear)]) == plans
+
+
+def test_an_unreadable_plans_file_is_measured_again(monkeypatch, tmp_path):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    (folder / cpu_gemm.PLANS_FILE).write_text("{not json")
+    linear = PackedLinear.wrap(nn.Linear(32, 48).requires_grad_(False))
+    made = cpu_gemm.tune([linear])
+    assert set(made) == {cpu_gemm.plan_key(linear)}
+    assert cpu_gemm.machine_key() in json.loads((folder / cpu_gemm.PLANS_FILE).read_text())
+    assert cpu_gemm.tune([linear]) == {}                   # planned already: nothing to do
+
+
+def test_without_tuning_prepack_keeps_the_static_rule(monkeypatch):
+    monkeypatch.setenv("SPEC_ENGINE_GEMM_TUNE", "0")
+    model = tiny_llama()
+    pack_linears(model)
+    cpu_gemm.prepack(model)
+    assert cpu_gemm._PLANS == {}
+    assert [cpu_gemm.kernel_for(model.lm_head, rows) for rows in (1, 3, 4, 16, 17)] == ["linear", "linear", "mkl", "mkl", "linear"]
+
+
+@pytest.mark.skipif(not cpu_gemm.onednn_available(), reason="this torch has no oneDNN")
+def test_the_offline_default_is_greedy_identical_under_a_mixed_plan(smollm2, monkeypatch):
+    """Plain decoding and the engine (eagle+lookup, k = 3 and 6) give the same greedy tokens on SmolLM2-135M when
+    one row takes MKL's packed product and 2+ rows oneDNN's (the plan measured on an AMD EPYC), so the kernels' float
+    rounding stays within what greedy identity tolerates here."""
+    import spec_engine as se
+    mixed = ("linear", "mkl") + ("onednn",) * (cpu_gemm.MAX_ROWS - 1)
+    for m in list(smollm2.model.modules()) + smollm2.model._spec_engine_lean.linears():
+        if isinstance(m, PackedLinear):
+            cpu_gemm._PLANS[cpu_gemm.plan_key(m)] = mixed
+    greedy = se.SamplingParams(temperature=0.0)
+    ids = smollm2.encode_prompt("Write a Python function that returns the n-th Fibonacci number.")
+    plain = se.autoregressive_generate(smollm2.model, ids, 40, greedy).tokens
+    decoder = se.SpeculativeDecoder(smollm2.model, se.make_drafter("eagle+lookup", smollm2))
+    for k in (3, 6):
+        assert decoder.generate(ids, k=k, max_new_tokens=40, sampling=greedy).tokens == plain
