@@ -109,15 +109,23 @@ class LeanLayers:
     def linears(self) -> list[nn.Linear]:
         return [linear for lean in self.fused.values() for linear in (lean.qkv_proj, lean.gate_up_proj)]
 
+    def current(self, inner: LlamaModel) -> bool:
+        """The modules still multiply by views of these fused weights (not so after `model.to(dtype)`, which gives
+        the modules new weights and leaves these, held outside the module tree, as they were)."""
+        return all(layer in self.fused and layer.self_attn.q_proj.weight.data_ptr() == self.fused[layer].qkv_proj.weight.data_ptr()
+                   and layer.mlp.gate_proj.weight.data_ptr() == self.fused[layer].gate_up_proj.weight.data_ptr()
+                   for layer in inner.layers)
+
 
 def use_lean_forward(model: nn.Module) -> bool:
     """Switch the engine's forwards of `model` (a LlamaForCausalLM, or a LlamaModel such as the EAGLE head's body)
     to the lean path, fusing its projections; returns whether it is switched (False, and nothing changed, for
-    anything unsupported). Idempotent."""
+    anything unsupported). Idempotent; fuses again if the model's weights were replaced since (e.g. `.to(dtype)`)."""
     inner = getattr(model, "model", model)
     if unsupported_reason(inner) is not None:
         return False
-    if getattr(model, LEAN_ATTRIBUTE, None) is None:
+    lean = getattr(model, LEAN_ATTRIBUTE, None)
+    if lean is None or not lean.current(inner):
         setattr(model, LEAN_ATTRIBUTE, LeanLayers(inner))
     return True
 

@@ -5,6 +5,7 @@ shipped weights' sha256, and greedy identity on the real offline default with th
 
 The chi-square tests reuse test_statistical's enumeration; each fails falsely with probability ALPHA = 1e-4.
 """
+import copy
 import json
 
 import pytest
@@ -133,9 +134,12 @@ def drafters(target, trained, layered=None):
             "trained-reduced": lambda: EagleDrafter(trained[0], target, REDUCED),
             "trained-dynamic": lambda: EagleDrafter(trained[0], target, REDUCED, min_confidence=0.5,
                                                     min_path_confidence=0.3),
-            "lookup-first": lambda: se.LookupFirstDrafter(EagleDrafter(trained[0], target, REDUCED))}
+            "lookup-first": lambda: se.LookupFirstDrafter(EagleDrafter(trained[0], target, REDUCED)),
+            # a bf16 head beside the fp32 target, as load_eagle_drafter builds it on CPUs with bf16 dot products
+            "trained-bf16": lambda: EagleDrafter(copy.deepcopy(trained[0]).to(torch.bfloat16), target, REDUCED)}
 
-KINDS = ["random", "random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-random", "layered-trained"]
+KINDS = ["random", "random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-random", "layered-trained",
+         "trained-bf16"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -152,7 +156,7 @@ def test_head_cache_holds_committed_positions_every_round(target, trained, layer
         assert drafter.cache_ids == state.committed[:-1]
         assert cache_len(drafter.cache) == event.draft_cache_len == len(state.committed) - 1
         assert all(t in REDUCED.tolist() for t in event.drafted) or kind in ("random", "lookup-first")
-    if kind in ("trained-reduced", "layered-trained"):
+    if kind in ("trained-reduced", "layered-trained", "trained-bf16"):
         assert accepted > 0      # the accepted-draft path is exercised, not only rejections
     if kind == "lookup-first":
         assert sources == {None, se.drafters.LOOKUP_NOTE}     # rounds from both sources, the head kept in step across both
@@ -243,7 +247,8 @@ def test_drafts_are_cut_to_the_prefix_worth_its_verify_rows(target, trained):
     assert unsized.costs is None
 
 
-@pytest.mark.parametrize("make", ["random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-trained"])
+@pytest.mark.parametrize("make", ["random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-trained",
+                                  "trained-bf16"])
 def test_sampled_output_follows_the_target_distribution(target, trained, layered, make):
     params = se.SamplingParams(0.7, top_p=0.9) if make == "random-reduced" else se.SamplingParams(1.0, top_k=5)
     samples = speculative_samples(target, drafters(target, trained, layered)[make], params)
@@ -258,6 +263,39 @@ def test_reported_q_is_the_sampled_distribution_over_the_full_vocabulary(target,
     assert proposal.probs.shape == (4, 8)
     assert torch.allclose(proposal.probs.sum(-1), torch.ones(4))
     assert (proposal.probs[:, [4, 6]] == 0).all()
+
+
+def test_a_bf16_head_reports_q_in_the_targets_dtype(target, trained):
+    """The head's numerics are its own; what it reports is a distribution in the target's dtype over the full
+    vocabulary, zero outside its reduced one, and equal to the warp of its own (bf16) logits."""
+    drafter = drafters(target, trained)["trained-bf16"]()
+    assert drafter.dtype == torch.bfloat16 and drafter.lm_head.rows.dtype == torch.bfloat16
+    decoder = se.SpeculativeDecoder(target, drafter)
+    params = se.SamplingParams(0.8, top_k=6)
+    state = decoder.start(PROMPT, k=3, max_new_tokens=10, sampling=params, seed=0)
+    proposal = drafter.propose(state.committed, 3, params, torch.Generator().manual_seed(0))
+    assert proposal.probs.dtype == torch.float32 and proposal.probs.shape == (len(proposal.tokens), 8)
+    assert torch.allclose(proposal.probs.sum(-1), torch.ones(len(proposal.tokens)))
+    assert (proposal.probs[:, [4, 6]] == 0).all()
+    with torch.no_grad():      # the first draft's q: the warp of the head's bf16 logits at the newest committed token
+        first = se.warp(drafter.lm_head(drafter._predicted).float(), params)
+    assert torch.equal(proposal.probs[0, REDUCED], first)
+
+
+def test_head_dtype_policy(target, monkeypatch):
+    from spec_engine import cpu_gemm
+    from spec_engine.eagle import head_dtype
+    monkeypatch.delenv("SPEC_ENGINE_EAGLE_DTYPE", raising=False)
+    assert head_dtype(target) == (torch.bfloat16 if cpu_gemm.bf16_available() else torch.float32)
+    monkeypatch.setattr(cpu_gemm, "bf16_available", lambda: False)
+    monkeypatch.setattr(se.eagle, "bf16_available", lambda: False)
+    assert head_dtype(target) == torch.float32                 # no bf16 dot products: bf16 would be slower
+    assert head_dtype(copy.deepcopy(target).to(torch.bfloat16)) == torch.bfloat16     # a bf16 target's own dtype
+    monkeypatch.setenv("SPEC_ENGINE_EAGLE_DTYPE", "bfloat16")
+    assert head_dtype(target) == torch.bfloat16
+    monkeypatch.setenv("SPEC_ENGINE_EAGLE_DTYPE", "fp8")
+    with pytest.raises(ValueError, match="SPEC_ENGINE_EAGLE_DTYPE"):
+        head_dtype(target)
 
 
 def test_drafter_refuses_another_target(target):
@@ -296,7 +334,10 @@ def test_greedy_identity_on_the_offline_default(smollm2, draft, k):
         prompt_ids = smollm2.encode_prompt(text)
         expected = se.autoregressive_generate(smollm2.model, prompt_ids, max_new_tokens=NEW_TOKENS, sampling=GREEDY,
                                               eos_token_id=eos).tokens
-        result = se.SpeculativeDecoder(smollm2.model, se.make_drafter(draft, smollm2)).generate(
+        drafter = se.make_drafter(draft, smollm2)
+        head = drafter if draft == "eagle" else drafter.fallback
+        assert head.dtype == se.eagle.head_dtype(smollm2.model)        # bf16 beside the fp32 target where it pays
+        result = se.SpeculativeDecoder(smollm2.model, drafter).generate(
             prompt_ids, k=k, max_new_tokens=NEW_TOKENS, sampling=GREEDY, eos_token_id=eos)
         assert result.tokens == expected, smollm2.tokenizer.decode(result.tokens)
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted

@@ -76,6 +76,23 @@ def test_lean_forward_in_bf16_stays_within_bf16_rounding(lean_off):
     torch.testing.assert_close(lean.float(), stock.float(), rtol=0.02, atol=0.05)
 
 
+def test_switching_on_again_after_a_dtype_change_fuses_the_new_weights(lean_off):
+    """`.to(dtype)` gives the modules new weights and leaves the fused ones (held outside the module tree) behind:
+    use_lean_forward sees that and fuses again, so the lean path multiplies by the weights the model now has."""
+    model = llama()
+    assert lean_llama.use_lean_forward(model)
+    first = lean_llama.lean_layers(model)
+    assert lean_llama.use_lean_forward(model) and lean_llama.lean_layers(model) is first       # idempotent
+    model.to(torch.bfloat16)
+    assert not first.current(model.model)
+    assert lean_llama.use_lean_forward(model) and lean_llama.lean_layers(model) is not first
+    ids = list(range(3, 30))
+    lean = forward_logits(model, ids, new_cache(model), 4)
+    stock = lean_off(lambda: forward_logits(model, ids, new_cache(model), 4))
+    assert lean.dtype == torch.bfloat16
+    torch.testing.assert_close(lean.float(), stock.float(), rtol=0.02, atol=0.05)
+
+
 def test_only_the_engines_forwards_take_the_lean_path(monkeypatch):
     """forward_logits runs the lean layers; calling the model (as Hugging Face generate does) runs transformers'."""
     model = llama()
