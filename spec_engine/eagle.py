@@ -99,7 +99,7 @@ class EagleHead(nn.Module):
             return features
         assert features.shape[-1] == len(self.feature_layers) * hidden, (features.shape, self.feature_layers)
         lower = features[..., :-hidden].unflatten(-1, (-1, hidden))                   # [..., layers - 1, H]
-        normed = [norm(lower[..., i, :]) for i, norm in enumerate(self.fuse_norms)]
+        normed = [lean_llama.rms_norm(norm, lower[..., i, :]) for i, norm in enumerate(self.fuse_norms)]
         return self.fuse(torch.cat([*normed, features[..., -hidden:]], dim=-1))       # [..., H]
 
     def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, position_ids: torch.Tensor | None = None,
