@@ -1,8 +1,9 @@
 """What a verify forward costs on this machine, and the draft length that buys the most tokens for it.
 
 A speculative round costs one target forward over the drafted tokens plus one, and that cost is not linear in
-the row count: on this CPU with the engine's kernels, 8 rows cost 1.43 one-token forwards and 9 rows 1.92
-(bench/results/verify-cost-fp32.md); on a GPU the first dozen rows are nearly free. So the best draft length
+the row count: on an Intel Xeon with the engine's kernels, 8 rows cost 1.43 one-token forwards and 9 rows 1.92
+(bench/results/verify-cost-fp32.md), on an AMD EPYC 2 / 4 / 8 rows 1.46 / 1.78 / 2.04 (verify-cost-fp32-epyc.md);
+on a GPU the first dozen rows are nearly free. So the best draft length
 depends on the kernels as much as on the odds of acceptance. `verify_costs` measures the curve once per model
 (at most CALIBRATION_BUDGET_S seconds, cached on the model object), and `best_draft_length` picks the length
 with the most expected tokens per unit of that cost. Prompt lookup (odds by match length) and the EAGLE head

@@ -149,13 +149,14 @@ class PackedLinear(nn.Linear):
         return state
 
     def packed_weight(self, kernel: str) -> torch.Tensor:
-        weight = self.weight.detach()
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        weight = self.weight
+        key = (weight.data_ptr(), weight._version)      # a new dtype or device is new memory; in-place edits bump _version
         if self.packed_key != key:
             self.packed, self.packed_key = {}, key
-        if kernel not in self.packed:
-            self.packed[kernel] = pack_weight(weight, kernel)
-        return self.packed[kernel]
+        packed = self.packed.get(kernel)
+        if packed is None:
+            packed = self.packed[kernel] = pack_weight(weight.detach(), kernel)
+        return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return product(self, x)
