@@ -58,7 +58,7 @@ KERNELS = ("linear", "mkl", "onednn")  # the fp32 candidates: F.linear, MKL's pa
 TUNE_BYTES = 48 << 20                 # time each shape over at most this many bytes of its layers (beyond a 32 MB L3)
 TUNE_PASSES = 3                       # passes per shape; the fastest pass of each kernel decides
 PLANS_FILE = "gemm-plans.json"        # measured plans kept in the cache folder, by machine (paths.cache_root)
-MAX_PACKED_BYTES = 2 << 30            # a second copy of the weights: skip models whose linear weights exceed 2 GiB
+MAX_PACKED_BYTES = 2 << 30            # packed copies (two where a plan mixes MKL and oneDNN): skip models above 2 GiB
 ENGINE_LINEARS = "_spec_engine_lean"  # an attribute whose `.linears()` the engine also multiplies by (lean_llama.py)
 _ENABLED = contextvars.ContextVar("spec_engine_batched_gemm", default=False)
 
@@ -79,6 +79,12 @@ def bf16_available() -> bool:
 def onednn_available() -> bool:
     """oneDNN's product on reordered weights is compiled into this torch (fp32 on any x86 CPU it supports)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def fp32_kernels() -> list[str]:
+    """The fp32 kernels of KERNELS that this torch has (F.linear always)."""
+    have = {"linear": True, "mkl": available(), "onednn": onednn_available()}
+    return [kernel for kernel in KERNELS if have[kernel]]
 
 
 def packs(dtype: torch.dtype) -> bool:
@@ -128,8 +134,8 @@ class PackedLinear(nn.Linear):
 
     Made from an existing module in place (`wrap`), so parameters, tied weights and hooks stay as they were. A
     kernel's copy of the weight is made on the first call that uses it (an fp32 draft model that only ever runs one
-    row under the static rule never pays its memory), and made again if the weight changed since (version counter,
-    pointer, dtype).
+    row under the static rule never pays its memory), and made again if the weight changed since (pointer, version
+    counter).
     """
 
     packed: dict | None = None          # kernel name -> its copy of the weight
@@ -243,7 +249,7 @@ def tune(layers: list[nn.Linear], save: bool = True) -> dict[tuple, tuple[str, .
     1..MAX_ROWS rows each candidate kernel multiplies by that shape's layers in turn (up to TUNE_BYTES of them), the
     kernels interleaved per row count, the fastest of TUNE_PASSES passes counting, F.linear winning a tie. Measuring
     takes ~6 s for SmolLM2-135M on one thread, once per machine. Returns the plans it set."""
-    kernels = ["linear"] + (["mkl"] if available() else []) + (["onednn"] if onednn_available() else [])
+    kernels = fp32_kernels()
     groups: dict[tuple, list[nn.Linear]] = {}
     for layer in layers:
         if layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu" and plan_key(layer) not in _PLANS:

@@ -112,9 +112,10 @@ class LeanLayers:
     def current(self, inner: LlamaModel) -> bool:
         """The modules still multiply by views of these fused weights (not so after `model.to(dtype)`, which gives
         the modules new weights and leaves these, held outside the module tree, as they were)."""
-        return all(layer in self.fused and layer.self_attn.q_proj.weight.data_ptr() == self.fused[layer].qkv_proj.weight.data_ptr()
-                   and layer.mlp.gate_proj.weight.data_ptr() == self.fused[layer].gate_up_proj.weight.data_ptr()
-                   for layer in inner.layers)
+        def shares(module: nn.Linear, fused: nn.Linear) -> bool:
+            return module.weight.data_ptr() == fused.weight.data_ptr()
+        return all(layer in self.fused and shares(layer.self_attn.q_proj, self.fused[layer].qkv_proj)
+                   and shares(layer.mlp.gate_proj, self.fused[layer].gate_up_proj) for layer in inner.layers)
 
 
 def use_lean_forward(model: nn.Module) -> bool:

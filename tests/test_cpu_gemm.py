@@ -190,10 +190,6 @@ def test_a_packed_model_can_be_copied(packed_calls):
     assert all(m.packed is not None for m in twin.modules() if isinstance(m, PackedLinear))
 
 
-def kernels_here() -> list[str]:
-    return ["linear", "mkl"] + (["onednn"] if cpu_gemm.onednn_available() else [])
-
-
 @pytest.mark.parametrize("bias", [True, False])
 def test_every_fp32_kernel_equals_linear_for_every_row_count(bias, monkeypatch):
     """Each kernel a plan may pick gives F.linear's numbers (float rounding) at every row count, and the plan decides
@@ -206,7 +202,7 @@ def test_every_fp32_kernel_equals_linear_for_every_row_count(bias, monkeypatch):
     linear = nn.Linear(96, 200, bias=bias).requires_grad_(False)
     reference = copy.deepcopy(linear)
     PackedLinear.wrap(linear)
-    for kernel in kernels_here():
+    for kernel in cpu_gemm.fp32_kernels():
         cpu_gemm._PLANS[cpu_gemm.plan_key(linear)] = (kernel,) * (cpu_gemm.MAX_ROWS + 1)
         calls.clear()
         with torch.no_grad(), batched_gemm():
@@ -226,7 +222,7 @@ def test_tune_measures_a_plan_per_shape_keeps_it_and_prepack_follows_it(monkeypa
     plans = dict(cpu_gemm._PLANS)
     assert set(plans) == shapes
     for plan in plans.values():
-        assert len(plan) == cpu_gemm.MAX_ROWS + 1 and set(plan) <= set(kernels_here())
+        assert len(plan) == cpu_gemm.MAX_ROWS + 1 and set(plan) <= set(cpu_gemm.fp32_kernels())
     # the kernels a plan picks are packed now, the others never
     for m in model.modules():
         if isinstance(m, PackedLinear):
