@@ -14,8 +14,8 @@ import torch
 
 from spec_engine.cache import trim_cache
 from spec_engine.cpu_gemm import batched_gemm, prepack
-from spec_engine.eagle import HEAD_DTYPES, load_head, EagleDrafter
-from spec_engine.models import DEFAULT_MODEL, load_model
+from spec_engine.eagle import EagleDrafter, load_head
+from spec_engine.models import DEFAULT_MODEL, load_model, resolve_dtype
 
 
 def time_step(drafter: EagleDrafter, repeats: int) -> tuple[float, float]:
@@ -39,7 +39,7 @@ def time_step(drafter: EagleDrafter, repeats: int) -> tuple[float, float]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.eagle_head_cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(HEAD_DTYPES))
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the dtypes")
     parser.add_argument("--threads", type=int, default=None)
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     prepack(target.model)
     drafters = {}
     for name in args.dtypes:
-        head, vocab_index = load_head(dtype=HEAD_DTYPES[name])
+        head, vocab_index = load_head(dtype=resolve_dtype(name, "cpu"))
         drafters[name] = EagleDrafter(head, target.model, vocab_index, size_by_cost=False)
     results = {name: [] for name in args.dtypes}
     for _ in range(args.rounds):

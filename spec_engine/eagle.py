@@ -44,7 +44,6 @@ from .sampling import SamplingParams, choose_token
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2-135m.safetensors"
-HEAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
              "hidden_act", "max_position_embeddings", "rope_parameters", "rope_theta", "attention_bias", "mlp_bias")
 
@@ -151,14 +150,15 @@ def head_dtype(target_model) -> torch.dtype:
     --threads 1 --rounds 5`): the reduced LM head 1.61 -> 0.85 ms, a head step 1.59 -> 1.04 ms; in the benchmark, draft
     time per draft token 0.11 -> 0.08 of a plain step on chat, acceptance at k = 3 on chat / code 0.73 / 0.66 with the
     fp32 head and 0.72 / 0.65 with bf16 (`SPEC_ENGINE_EAGLE_DTYPE=float32` or `bfloat16` forces one, for such an A/B
-    run). The draft's numerics cannot
-    change the output (the target verifies every token and q is what the head drew from), only how often its
-    guesses are accepted."""
+    run). The draft's numerics cannot change the output (the target verifies every token and q is what the head
+    drew from), only how often its guesses are accepted."""
     override = os.environ.get("SPEC_ENGINE_EAGLE_DTYPE")       # e.g. float32, for an A/B measurement
     if override:
-        if override not in HEAD_DTYPES:
-            raise ValueError(f"SPEC_ENGINE_EAGLE_DTYPE must be one of {', '.join(HEAD_DTYPES)}, got {override!r}")
-        return HEAD_DTYPES[override]
+        from .models import resolve_dtype          # the project's dtype names (models.py loads lazily: GGUF code)
+        try:
+            return resolve_dtype(override, target_model.device)
+        except ValueError as error:
+            raise ValueError(f"SPEC_ENGINE_EAGLE_DTYPE: {error}") from None
     if target_model.dtype == torch.float32 and target_model.device.type == "cpu" and bf16_available():
         return torch.bfloat16
     return target_model.dtype
