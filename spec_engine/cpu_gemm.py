@@ -51,10 +51,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import blocked_gemm
 from .paths import cache_root
 
 MIN_ROWS, MAX_ROWS = 4, 16            # the static rule: MKL packed for 4-16 rows (fp32), F.linear otherwise
-KERNELS = ("linear", "mkl", "onednn")  # the fp32 candidates: F.linear, MKL's packed sgemm, oneDNN on reordered weights
+KERNELS = ("linear", "mkl", "onednn", "blocked")  # the fp32 candidates: F.linear, MKL's packed sgemm, oneDNN on
+                                                 # reordered weights, the engine's own (blocked_gemm.py)
 TUNE_BYTES = 48 << 20                 # time each shape over at most this many bytes of its layers (beyond a 32 MB L3)
 TUNE_PASSES = 3                       # passes per shape; the fastest pass of each kernel decides
 PLANS_FILE = "gemm-plans.json"        # measured plans kept in the cache folder, by machine (paths.cache_root)
@@ -82,19 +84,24 @@ def onednn_available() -> bool:
 
 
 def fp32_kernels() -> list[str]:
-    """The fp32 kernels of KERNELS that this torch has (F.linear always)."""
-    have = {"linear": True, "mkl": available(), "onednn": onednn_available()}
+    """The fp32 kernels of KERNELS that this torch and machine have (F.linear always)."""
+    have = {"linear": True, "mkl": available(), "onednn": onednn_available(), "blocked": blocked_gemm.available()}
     return [kernel for kernel in KERNELS if have[kernel]]
 
 
 def packs(dtype: torch.dtype) -> bool:
-    """Whether PackedLinear serves weights of `dtype` here: fp32 (MKL; oneDNN where tuned) or bf16 (oneDNN)."""
-    return (dtype == torch.float32 and available()) or (dtype == torch.bfloat16 and bf16_available())
+    """Whether PackedLinear serves weights of `dtype` here: fp32 (the blocked kernel or MKL; oneDNN where tuned) or
+    bf16 (oneDNN)."""
+    return ((dtype == torch.float32 and (blocked_gemm.available() or available()))
+            or (dtype == torch.bfloat16 and bf16_available()))
 
 
 def static_kernel(rows: int) -> str:
-    """The fp32 kernel for `rows` rows of a shape with no measured plan (measured on an Intel Xeon, see above)."""
-    return "mkl" if MIN_ROWS <= rows <= MAX_ROWS else "linear"
+    """The fp32 kernel for `rows` (1..MAX_ROWS) rows of a shape with no measured plan: the blocked kernel where it
+    is built (fastest at every row count on the EPYC), else MKL packed for 4-16 rows (measured on the Xeon)."""
+    if blocked_gemm.kernel() is not None:
+        return "blocked"
+    return "mkl" if MIN_ROWS <= rows and available() else "linear"
 
 
 _PLANS: dict[tuple, tuple[str, ...]] = {}   # (out, in, bias, threads) -> fp32 kernel for 0..MAX_ROWS rows ([0] unused)
@@ -130,7 +137,8 @@ def batched_gemm():
 
 class PackedLinear(nn.Linear):
     """An nn.Linear that, inside `batched_gemm()`, multiplies with the kernel its shape's plan picks for the row
-    count (fp32: F.linear, MKL's packed sgemm or oneDNN on a reordered copy; bf16: oneDNN at every row count).
+    count (fp32: F.linear, MKL's packed sgemm, oneDNN or the blocked kernel on its own copy; bf16: oneDNN at every
+    row count).
 
     Made from an existing module in place (`wrap`), so parameters, tied weights and hooks stay as they were. A
     kernel's copy of the weight is made on the first call that uses it (an fp32 draft model that only ever runs one
@@ -169,9 +177,12 @@ class PackedLinear(nn.Linear):
 
 
 def pack_weight(weight: torch.Tensor, kernel: str) -> torch.Tensor:
-    """`weight` [out, in] in `kernel`'s layout: MKL's packed buffer (hinted for MIN_ROWS rows) or oneDNN's blocked one."""
+    """`weight` [out, in] in `kernel`'s layout: MKL's packed buffer (hinted for MIN_ROWS rows), oneDNN's blocked
+    one, or the blocked kernel's column blocks."""
     if kernel == "mkl":
         return torch.ops.mkl._mkl_reorder_linear_weight(weight, MIN_ROWS)
+    if kernel == "blocked":
+        return blocked_gemm.pack(weight)
     assert kernel == "onednn", kernel
     return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
 
@@ -186,6 +197,8 @@ def product(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             rows = x.numel() // x.shape[-1]
             kernel = kernel_for(linear, rows)
+            if kernel == "blocked":
+                return blocked_gemm.product(x, linear.packed_weight("blocked"), linear.bias, linear.out_features)
             if kernel == "mkl":
                 return packed_product(x.contiguous(), linear.packed_weight("mkl"), linear.weight, linear.bias, rows)
             if kernel == "onednn":
@@ -286,6 +299,8 @@ def measure_plan(group: list[nn.Linear], kernels: list[str]) -> tuple[str, ...]:
                 F.linear(x, weight, bias)
             elif kernel == "mkl":
                 packed_product(x, copies["mkl"][i], weight, bias, rows)
+            elif kernel == "blocked":
+                blocked_gemm.product(x, copies["blocked"][i], bias, weight.shape[0])
             else:
                 onednn_product(x, copies["onednn"][i], bias, weight.shape[0])
         return time.perf_counter() - start

@@ -1,6 +1,7 @@
 """The engine's CPU products (spec_engine/cpu_gemm.py): every kernel equal to F.linear for every row count, the
-static rule (MKL packed for 4-16 rows) or a measured plan applied inside the engine's forwards only, never stale,
-off where it cannot apply; plans measured once per machine and kept in the cache folder."""
+static rule (the blocked kernel for 1-16 rows where it is built, else MKL packed for 4-16) or a measured plan
+applied inside the engine's forwards only, never stale, off where it cannot apply; plans measured once per machine
+and kept in the cache folder."""
 import copy
 import json
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec_engine import cpu_gemm
+from spec_engine import blocked_gemm, cpu_gemm
 from spec_engine.cache import forward_logits, new_cache
 from spec_engine.cpu_gemm import PackedLinear, batched_gemm, pack_linears
 
@@ -23,20 +24,40 @@ def no_plans(monkeypatch, tmp_path):
     monkeypatch.setenv("SPEC_ENGINE_CACHE", str(tmp_path / "cache"))
 
 
+@pytest.fixture(params=["blocked", "mkl"])
+def static_rule(request, monkeypatch):
+    """Each static rule in turn: the blocked kernel for 1-16 rows (where it is built), and MKL packed for 4-16 rows
+    (the blocked kernel switched off). Returns the rows that take a packed kernel under it."""
+    if request.param == "blocked":
+        if blocked_gemm.kernel() is None:
+            pytest.skip(f"no blocked kernel here: {blocked_gemm.unavailable_reason()}")
+    else:
+        monkeypatch.setenv("SPEC_ENGINE_BLOCKED_GEMM", "0")
+    blocked_gemm.reset()
+    yield list(range(1 if request.param == "blocked" else cpu_gemm.MIN_ROWS, cpu_gemm.MAX_ROWS + 1))
+    monkeypatch.undo()
+    blocked_gemm.reset()
+
+
 @pytest.fixture
 def packed_calls(monkeypatch):
-    """Row counts of every call that took the packed product."""
-    calls, real = [], cpu_gemm.packed_product
+    """Row counts of every call that took a packed product (MKL's or the blocked kernel's)."""
+    calls, real_mkl, real_blocked = [], cpu_gemm.packed_product, blocked_gemm.product
 
-    def counting(x, packed, weight, bias, rows):
+    def counting_mkl(x, packed, weight, bias, rows):
         calls.append(rows)
-        return real(x, packed, weight, bias, rows)
-    monkeypatch.setattr(cpu_gemm, "packed_product", counting)
+        return real_mkl(x, packed, weight, bias, rows)
+
+    def counting_blocked(x, packed, bias, out_features, built=None):
+        calls.append(x.numel() // x.shape[-1])
+        return real_blocked(x, packed, bias, out_features, built)
+    monkeypatch.setattr(cpu_gemm, "packed_product", counting_mkl)
+    monkeypatch.setattr(blocked_gemm, "product", counting_blocked)
     return calls
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_packed_linear_equals_linear_for_every_row_count(bias, packed_calls):
+def test_packed_linear_equals_linear_for_every_row_count(bias, static_rule, packed_calls):
     torch.manual_seed(0)
     linear = nn.Linear(96, 200, bias=bias).requires_grad_(False)
     reference = copy.deepcopy(linear)
@@ -46,7 +67,7 @@ def test_packed_linear_equals_linear_for_every_row_count(bias, packed_calls):
             for shape in ((rows, 96), (1, rows, 96)):
                 x = torch.randn(shape)
                 torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
-    assert sorted(set(packed_calls)) == list(range(cpu_gemm.MIN_ROWS, cpu_gemm.MAX_ROWS + 1))
+    assert sorted(set(packed_calls)) == static_rule
 
 
 @pytest.mark.skipif(not cpu_gemm.bf16_available(), reason="this CPU has no oneDNN bf16 product")
@@ -70,7 +91,7 @@ def test_bf16_packed_linear_equals_bf16_linear_for_every_row_count(bias, monkeyp
     assert calls == [rows for rows in (1, 2, 3, 4, 9, 17, 40) for _ in range(2)]
 
 
-def test_packed_weights_only_inside_the_engines_block(packed_calls):
+def test_packed_weights_only_inside_the_engines_block(static_rule, packed_calls):
     linear = PackedLinear.wrap(nn.Linear(32, 48).requires_grad_(False))
     x = torch.randn(5, 32)
     with torch.no_grad():
@@ -83,12 +104,13 @@ def test_packed_weights_only_inside_the_engines_block(packed_calls):
     assert packed_calls == [5]
 
 
-def test_packed_on_first_use_and_never_served_stale(packed_calls):
+def test_packed_on_first_use_and_never_served_stale(static_rule, packed_calls):
     linear = PackedLinear.wrap(nn.Linear(32, 48).requires_grad_(False))
     x = torch.randn(6, 32)
     with torch.no_grad(), batched_gemm():
         linear(x[:1])
-        assert linear.packed is None                       # one row never needs the copy (nor does a draft model)
+        if 1 not in static_rule:
+            assert linear.packed is None                   # under MKL's rule one row never needs the copy
         linear(x)
         first = linear.packed
         assert first is not None
@@ -98,7 +120,7 @@ def test_packed_on_first_use_and_never_served_stale(packed_calls):
         out = linear(x)
     assert linear.packed is not first
     torch.testing.assert_close(out, x @ linear.weight.T + linear.bias)
-    assert packed_calls == [6, 6, 6]
+    assert packed_calls == [1] * (1 in static_rule) + [6, 6, 6]
 
 
 def tiny_llama():
@@ -109,7 +131,7 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval().requires_grad_(False)
 
 
-def test_pack_linears_keeps_tied_weights_and_outputs(packed_calls):
+def test_pack_linears_keeps_tied_weights_and_outputs(static_rule, packed_calls):
     model = tiny_llama()
     reference = copy.deepcopy(model)
     n_linears = sum(type(m) is nn.Linear for m in model.modules())
@@ -127,11 +149,14 @@ def test_pack_linears_declines_what_it_cannot_serve(monkeypatch):
     assert pack_linears(tiny_llama(), max_bytes=1024) == 0                     # over the memory budget
     assert pack_linears(tiny_llama().to(torch.float16)) == 0                   # fp32 (MKL) and bf16 (oneDNN) only
     monkeypatch.setenv("SPEC_ENGINE_PACKED_GEMM", "0")
+    blocked_gemm.reset()
     model = tiny_llama()
     assert pack_linears(model) == 0 and not any(isinstance(m, PackedLinear) for m in model.modules())
+    monkeypatch.undo()
+    blocked_gemm.reset()
 
 
-def test_the_offline_default_scores_the_same_packed(smollm2, packed_calls):
+def test_the_offline_default_scores_the_same_packed(smollm2, static_rule, packed_calls):
     """A verify forward of 1-12 tokens on SmolLM2-135M: packed (the engine's path) against stock F.linear."""
     model = smollm2.model
     assert any(isinstance(m, PackedLinear) for m in model.modules())
@@ -145,7 +170,7 @@ def test_the_offline_default_scores_the_same_packed(smollm2, packed_calls):
             stock = model(torch.tensor([prompt + tokens]), logits_to_keep=n).logits[0]
         torch.testing.assert_close(packed, stock, rtol=0, atol=2e-3)
         assert torch.equal(packed.argmax(-1), stock.argmax(-1))
-    assert set(packed_calls) == set(range(cpu_gemm.MIN_ROWS, 13))
+    assert set(packed_calls) == set(static_rule) & set(range(1, 13))
 
 
 @pytest.mark.measured_costs
@@ -177,7 +202,7 @@ def test_verify_cost_benchmark_writes_its_table(tmp_path):
     assert "| 4 |" in (tmp_path / "cost.md").read_text()
 
 
-def test_a_packed_model_can_be_copied(packed_calls):
+def test_a_packed_model_can_be_copied(static_rule, packed_calls):
     """The benchmark gives Hugging Face a deep copy of a cross-tokenizer draft; MKL's packed tensor cannot be copied."""
     model = tiny_llama()
     pack_linears(model)
@@ -195,9 +220,9 @@ def test_every_fp32_kernel_equals_linear_for_every_row_count(bias, monkeypatch):
     """Each kernel a plan may pick gives F.linear's numbers (float rounding) at every row count, and the plan decides
     which one runs."""
     calls = []
-    for name in ("packed_product", "onednn_product"):
-        real = getattr(cpu_gemm, name)
-        monkeypatch.setattr(cpu_gemm, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    for module, name in ((cpu_gemm, "packed_product"), (cpu_gemm, "onednn_product"), (blocked_gemm, "product")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     torch.manual_seed(0)
     linear = nn.Linear(96, 200, bias=bias).requires_grad_(False)
     reference = copy.deepcopy(linear)
@@ -209,7 +234,7 @@ def test_every_fp32_kernel_equals_linear_for_every_row_count(bias, monkeypatch):
             for rows in range(1, cpu_gemm.MAX_ROWS + 1):
                 x = torch.randn(1, rows, 96)
                 torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
-        expected = {"linear": [], "mkl": ["packed_product"], "onednn": ["onednn_product"]}[kernel]
+        expected = {"linear": [], "mkl": ["packed_product"], "onednn": ["onednn_product"], "blocked": ["product"]}[kernel]
         assert calls == expected * cpu_gemm.MAX_ROWS, kernel
 
 
@@ -246,13 +271,15 @@ def test_an_unreadable_plans_file_is_measured_again(monkeypatch, tmp_path):
     assert cpu_gemm.tune([linear]) == {}                   # planned already: nothing to do
 
 
-def test_without_tuning_prepack_keeps_the_static_rule(monkeypatch):
+def test_without_tuning_prepack_keeps_the_static_rule(monkeypatch, static_rule):
     monkeypatch.setenv("SPEC_ENGINE_GEMM_TUNE", "0")
     model = tiny_llama()
     pack_linears(model)
     cpu_gemm.prepack(model)
     assert cpu_gemm._PLANS == {}
-    assert [cpu_gemm.kernel_for(model.lm_head, rows) for rows in (1, 3, 4, 16, 17)] == ["linear", "linear", "mkl", "mkl", "linear"]
+    expected = (["blocked"] * 4 + ["linear"] if 1 in static_rule else ["linear", "linear", "mkl", "mkl", "linear"])
+    assert [cpu_gemm.kernel_for(model.lm_head, rows) for rows in (1, 3, 4, 16, 17)] == expected
+    assert set(model.lm_head.packed) == set(expected) - {"linear"}
 
 
 @pytest.mark.skipif(not cpu_gemm.onednn_available(), reason="this torch has no oneDNN")

@@ -1,0 +1,90 @@
+// fp32 products of a few rows by a weight packed in column blocks, for the engine's CPU forwards
+// (spec_engine/blocked_gemm.py builds this file on first use and explains why it exists).
+//
+// Layout: a weight W [N, K] (nn.Linear's [out, in]) is packed as P [ceil(N / NB)][K][NB], zero-padded to whole
+// blocks: block b holds outputs b*NB .. b*NB+NB-1, and for each input index k their NB weights side by side.
+// A block is one contiguous stream of memory that is read once per call, whatever the row count (up to NR_MAX rows
+// share each load), so a product over 1-8 rows costs about what reading the weight costs.
+//
+// Micro-kernel: for each k, NB/VL vector loads of P, one broadcast of x[r][k] per row, and an FMA per (row, vector):
+// each output is one FMA chain over k = 0..K-1 in order. So a row's result never depends on how many other rows are
+// in the call or which block of rows it lands in (batch-invariant, bitwise): verifying k draft tokens gives
+// every position exactly the numbers that a one-token forward gives it.
+#include <immintrin.h>
+#include <cstddef>
+#include <cstring>
+
+#if defined(__AVX512F__)
+typedef __m512 vec;
+static const int VL = 16;                     // floats per vector register
+static const int NR_MAX = 8;                  // rows per micro-kernel call (32 vector registers)
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VSET1(s) _mm512_set1_ps(s)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 vec;
+static const int VL = 8;
+static const int NR_MAX = 2;                  // 16 vector registers: 2 rows x 4 accumulators + 4 loads + 1 broadcast
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VSET1(s) _mm256_set1_ps(s)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#else
+#error "blocked_gemm needs AVX-512F or AVX2 with FMA"
+#endif
+
+static const int NV = 4;                      // vectors per column block
+static const int NB = NV * VL;                // outputs per column block: 64 (AVX-512) or 32 (AVX2)
+
+// out[r][0..NB) = sum_k x[r][k] * p[k][0..NB), for NR rows of x (row stride K).
+template <int NR>
+static void micro(const float* x, const float* p, int K, float* out) {
+  vec acc[NR][NV];
+  for (int r = 0; r < NR; r++)
+    for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
+  for (int k = 0; k < K; k++) {
+    vec w[NV];
+    for (int v = 0; v < NV; v++) w[v] = VLOAD(p + (size_t)k * NB + v * VL);
+    for (int r = 0; r < NR; r++) {
+      vec xb = VSET1(x[(size_t)r * K + k]);
+      for (int v = 0; v < NV; v++) acc[r][v] = VFMA(xb, w[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < NR; r++)
+    for (int v = 0; v < NV; v++) VSTORE(out + r * NB + v * VL, acc[r][v]);
+}
+
+typedef void (*micro_fn)(const float*, const float*, int, float*);
+static const micro_fn MICRO[9] = {nullptr, micro<1>, micro<2>, micro<NR_MAX < 3 ? 1 : 3>, micro<NR_MAX < 4 ? 1 : 4>,
+                                  micro<NR_MAX < 5 ? 1 : 5>, micro<NR_MAX < 6 ? 1 : 6>, micro<NR_MAX < 7 ? 1 : 7>,
+                                  micro<NR_MAX < 8 ? 1 : 8>};
+
+extern "C" int blocked_gemm_block_width() { return NB; }
+
+// y [M, N] = x [M, K] @ W^T (+ bias [N]), W packed as above; threads share the column blocks.
+extern "C" void blocked_gemm(const float* x, const float* packed, const float* bias, float* y, int M, int K, int N,
+                             int threads) {
+  if (M <= 0 || N <= 0) return;
+  const int blocks = (N + NB - 1) / NB;
+  const int row_blocks = (M + NR_MAX - 1) / NR_MAX, nr = (M + row_blocks - 1) / row_blocks;  // rows split evenly
+  #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int b = 0; b < blocks; b++) {
+    const int j0 = b * NB, width = N - j0 < NB ? N - j0 : NB;
+    float tile[NR_MAX * NB];
+    for (int r0 = 0; r0 < M; r0 += nr) {
+      const int rows = M - r0 < nr ? M - r0 : nr;
+      MICRO[rows](x + (size_t)r0 * K, packed + (size_t)b * K * NB, K, tile);
+      for (int r = 0; r < rows; r++) {
+        float* dst = y + (size_t)(r0 + r) * N + j0;
+        const float* src = tile + r * NB;
+        if (bias)
+          for (int j = 0; j < width; j++) dst[j] = src[j] + bias[j0 + j];
+        else
+          std::memcpy(dst, src, width * sizeof(float));
+      }
+    }
+  }
+}
