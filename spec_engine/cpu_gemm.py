@@ -1,5 +1,6 @@
-"""Cheaper products on the CPU: MKL's packed GEMM for the linear layers of an fp32 model (batched verification),
-and oneDNN's product on reordered weights for a bf16 one (every forward).
+"""Cheaper products on the CPU: for an fp32 model the engine's own blocked kernel (blocked_gemm.py) or MKL's packed
+GEMM, whichever this machine measures faster per row count, and oneDNN's product on reordered weights for a bf16
+model (every forward).
 
 Why this exists (measured here: torch 2.13 CPU, MKL 2024.2, one thread, SmolLM2-135M in fp32, weights far larger
 than the caches): `F.linear` (MKL sgemm) on a few rows costs far more than reading the weights once. A forward
@@ -31,10 +32,13 @@ Which fp32 kernel is fastest depends on the CPU, so `prepack` measures it (`tune
 in ms, by rows:  F.linear 35 / 57 / 66 / 45 / 61 (rows 1 / 2 / 3 / 4 / 9), MKL packed 28 / 40 / 48 / 49 / 65,
 oneDNN (fp32, reordered) 30 / 39 / 40 / 44 / 52: MKL's sgemm takes slow paths on this CPU for 2-3 rows, while on
 the Intel Xeon that the static rule above was measured on, F.linear was best below 4 rows and MKL packed from 4.
+A fourth kernel, the engine's own (blocked_gemm.py, built where a C++ compiler and AVX2 or AVX-512 are there), costs
+15 / 15 / 15 / 15 / 22 ms on that EPYC: it streams each weight once whatever the row count.
 So each weight shape gets a plan, the fastest kernel per row count, timed over the model's own layers of that shape
 (streamed, as a forward reads them) with the kinds interleaved; no maintained library picks kernels for eager
 modules at run time (inductor's freezing passes choose by fixed rules at compile time). A shape with no plan (the
-model was not prepacked, or SPEC_ENGINE_GEMM_TUNE=0) takes the static rule. The kernels differ by float rounding
+model was not prepacked, or SPEC_ENGINE_GEMM_TUNE=0) takes the static rule: the blocked kernel where it is built,
+else MKL packed for 4-16 rows. The kernels differ by float rounding
 only (tests compare each with F.linear at every row count).
 """
 from __future__ import annotations

@@ -148,7 +148,13 @@ def top_entries(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor
     for i, row in enumerate(rows.numpy()):
         candidates = above_a_floor(row, lambda found: found.shape[0] >= n)
         if candidates is None:
-            candidates = np.argpartition(-row, n - 1)[:n]
+            candidates = np.flatnonzero(row)
+            if candidates.shape[0] < n:
+                # A top-p (or top-k) row with fewer than n members: everything else is 0, so the first zeros complete
+                # the n largest. A full argpartition here cost ~0.2 ms a row, about a millisecond of every sampled round.
+                candidates = np.concatenate([candidates, np.flatnonzero(row == 0)[:n - candidates.shape[0]]])
+            else:
+                candidates = np.argpartition(-row, n - 1)[:n]
         ids[i] = candidates[np.argsort(-row[candidates], kind="stable")[:n]]
     ids = torch.from_numpy(ids).reshape(*probs.shape[:-1], n)
     return torch.gather(probs, -1, ids), ids

@@ -298,3 +298,11 @@ def test_the_offline_default_is_greedy_identical_under_a_mixed_plan(smollm2, mon
     decoder = se.SpeculativeDecoder(smollm2.model, se.make_drafter("eagle+lookup", smollm2))
     for k in (3, 6):
         assert decoder.generate(ids, k=k, max_new_tokens=40, sampling=greedy).tokens == plain
+
+
+def test_kernel_cost_benchmark_writes_its_table(tmp_path):
+    """bench/kernel_cost.py runs end to end over every kernel this machine has (timings never asserted)."""
+    from bench import kernel_cost
+    result = kernel_cost.main(["--layers", "1", "--rows", "1", "3", "--passes", "1", "--out", str(tmp_path / "k")])
+    assert set(result["ms"]) == set(cpu_gemm.fp32_kernels())
+    assert "| linear |" in (tmp_path / "k.md").read_text()

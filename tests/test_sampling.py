@@ -104,6 +104,15 @@ def test_top_entries_equal_topk(n):
             assert torch.equal(ids, expected_ids) and torch.equal(values, expected_values)
     sparse = torch.tensor([0.0, 0.7, 0.0, 0.3])                      # fewer nonzero entries than asked for
     assert top_entries(sparse, 3)[1][:2].tolist() == [1, 3] and top_entries(sparse, 3)[0][2] == 0
+    # top-p rows of a real vocabulary: 1, 2 or n + 1 members, some below every floor; zeros complete a short row
+    for members in (1, 2, n + 1):
+        row = torch.zeros(49152, dtype=torch.float64)
+        ids = torch.randperm(49152, generator=generator)[:members]
+        row[ids] = torch.softmax(torch.randn(members, generator=generator, dtype=torch.float64) * 20, -1)
+        values, found = top_entries(row, n)
+        expected_values, expected_ids = torch.topk(row, n)
+        assert torch.equal(values, expected_values)
+        assert found[:members].tolist() == expected_ids[:members].tolist() and len(set(found.tolist())) == n
 
 
 def test_searches_fall_back_to_torch_outside_numpys_reach():
