@@ -2,19 +2,21 @@
 blocks, built from `csrc/blocked_gemm.cpp` with the machine's C++ compiler on first use.
 
 Why this exists (measured here: AMD EPYC with AVX-512, torch 2.13, SmolLM2-135M's 120 layer products per forward,
-weights streamed from memory; bench/kernel_cost.py): a forward's products over 1 / 2 / 4 / 8 rows cost, in ms,
+weights streamed from memory; `python -m bench.kernel_cost`, bench/results/kernel-cost-fp32*-epyc.md): a forward's
+products over 1 / 2 / 4 / 8 rows cost, in ms,
 
-    one thread:   F.linear 34 / 57 / 46 / 55, MKL packed 28 / 41 / 49 / 57, oneDNN fp32 30 / 38 / 43 / 50
-                  this kernel 15 / 15 / 15 / 18
-    two threads:  oneDNN fp32 25 / 25 / 26 / 32, this kernel 13 / 13 / 13 / 13
+    one thread:   F.linear 34 / 53 / 45 / 53, MKL packed 27 / 39 / 48 / 56, oneDNN fp32 29 / 38 / 43 / 50
+                  this kernel 15 / 14 / 15 / 19
+    two threads:  oneDNN fp32 22 / 24 / 26 / 29, this kernel 13 / 13 / 13 / 13
 
 MKL and oneDNN are built for large products; with a handful of rows they neither stream the weight at the memory's
 speed nor keep the cost flat in the row count, and a flat cost is what makes verifying k draft tokens as cheap as
 decoding one. This kernel reads each column block of the weight once, as one contiguous stream, and lets every
 row of the call use each load (the layout and loop are the classic packed GEMM micro-kernel's, as in BLIS or
-inductor's CPU GEMM template; see the .cpp). Inductor's template measured as fast on one shape, but it is reached
-only through `torch.compile` with freezing and max-autotune, compiling per row count (seconds per shape, minutes
-per model), which an eager engine with a changing row count cannot afford; so the ~60-line kernel is written here.
+inductor's CPU GEMM template; see the .cpp). Inductor's template also gave a flat cost on one shape (8 layers of
+3072 x 576: 2.5 ms at 1 and at 4 rows), but it is reached only through `torch.compile` with freezing and
+max-autotune, compiling per row count (seconds per shape, minutes per model), which an eager engine with a changing
+row count cannot afford; so the 90-line kernel is written here.
 
 Numerics: each output is one fused multiply-add chain over the input in order, so results differ from F.linear by
 float rounding only, and a row's result is bitwise the same whatever the row count of the call (tests check both).

@@ -33,7 +33,7 @@ in ms, by rows:  F.linear 35 / 57 / 66 / 45 / 61 (rows 1 / 2 / 3 / 4 / 9), MKL p
 oneDNN (fp32, reordered) 30 / 39 / 40 / 44 / 52: MKL's sgemm takes slow paths on this CPU for 2-3 rows, while on
 the Intel Xeon that the static rule above was measured on, F.linear was best below 4 rows and MKL packed from 4.
 A fourth kernel, the engine's own (blocked_gemm.py, built where a C++ compiler and AVX2 or AVX-512 are there), costs
-15 / 15 / 15 / 15 / 22 ms on that EPYC: it streams each weight once whatever the row count.
+15 / 14 / 14 / 15 / 23 ms on that EPYC: it streams each weight once whatever the row count.
 So each weight shape gets a plan, the fastest kernel per row count, timed over the model's own layers of that shape
 (streamed, as a forward reads them) with the kinds interleaved; no maintained library picks kernels for eager
 modules at run time (inductor's freezing passes choose by fixed rules at compile time). A shape with no plan (the

@@ -6,6 +6,7 @@ distribution" means one thing everywhere: temperature, then top-k, then top-p (t
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -123,10 +124,10 @@ def on_cpu_as_numpy(probs: torch.Tensor) -> bool:
     return probs.device.type == "cpu" and probs.dtype in (torch.float32, torch.float64) and not probs.requires_grad
 
 
-def above_a_floor(row: np.ndarray, enough) -> np.ndarray | None:
-    """Ids of the entries of `row` at or above the first floor of TOP_P_FLOORS for which `enough(ids)` holds
-    (None if no floor gives enough). Every entry left out is below every entry kept."""
-    for floor in TOP_P_FLOORS:
+def above_a_floor(row: np.ndarray, enough, floors: tuple[float, ...] = TOP_P_FLOORS) -> np.ndarray | None:
+    """Ids of the entries of `row` at or above the first of `floors` for which `enough(ids)` holds (None if no floor
+    gives enough). Every entry left out is below every entry kept."""
+    for floor in floors:
         ids = np.flatnonzero(row >= floor)
         if enough(ids):
             return ids
@@ -146,18 +147,34 @@ def top_entries(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor
     rows = probs.reshape(-1, probs.shape[-1])                                     # [R, vocab]
     ids = np.empty((rows.shape[0], n), dtype=np.int64)
     for i, row in enumerate(rows.numpy()):
-        candidates = above_a_floor(row, lambda found: found.shape[0] >= n)
-        if candidates is None:
-            candidates = np.flatnonzero(row)
-            if candidates.shape[0] < n:
-                # A top-p (or top-k) row with fewer than n members: everything else is 0, so the first zeros complete
-                # the n largest. A full argpartition here cost ~0.2 ms a row, about a millisecond of every sampled round.
-                candidates = np.concatenate([candidates, np.flatnonzero(row == 0)[:n - candidates.shape[0]]])
-            else:
-                candidates = np.argpartition(-row, n - 1)[:n]
+        candidates = largest_candidates(row, n)
         ids[i] = candidates[np.argsort(-row[candidates], kind="stable")[:n]]
     ids = torch.from_numpy(ids).reshape(*probs.shape[:-1], n)
     return torch.gather(probs, -1, ids), ids
+
+
+SPARSE_SUPPORT = 4096       # a row with at most this many nonzero entries is searched among them directly
+
+
+def largest_candidates(row: np.ndarray, n: int) -> np.ndarray:
+    """At least n ids of `row` [vocab] (probabilities) among which are its n largest, in few passes over the row.
+
+    Most rows have n entries above the first floor (one pass). A warped row (after top-p or top-k) may have fewer:
+    its nonzero entries are then searched directly, and when there are fewer than n of them, zeros complete the set
+    (a full argpartition of such a row cost ~0.2 ms, and each floor pass ~25 us, a millisecond of every sampled
+    round before). Dense rows go on to the lower floors, and to argpartition when even those give too few."""
+    candidates = np.flatnonzero(row >= TOP_P_FLOORS[0])
+    if candidates.shape[0] >= n:
+        return candidates
+    support = np.flatnonzero(row)
+    if support.shape[0] <= SPARSE_SUPPORT:
+        if support.shape[0] >= n:
+            return support
+        members = set(support.tolist())
+        zeros = itertools.islice((i for i in range(row.shape[0]) if i not in members), n - support.shape[0])
+        return np.concatenate([support, np.fromiter(zeros, dtype=np.int64)])
+    candidates = above_a_floor(row, lambda found: found.shape[0] >= n, TOP_P_FLOORS[1:])
+    return candidates if candidates is not None else np.argpartition(-row, n - 1)[:n]
 
 
 def top_p_members(probs: torch.Tensor, top_p: float) -> torch.Tensor:
