@@ -140,7 +140,8 @@ class SpeculativeDecoder:
         scored = forward_logits(self.target, committed[-1:] + proposal.tokens, state.target_cache,
                                 len(proposal.tokens) + 1, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
-        verdict, target_probs = verify(self.rule, state.sampling, drafted, proposal.probs, target_logits, state.generator)
+        verdict, target_probs, target_members = verify(self.rule, state.sampling, drafted, proposal.probs, target_logits,
+                                                       state.generator)
         verify_done = perf_counter()
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
@@ -150,20 +151,20 @@ class SpeculativeDecoder:
         check_invariant(state.target_cache, len(committed) - 1, "target")
         state.stop_reason = ("eos" if hit_eos else "max_new_tokens" if state.generated >= state.max_new_tokens
                              else "cancelled" if should_stop is not None and should_stop() else None)
-        event = self._event(state.index, state.k, proposal, verdict, drafted, target_probs, emitted, committed,
-                            state.target_cache, target_before, draft_before, round_start, draft_done, verify_done,
+        event = self._event(state.index, state.k, proposal, verdict, drafted, target_probs, target_members, emitted,
+                            committed, state.target_cache, target_before, draft_before, round_start, draft_done, verify_done,
                             state.prefill_seconds if state.index == 0 else 0.0, state.stop_reason)
         state.index += 1
         return event
 
-    def _event(self, index, k, proposal, verdict: Verdict, drafted, target_probs, emitted, committed, target_cache,
-               target_before, draft_before, round_start, draft_done, verify_done, prefill_seconds, stop_reason) -> RoundEvent:
+    def _event(self, index, k, proposal, verdict: Verdict, drafted, target_probs, target_members, emitted, committed,
+               target_cache, target_before, draft_before, round_start, draft_done, verify_done, prefill_seconds, stop_reason) -> RoundEvent:
         n = len(proposal.tokens)
         accepted = min(verdict.accepted, len(emitted))                # EOS can end the round inside the drafts
         tail = emitted[accepted:]
         correction = tail[0] if tail and verdict.accepted < n else None
         bonus = tail[0] if tail and verdict.accepted == n else None
-        top_values, top_ids = top_entries(target_probs, TARGET_TOP)                               # [n + 1, m]
+        top_values, top_ids = top_entries(target_probs, TARGET_TOP, target_members)               # [n + 1, m]
         parts = [drafted_probs(target_probs[:n], drafted), top_values.flatten(), top_ids.flatten().to(top_values.dtype)]
         if proposal.probs is not None:
             parts.append(drafted_probs(proposal.probs, drafted).to(top_values.dtype))

@@ -42,11 +42,13 @@ class SamplingParams:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
 
-def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def warp(logits: torch.Tensor, params: SamplingParams, members: list | None = None) -> torch.Tensor:
     """Logits [..., vocab] -> probabilities [..., vocab] after temperature, top-k and top-p.
 
     Computed in float32 (float64 input stays float64). Greedy params give the one-hot argmax, so a
     greedy caller that asks for "the distribution" gets the one that greedy decoding actually uses.
+    With a list as `members`, the CPU top-p search appends each row's members, most likely first (numpy ids), so
+    that the display's top entries need not search the rows again (see top_entries); it stays empty otherwise.
     """
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(dtype)
@@ -58,7 +60,7 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth_largest, -math.inf)
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        probs = top_p_filter(probs, params.top_p)
+        probs = top_p_filter(probs, params.top_p, members)
     return probs
 
 
@@ -66,7 +68,7 @@ TOP_P_CANDIDATES = 256                           # first topk width off the CPU
 TOP_P_FLOORS = (2.0 ** -6, 2.0 ** -10, 2.0 ** -14)   # candidate floors tried in turn on the CPU
 
 
-def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+def top_p_filter(probs: torch.Tensor, top_p: float, members: list | None = None) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p, renormalised.
 
     probs: [..., vocab]. The token that crosses the threshold is kept, so the set is never empty. The set is
@@ -74,13 +76,15 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     here): any set of the most likely tokens whose mass reaches top_p contains it, since every token outside has
     at least the candidates' mass before it. On the CPU (`cpu_top_p_row`) the candidates are the tokens above a
     probability floor; elsewhere they are the top-256, widened until their mass suffices, for all rows at once
-    (a per-row search would make the host wait on the device for every row).
+    (a per-row search would make the host wait on the device for every row). `members`: see warp.
     """
     if on_cpu_as_numpy(probs):
         rows = probs.reshape(-1, probs.shape[-1])                                 # [R, vocab]
         kept = torch.zeros_like(rows)
         for row, out in zip(rows.numpy(), kept.numpy()):
-            cpu_top_p_row(row, top_p, out)
+            ids = cpu_top_p_row(row, top_p, out)
+            if members is not None:
+                members.append(ids)
         return kept.reshape(probs.shape)
     return topk_top_p(probs, top_p)
 
@@ -101,8 +105,9 @@ def topk_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> None:
-    """Write the top-p members of `row` [vocab], renormalised, into `out` [vocab] (zeros, left alone elsewhere).
+def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> np.ndarray:
+    """Write the top-p members of `row` [vocab], renormalised, into `out` [vocab] (zeros, left alone elsewhere);
+    returns the members' ids, most likely first (ties by id).
 
     Candidates: the tokens at or above the first floor of TOP_P_FLOORS whose tokens carry top_p of the mass (all
     tokens if none does); only they are sorted. In numpy, by hand, because it is the cheap tool for this size
@@ -117,6 +122,7 @@ def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> None:
     inside = (np.cumsum(values) - values) < top_p                                # mass before each candidate
     members = values[inside]
     out[ids[inside]] = members / members.sum()              # normalised over the members only, not the vocabulary
+    return ids[inside]
 
 
 def on_cpu_as_numpy(probs: torch.Tensor) -> bool:
@@ -134,12 +140,13 @@ def above_a_floor(row: np.ndarray, enough, floors: tuple[float, ...] = TOP_P_FLO
     return None
 
 
-def top_entries(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_entries(probs: torch.Tensor, n: int, members: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.topk(probs, n, dim=-1)` for probabilities [..., vocab] -> (values, ids) [..., n], descending.
 
     On the CPU the n largest are sought among the tokens above the floors of TOP_P_FLOORS, in numpy (see
     cpu_top_p_row): once n tokens clear a floor, nothing below it can be among the n largest. ~10 us a row
     against ~100 us for torch.topk over 49k, paid for every event (the display's top-3 of every verified position).
+    `members`, what warp recorded for these rows (each row's nonzero ids, most likely first), makes it a lookup.
     """
     n = min(n, probs.shape[-1])
     if not on_cpu_as_numpy(probs):
@@ -147,10 +154,19 @@ def top_entries(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor
     rows = probs.reshape(-1, probs.shape[-1])                                     # [R, vocab]
     ids = np.empty((rows.shape[0], n), dtype=np.int64)
     for i, row in enumerate(rows.numpy()):
-        candidates = largest_candidates(row, n)
+        candidates = largest_candidates(row, n) if members is None else with_zeros(members[i][:n], row.shape[0], n)
         ids[i] = candidates[np.argsort(-row[candidates], kind="stable")[:n]]
     ids = torch.from_numpy(ids).reshape(*probs.shape[:-1], n)
     return torch.gather(probs, -1, ids), ids
+
+
+def with_zeros(ids: np.ndarray, vocab: int, n: int) -> np.ndarray:
+    """`ids` (the nonzero entries of a row) completed to n ids with the first ids not among them (zeros)."""
+    if ids.shape[0] >= n:
+        return ids
+    taken = set(ids.tolist())
+    zeros = itertools.islice((i for i in range(vocab) if i not in taken), n - ids.shape[0])
+    return np.concatenate([ids, np.fromiter(zeros, dtype=np.int64)])
 
 
 SPARSE_SUPPORT = 4096       # a row with at most this many nonzero entries is searched among them directly
@@ -168,11 +184,7 @@ def largest_candidates(row: np.ndarray, n: int) -> np.ndarray:
         return candidates
     support = np.flatnonzero(row)
     if support.shape[0] <= SPARSE_SUPPORT:
-        if support.shape[0] >= n:
-            return support
-        members = set(support.tolist())
-        zeros = itertools.islice((i for i in range(row.shape[0]) if i not in members), n - support.shape[0])
-        return np.concatenate([support, np.fromiter(zeros, dtype=np.int64)])
+        return with_zeros(support, row.shape[0], n)
     candidates = above_a_floor(row, lambda found: found.shape[0] >= n, TOP_P_FLOORS[1:])
     return candidates if candidates is not None else np.argpartition(-row, n - 1)[:n]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .sampling import SamplingParams, sample, top_entries, top_p_members, warp
@@ -98,9 +99,17 @@ def count_accepted_host(accept_probs: list[float], uniforms: list[float]) -> int
     return next((i for i, (a, u) in enumerate(zip(accept_probs, uniforms)) if u >= a), len(accept_probs))
 
 
-def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP) -> list[tuple[int, float]]:
-    values, ids = top_entries(probs, n)
-    return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist()) if v > 0]
+def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP,
+                   support: np.ndarray | None = None) -> list[tuple[int, float]]:
+    """The n most likely entries of probs [vocab] with probability > 0; `support`, ids that hold every nonzero
+    entry (the row's top-p members), spares a search of the whole row."""
+    if support is None:
+        values, ids = top_entries(probs, n)
+        return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist()) if v > 0]
+    ids = torch.from_numpy(support)
+    values = probs[ids].tolist()
+    order = sorted(range(len(values)), key=lambda j: -values[j])[:n]               # stable: ties keep support order
+    return [(int(support[j]), values[j]) for j in order if values[j] > 0]
 
 
 def verify_greedy(drafted: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
@@ -121,6 +130,7 @@ def verify_sampled(
     target_probs: torch.Tensor,         # [n + 1, vocab], warped
     generator: torch.Generator,
     rule: str = "exact",
+    members: list | None = None,        # per target row, its top-p members (warp's record), or None
 ) -> Verdict:
     n = drafted.shape[0]
     assert target_probs.shape[0] == n + 1, (target_probs.shape, n)
@@ -139,7 +149,10 @@ def verify_sampled(
     else:
         next_dist = target_probs[n]
     next_token = sample(next_dist, generator)
-    return Verdict(accepted, next_token, accept_list[:decided], uniform_list[:decided], top_candidates(next_dist))
+    # the residual's and the bonus row's nonzero entries lie among that target row's top-p members
+    support = members[accepted] if members else None
+    return Verdict(accepted, next_token, accept_list[:decided], uniform_list[:decided],
+                   top_candidates(next_dist, support=support))
 
 
 def verify(
@@ -149,9 +162,10 @@ def verify(
     draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
     generator: torch.Generator,
-) -> tuple[Verdict, torch.Tensor]:
-    """Dispatch on the rule and the sampling mode. Returns the verdict and target_probs [n + 1, vocab] (warped;
-    for greedy, the temperature-1 softmax, shown to people but not used by the decision)."""
+) -> tuple[Verdict, torch.Tensor, list | None]:
+    """Dispatch on the rule and the sampling mode. Returns the verdict, target_probs [n + 1, vocab] (warped;
+    for greedy, the temperature-1 softmax, shown to people but not used by the decision) and, when the CPU top-p
+    search ran, each row's members most likely first (sampling.warp), else None."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     if params.greedy:
@@ -161,11 +175,13 @@ def verify(
         display_probs = torch.softmax(target_logits, dim=-1)
         if rule == "topp_membership":
             membership_params = SamplingParams(temperature=1.0, top_k=params.top_k, top_p=params.top_p)
-            return _greedy_membership(drafted, target_logits, membership_params), display_probs
-        return verify_greedy(drafted, target_logits), display_probs
-    target_probs = warp(target_logits, params)
-    verdict = verify_sampled(drafted, draft_probs, target_probs, generator, rule)
-    return verdict, target_probs
+            return _greedy_membership(drafted, target_logits, membership_params), display_probs, None
+        return verify_greedy(drafted, target_logits), display_probs, None
+    members = []
+    target_probs = warp(target_logits, params, members)
+    members = members if len(members) == target_probs.shape[0] else None
+    verdict = verify_sampled(drafted, draft_probs, target_probs, generator, rule, members)
+    return verdict, target_probs, members
 
 
 def _greedy_membership(drafted: torch.Tensor, target_logits: torch.Tensor, membership: SamplingParams) -> Verdict:

@@ -122,3 +122,24 @@ def test_searches_fall_back_to_torch_outside_numpys_reach():
     assert torch.allclose(top_p_filter(probs.to(torch.bfloat16), 0.6).float(), expected, atol=1e-2)
     assert torch.allclose(top_p_filter(probs.clone().requires_grad_(True), 0.6).detach(), expected)
     assert top_entries(probs.clone().requires_grad_(True), 2)[1].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
+def test_warp_records_each_rows_members_for_the_displays_top_entries(top_p):
+    """warp's record of the top-p members (most likely first) gives top_entries the same answer as its own search,
+    rows with fewer members than asked for included."""
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 49152, generator=generator) * 4.0
+    logits[0, 7] = 40.0                                                          # one row with a single member
+    params = SamplingParams(temperature=0.7, top_p=top_p)
+    members = []
+    probs = warp(logits, params, members)
+    assert len(members) == 4
+    for row, ids in zip(probs, members):
+        assert set(ids.tolist()) == set(torch.nonzero(row).flatten().tolist())
+        assert torch.all(row[torch.from_numpy(ids)][:-1] >= row[torch.from_numpy(ids)][1:])   # most likely first
+    for n in (1, 3, 5):
+        values, ids = top_entries(probs, n, members)
+        expected_values, expected_ids = top_entries(probs, n)
+        assert torch.equal(values, expected_values) and torch.equal(ids, expected_ids)
+    assert warp(logits, SamplingParams(temperature=0.7), members := []) is not None and members == []   # no top-p

@@ -149,3 +149,27 @@ def test_greedy_forced_outcomes():
     assert (verdict.accepted, verdict.next_token, verdict.is_bonus) == (3, 3, True)
     verdict = verify_greedy(torch.tensor([], dtype=torch.long), logits[:1])
     assert (verdict.accepted, verdict.next_token) == (0, 2)
+
+
+def test_the_verdicts_top_candidates_come_from_the_rows_members_unchanged():
+    """verify() hands verify_sampled each target row's top-p members; the residual's or bonus row's top candidates
+    it reports equal a search of the whole row."""
+    from spec_engine.sampling import SamplingParams, make_generator
+    from spec_engine.verify import top_candidates, verify
+    logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(3)) * 3.0        # [n + 1, vocab]
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    noise = torch.randn(3, 3000, generator=torch.Generator().manual_seed(4))
+    draft_probs = torch.softmax(logits[:3] / 0.8 + noise, -1)                # near the target: some drafts accepted
+    seen_accepted = set()
+    for seed in range(40):
+        drafted = torch.multinomial(draft_probs, 1, generator=torch.Generator().manual_seed(seed))[:, 0]   # [n]
+        verdict, target_probs, members = verify("exact", params, drafted, draft_probs, logits, make_generator("cpu", seed))
+        assert members is not None and len(members) == 4
+        row = target_probs[verdict.accepted]
+        next_dist = row if verdict.accepted == 3 else torch.clamp(row - draft_probs[verdict.accepted], min=0.0)
+        next_dist = next_dist / next_dist.sum()
+        expected = top_candidates(next_dist)
+        assert [i for i, _ in verdict.next_probs_top] == [i for i, _ in expected]
+        assert [v for _, v in verdict.next_probs_top] == pytest.approx([v for _, v in expected], rel=1e-6)
+        seen_accepted.add(verdict.accepted)
+    assert len(seen_accepted) >= 2                 # both residual rows and others were checked
