@@ -318,13 +318,16 @@ def measure_plan(group: list[nn.Linear], kernels: list[str]) -> tuple[str, ...]:
 
 
 def machine_key() -> str:
-    """What a plan depends on besides the shape: the CPU (model and feature flags), torch's version and build."""
+    """What a plan depends on besides the shape: the CPU (model and feature flags), torch's version and build, and
+    the candidate kernels (a plan measured before a kernel existed, or where it could not be built, is measured
+    again once it can compete)."""
     cpu = ""
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
             lines = [line for line in f if line.startswith(("model name", "flags"))]
         cpu = "".join(sorted(set(lines)))
-    text = "|".join([platform.machine(), cpu or platform.processor(), torch.__version__, torch.__config__.show()])
+    text = "|".join([platform.machine(), cpu or platform.processor(), torch.__version__, torch.__config__.show(),
+                     ",".join(fp32_kernels())])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -306,3 +306,11 @@ def test_kernel_cost_benchmark_writes_its_table(tmp_path):
     result = kernel_cost.main(["--layers", "1", "--rows", "1", "3", "--passes", "1", "--out", str(tmp_path / "k")])
     assert set(result["ms"]) == set(cpu_gemm.fp32_kernels())
     assert "| linear |" in (tmp_path / "k.md").read_text()
+
+
+def test_plans_are_measured_again_when_the_candidate_kernels_change(monkeypatch):
+    """A plan saved before the blocked kernel existed (or where it failed to build) is not reused once it can
+    compete: the candidate kernels are part of the key the plans are kept under."""
+    key = cpu_gemm.machine_key()
+    monkeypatch.setattr(cpu_gemm, "fp32_kernels", lambda: ["linear", "mkl"])
+    assert cpu_gemm.machine_key() != key
