@@ -262,8 +262,8 @@ def prepack(model: nn.Module) -> int:
 
 def tune(layers: list[nn.Linear], save: bool = True) -> dict[tuple, tuple[str, ...]]:
     """Give every fp32 weight shape among `layers` a plan (see the module docstring): the one this machine measured
-    before (kept in the cache folder, keyed by CPU, torch version and thread count), else measured now: for
-    1..MAX_ROWS rows each candidate kernel multiplies by that shape's layers in turn (up to TUNE_BYTES of them), the
+    before (kept in the cache folder, keyed by CPU, torch version, candidate kernels and thread count), else measured
+    now: for 1..MAX_ROWS rows each candidate kernel multiplies by that shape's layers in turn (up to TUNE_BYTES), the
     kernels interleaved per row count, the fastest of TUNE_PASSES passes counting, F.linear winning a tie. Measuring
     takes ~6 s for SmolLM2-135M on one thread, once per machine. Returns the plans it set."""
     kernels = fp32_kernels()
