@@ -58,13 +58,13 @@ from torch import nn
 from . import blocked_gemm
 from .paths import cache_root
 
-MIN_ROWS, MAX_ROWS = 4, 16            # the static rule: MKL packed for 4-16 rows (fp32), F.linear otherwise
+MIN_ROWS, MAX_ROWS = 4, 16            # rows the engine's kernels serve (1..16); MKL's static rule: 4-16 rows
 KERNELS = ("linear", "mkl", "onednn", "blocked")  # the fp32 candidates: F.linear, MKL's packed sgemm, oneDNN on
                                                  # reordered weights, the engine's own (blocked_gemm.py)
 TUNE_BYTES = 48 << 20                 # time each shape over at most this many bytes of its layers (beyond a 32 MB L3)
 TUNE_PASSES = 3                       # passes per shape; the fastest pass of each kernel decides
 PLANS_FILE = "gemm-plans.json"        # measured plans kept in the cache folder, by machine (paths.cache_root)
-MAX_PACKED_BYTES = 2 << 30            # packed copies (two where a plan mixes MKL and oneDNN): skip models above 2 GiB
+MAX_PACKED_BYTES = 2 << 30            # packed copies (one per kernel a plan picks): skip models above 2 GiB
 ENGINE_LINEARS = "_spec_engine_lean"  # an attribute whose `.linears()` the engine also multiplies by (lean_llama.py)
 _ENABLED = contextvars.ContextVar("spec_engine_batched_gemm", default=False)
 
@@ -145,9 +145,9 @@ class PackedLinear(nn.Linear):
     row count).
 
     Made from an existing module in place (`wrap`), so parameters, tied weights and hooks stay as they were. A
-    kernel's copy of the weight is made on the first call that uses it (an fp32 draft model that only ever runs one
-    row under the static rule never pays its memory), and made again if the weight changed since (pointer, version
-    counter).
+    kernel's copy of the weight is made on the first call that uses it (a model whose kernels are all F.linear, such
+    as an fp32 draft under MKL's static rule, never pays its memory), and made again if the weight changed since
+    (pointer, version counter).
     """
 
     packed: dict | None = None          # kernel name -> its copy of the weight
