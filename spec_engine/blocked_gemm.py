@@ -28,11 +28,8 @@ SPEC_ENGINE_BLOCKED_GEMM=0 / SPEC_ENGINE_PACKED_GEMM=0 leaves it unavailable, an
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
 import threading
 import warnings
 from dataclasses import dataclass
@@ -41,12 +38,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .paths import cache_root
+from . import native
 
 SOURCE = Path(__file__).parent / "csrc" / "blocked_gemm.cpp"
-ISA_FLAGS = {"avx512": ["-mavx512f", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
-BUILD_FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC"]
-BUILD_TIMEOUT_S = 120
+ISA_FLAGS = native.ISA_FLAGS
+BUILD_FLAGS = [*native.BASE_FLAGS, "-fopenmp"]
 
 
 @dataclass(frozen=True)
@@ -67,10 +63,7 @@ _REASONS: dict[str, str] = {}
 def native_isa() -> str | None:
     """The best instruction set this CPU gives the kernel, by torch's own CPU detection; None where there is none.
     SPEC_ENGINE_BLOCKED_ISA=avx2 forces the narrower build (tests run both on an AVX-512 machine)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return None
-    capability = torch.backends.cpu.get_cpu_capability()
-    best = "avx512" if capability.startswith("AVX512") else "avx2" if capability == "AVX2" else None
+    best = native.cpu_isa()
     forced = os.environ.get("SPEC_ENGINE_BLOCKED_ISA")
     if forced == "avx2" and best is not None:
         return "avx2"
@@ -97,7 +90,7 @@ def kernel(isa: str | None = None) -> Kernel | None:
         if isa not in _BUILT:
             try:
                 _BUILT[isa] = load(build(isa), isa)
-            except (OSError, subprocess.SubprocessError, RuntimeError) as error:
+            except native.ERRORS as error:
                 _BUILT[isa], _REASONS[isa] = None, f"{type(error).__name__}: {error}"
                 warnings.warn(f"spec_engine: the blocked fp32 kernel is unavailable ({_REASONS[isa]}); "
                               "using MKL / oneDNN / F.linear", RuntimeWarning, stacklevel=2)
@@ -125,29 +118,13 @@ def reset() -> None:
 
 
 def build(isa: str) -> Path:
-    """Compile the source for `isa` into the cache folder, unless that exact build is there already; returns the
-    library's path. Concurrent builders each write their own temporary file and rename it into place."""
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        raise OSError("no C++ compiler (set CXX, or install g++)")
-    flags = [*BUILD_FLAGS, *ISA_FLAGS[isa]]
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
-    path = cache_root() / "kernels" / f"blocked_gemm-{isa}-{digest}.so"
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(temporary)], capture_output=True, text=True,
-                            timeout=BUILD_TIMEOUT_S)
-    if result.returncode != 0:
-        temporary.unlink(missing_ok=True)
-        raise RuntimeError(f"{Path(compiler).name} failed: {result.stderr.strip()[-400:]}")
-    os.replace(temporary, path)
-    return path
+    """Compile the source for `isa` into the cache folder, unless that exact build is there already (native.py);
+    returns the library's path."""
+    return native.compile_library(SOURCE, f"blocked_gemm-{isa}", [*BUILD_FLAGS, *ISA_FLAGS[isa]])
 
 
 def load(path: Path, isa: str) -> Kernel:
-    library = ctypes.CDLL(str(path))
+    library = native.load_library(path)
     function = library.blocked_gemm
     function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     function.restype = None

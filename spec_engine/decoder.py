@@ -165,13 +165,20 @@ class SpeculativeDecoder:
         correction = tail[0] if tail and verdict.accepted < n else None
         bonus = tail[0] if tail and verdict.accepted == n else None
         top_values, top_ids = top_entries(target_probs, TARGET_TOP, target_members)               # [n + 1, m]
-        parts = [drafted_probs(target_probs[:n], drafted), top_values.flatten(), top_ids.flatten().to(top_values.dtype)]
-        if proposal.probs is not None:
-            parts.append(drafted_probs(proposal.probs, drafted).to(top_values.dtype))
+        parts = [top_values.flatten(), top_ids.flatten().to(top_values.dtype)]
+        known = len(verdict.drafted_p) == n            # a sampled verdict carries p(x_i) and q(x_i) already
+        if not known:
+            parts.append(drafted_probs(target_probs[:n], drafted))
+            if proposal.probs is not None:
+                parts.append(drafted_probs(proposal.probs, drafted).to(top_values.dtype))
         host = torch.cat(parts).tolist()               # one device-to-host transfer for the whole event
         m = top_values.numel()
-        p_drafted, top_values, top_ids = host[:n], host[n:n + m], [int(i) for i in host[n + m:n + 2 * m]]
-        q = [1.0] * n if proposal.probs is None else host[n + 2 * m:]
+        top_values, top_ids = host[:m], [int(i) for i in host[m:2 * m]]
+        if known:
+            p_drafted, q = verdict.drafted_p, verdict.drafted_q
+        else:
+            p_drafted = host[2 * m:2 * m + n]
+            q = [1.0] * n if proposal.probs is None else host[2 * m + n:]
         width = min(TARGET_TOP, target_probs.shape[-1])
         return RoundEvent(
             index=index, drafted=list(proposal.tokens), accepted=accepted, emitted=emitted,

@@ -40,7 +40,7 @@ from .costs import best_draft_length, verify_costs
 from .cpu_attention import use_engine_attention
 from .cpu_gemm import batched_gemm, bf16_available, pack_linears, prepack
 from .drafters import Drafter, Proposal, vocab_size
-from .sampling import SamplingParams, choose_token
+from .sampling import SamplingParams, choose_token, on_cpu_as_numpy
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2-135m.safetensors"
@@ -248,6 +248,7 @@ class EagleDrafter(Drafter):
         self.name = name
         self.dtype = next(head.parameters()).dtype      # may differ from the target's (head_dtype)
         self.vocab_index = vocab_index.to(torch.long)                                  # [N] target ids
+        self._vocab_ids = self.vocab_index.tolist()        # the same on the host: a draw's id without a tensor op
         self.embed = target_model.get_input_embeddings().weight                        # [vocab, H], shared
         self.lm_head = ReducedLMHead(reduced_rows(target_model, self.vocab_index).to(self.dtype))   # [N, H] rows
         prepack(self.lm_head)
@@ -299,7 +300,7 @@ class EagleDrafter(Drafter):
         if self._predicted is None or k == 0:
             return Proposal([], None)
         assert self.cache_ids == committed[:-1], "the head cache must hold committed[:-1] before drafting"
-        feature, tokens, probs, confidences = self._predicted, [], [], []
+        feature, tokens, probs, confidences, members = self._predicted, [], [], [], []
         path = 1.0                      # the product of the confidences so far: the odds that a next draft is reached
         for i in range(k):
             with batched_gemm():
@@ -309,8 +310,8 @@ class EagleDrafter(Drafter):
                 break       # dynamic draft length: decided from the head's own distribution only, so still exact
             confidences.append(confidence)
             path *= confidence
-            index, reduced_probs = choose_token(logits, params, generator)
-            tokens.append(int(self.vocab_index[index]))
+            index, reduced_probs = choose_token(logits, params, generator, members)
+            tokens.append(self._vocab_ids[index])
             probs.append(reduced_probs)
             if i + 1 == k or path < self.min_path_confidence:
                 break           # the last draft, or the next one is unlikely to be reached: skip its head step
@@ -326,7 +327,12 @@ class EagleDrafter(Drafter):
         if params.greedy:
             return Proposal(tokens, None)
         full = torch.zeros(len(tokens), vocab_size(self.target), dtype=probs[0].dtype, device=probs[0].device)
-        full[:, self.vocab_index] = torch.stack(probs)                                            # [k, vocab]
+        if len(members) >= len(tokens) and on_cpu_as_numpy(full):       # write each row's top-p members only
+            rows, vocab_index = full.numpy(), self.vocab_index.numpy()
+            for row, reduced, ids in zip(rows, probs, members):
+                row[vocab_index[ids]] = reduced.numpy()[ids]
+        else:
+            full[:, self.vocab_index] = torch.stack(probs)                                        # [k, vocab]
         return Proposal(tokens, full)
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:

@@ -6,12 +6,18 @@ distribution" means one thing everywhere: temperature, then top-k, then top-p (t
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
+import os
+import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from . import native
 
 MAX_TOP_K = 1_000_000
 
@@ -48,12 +54,19 @@ def warp(logits: torch.Tensor, params: SamplingParams, members: list | None = No
     Computed in float32 (float64 input stays float64). Greedy params give the one-hot argmax, so a
     greedy caller that asks for "the distribution" gets the one that greedy decoding actually uses.
     With a list as `members`, the CPU top-p search appends each row's members, most likely first (numpy ids), so
-    that the display's top entries need not search the rows again (see top_entries); it stays empty otherwise.
+    that the sampler and the residual need not pass over whole rows again (see sample); it stays empty otherwise.
+    float32 rows on the CPU without top-k take one call of the compiled code (native_searches) when it is built.
     """
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(dtype)
     if params.greedy:
         return one_hot_argmax(logits)
+    library = native_searches() if params.top_k == 0 and dtype == torch.float32 and on_cpu_as_numpy(logits) else None
+    if library is not None:
+        probs, found = native_warp_rows(library, logits.reshape(-1, logits.shape[-1]), params)
+        if members is not None:
+            members.extend(found)
+        return probs.reshape(logits.shape)
     logits = logits / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -74,17 +87,21 @@ def top_p_filter(probs: torch.Tensor, top_p: float, members: list | None = None)
     probs: [..., vocab]. The token that crosses the threshold is kept, so the set is never empty. The set is
     searched among candidates instead of sorting the whole vocabulary (a sort of 5 x 49k probabilities cost 18 ms
     here): any set of the most likely tokens whose mass reaches top_p contains it, since every token outside has
-    at least the candidates' mass before it. On the CPU (`cpu_top_p_row`) the candidates are the tokens above a
-    probability floor; elsewhere they are the top-256, widened until their mass suffices, for all rows at once
-    (a per-row search would make the host wait on the device for every row). `members`: see warp.
+    at least the candidates' mass before it. On the CPU the candidates are the tokens above a probability floor
+    (`cpu_top_p_row`, or the same search compiled, `native_searches`); elsewhere they are the top-256, widened
+    until their mass suffices, for all rows at once (a per-row search would make the host wait on the device for
+    every row). `members`: see warp.
     """
     if on_cpu_as_numpy(probs):
         rows = probs.reshape(-1, probs.shape[-1])                                 # [R, vocab]
-        kept = torch.zeros_like(rows)
-        for row, out in zip(rows.numpy(), kept.numpy()):
-            ids = cpu_top_p_row(row, top_p, out)
-            if members is not None:
-                members.append(ids)
+        library = native_searches() if rows.dtype == torch.float32 else None
+        if library is not None:
+            kept, found = native_top_p_rows(library, rows, top_p)
+        else:
+            kept = torch.zeros_like(rows)
+            found = [cpu_top_p_row(row, top_p, out) for row, out in zip(rows.numpy(), kept.numpy())]
+        if members is not None:
+            members.extend(found)
         return kept.reshape(probs.shape)
     return topk_top_p(probs, top_p)
 
@@ -109,20 +126,118 @@ def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> np.ndarray:
     """Write the top-p members of `row` [vocab], renormalised, into `out` [vocab] (zeros, left alone elsewhere);
     returns the members' ids, most likely first (ties by id).
 
-    Candidates: the tokens at or above the first floor of TOP_P_FLOORS whose tokens carry top_p of the mass (all
-    tokens if none does); only they are sorted. In numpy, by hand, because it is the cheap tool for this size
-    here: a compare over a 49k row costs ~35 us in torch and ~5 us in numpy, and torch.topk(256) ~200 us, which
-    was 1-2% of a sampled round on the offline default.
+    The definition (csrc/sampling.cpp computes the same numbers for float32 rows): the row sorted most likely first,
+    its mass accumulated in the row's dtype in that order, each token kept while the mass before it is below top_p;
+    members renormalised by the mass through the last one. Candidates: the tokens at or above a floor of
+    TOP_P_FLOORS whose sorted mass reaches top_p (no token below it can then be a member), else every token; only
+    they are sorted. A floor whose candidates' total falls clearly short is skipped unsorted.
     """
-    candidates = above_a_floor(row, lambda ids: row[ids].sum() >= top_p)
-    if candidates is None:
-        candidates = np.arange(row.shape[0])
-    order = np.argsort(-row[candidates], kind="stable")
-    ids, values = candidates[order], row[candidates[order]]                    # descending
-    inside = (np.cumsum(values) - values) < top_p                                # mass before each candidate
-    members = values[inside]
-    out[ids[inside]] = members / members.sum()              # normalised over the members only, not the vocabulary
-    return ids[inside]
+    threshold = row.dtype.type(top_p)
+    for floor in (*TOP_P_FLOORS, None):
+        if floor is None:
+            candidates = np.arange(row.shape[0])
+        else:
+            candidates = np.flatnonzero(row >= floor)
+            if row[candidates].sum(dtype=np.float64) < top_p * 0.999:
+                continue
+        order = np.argsort(-row[candidates], kind="stable")
+        ids, values = candidates[order], row[candidates[order]]                # descending
+        through = np.cumsum(values)                                            # sequential, in the row's dtype
+        outside = np.flatnonzero(~((through - values) < threshold))            # mass before each candidate
+        count = int(outside[0]) if outside.shape[0] else values.shape[0]
+        if outside.shape[0] or floor is None or not through[-1] < threshold:
+            break                               # else a token below the floor may be a member: widen
+    out[ids[:count]] = values[:count] / through[count - 1]
+    return ids[:count]
+
+
+SEARCH_SOURCE = native.CSRC / "sampling.cpp"
+SEARCH_FLAGS = ["-fopenmp-simd", *native.isa_flags()]
+_SEARCHES: list = []                            # [the compiled library or None], settled at first use
+_SEARCHES_LOCK = threading.Lock()
+
+
+def native_searches():
+    """csrc/sampling.cpp compiled on first use (native.py), or None where it cannot be built or
+    SPEC_ENGINE_NATIVE_SEARCH=0 (numpy and torch then do the work). Over float32 rows on the CPU: `top_p_rows` and
+    `top_n_rows`, the searches of cpu_top_p_row and top_entries with the very same results, and `warp_rows`,
+    warp's temperature and softmax (within float rounding of torch's: ~1e-7) followed by the top-p search.
+
+    Why compiled: after a forward has streamed the weights through the caches, every numpy and torch call runs
+    cold (~15 us for a tensor's item() inside a round, ~2 us in a warm loop). cpu_top_p_row's dozen calls cost
+    ~110 us a row inside sampled rounds (~25 us warm) and the display's top entries of a greedy round's dense rows
+    ~0.4 ms, together several % of a round on the offline default; one C call does a row in a few us."""
+    if not _SEARCHES:
+        with _SEARCHES_LOCK:
+            if not _SEARCHES:
+                library = None
+                if os.environ.get("SPEC_ENGINE_NATIVE_SEARCH", "1") != "0":
+                    try:
+                        library = native.load_library(native.compile_library(
+                            SEARCH_SOURCE, "sampling", [*native.BASE_FLAGS, *SEARCH_FLAGS]))
+                        pointer, int64 = ctypes.c_void_p, ctypes.c_int64
+                        library.top_p_rows.argtypes = [pointer, int64, int64, ctypes.c_float, pointer, pointer, int64,
+                                                       pointer]
+                        library.top_p_rows.restype = int64
+                        library.warp_rows.argtypes = [pointer, int64, int64, ctypes.c_float, ctypes.c_float, pointer,
+                                                      pointer, int64, pointer]
+                        library.warp_rows.restype = int64
+                        library.top_n_rows.argtypes = [pointer, int64, int64, int64, pointer, pointer]
+                        library.top_n_rows.restype = None
+                    except native.ERRORS as error:
+                        warnings.warn(f"spec_engine: the compiled sampling searches are unavailable "
+                                      f"({type(error).__name__}: {error}); using numpy", RuntimeWarning, stacklevel=2)
+                        library = None
+                _SEARCHES.append(library)
+    return _SEARCHES[0]
+
+
+def native_top_p_rows(library, rows: torch.Tensor, top_p: float) -> tuple[torch.Tensor, list[np.ndarray]]:
+    """top_p_filter's CPU search by the compiled library: rows [R, vocab] float32 -> (kept [R, vocab], each row's
+    member ids most likely first)."""
+    rows = rows.contiguous()
+    count, vocab = rows.shape
+    kept = torch.empty_like(rows)
+    cap = min(vocab, NATIVE_MEMBERS)
+    while True:
+        ids = torch.empty(count, cap, dtype=torch.int32)
+        counts = torch.empty(count, dtype=torch.int64)
+        needed = library.top_p_rows(rows.data_ptr(), count, vocab, top_p, kept.data_ptr(), ids.data_ptr(), cap,
+                                    counts.data_ptr())
+        if needed == 0:
+            ids, counts = ids.numpy(), counts.tolist()
+            return kept, [ids[r, :counts[r]].astype(np.int64) for r in range(count)]
+        cap = vocab                             # a flat row: room for every token
+
+
+def native_warp_rows(library, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, list[np.ndarray]]:
+    """warp's CPU path by the compiled library (temperature, softmax, top-p; no top-k): logits [R, vocab] float32 ->
+    (probs [R, vocab], each row's top-p member ids most likely first, or [] without top-p)."""
+    logits = logits.contiguous()
+    count, vocab = logits.shape
+    probs = torch.empty_like(logits)
+    cap = min(vocab, NATIVE_MEMBERS)
+    while True:       # torch buffers: their data_ptr() is cheaper than numpy's .ctypes, which adds up at ~1 ms a round
+        ids = torch.empty(count, cap, dtype=torch.int32)
+        counts = torch.empty(count, dtype=torch.int64)
+        needed = library.warp_rows(logits.data_ptr(), count, vocab, params.temperature, params.top_p, probs.data_ptr(),
+                                   ids.data_ptr(), cap, counts.data_ptr())
+        if needed == 0:
+            ids, counts = ids.numpy(), counts.tolist()
+            return probs, [ids[r, :counts[r]].astype(np.int64) for r in range(count) if counts[r] >= 0]
+        cap = vocab
+
+
+def native_top_n_rows(library, rows: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_entries by the compiled library: rows [R, vocab] float32, n <= vocab -> (values, ids) [R, n]."""
+    rows = rows.contiguous()
+    values = torch.empty(rows.shape[0], n, dtype=rows.dtype)
+    ids = torch.empty(rows.shape[0], n, dtype=torch.int64)
+    library.top_n_rows(rows.data_ptr(), rows.shape[0], rows.shape[1], n, ids.data_ptr(), values.data_ptr())
+    return values, ids
+
+
+NATIVE_MEMBERS = 1024                           # member ids room per row on the first try
 
 
 def on_cpu_as_numpy(probs: torch.Tensor) -> bool:
@@ -143,15 +258,20 @@ def above_a_floor(row: np.ndarray, enough, floors: tuple[float, ...] = TOP_P_FLO
 def top_entries(probs: torch.Tensor, n: int, members: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.topk(probs, n, dim=-1)` for probabilities [..., vocab] -> (values, ids) [..., n], descending.
 
-    On the CPU the n largest are sought among the tokens above the floors of TOP_P_FLOORS, in numpy (see
-    cpu_top_p_row): once n tokens clear a floor, nothing below it can be among the n largest. ~10 us a row
-    against ~100 us for torch.topk over 49k, paid for every event (the display's top-3 of every verified position).
-    `members`, what warp recorded for these rows (each row's nonzero ids, most likely first), makes it a lookup.
+    Paid for every event (the display's top-3 of every verified position). On the CPU: one call of the compiled
+    search (native_searches; a vectorised pass a row), else in numpy among the tokens above the floors of
+    TOP_P_FLOORS (see cpu_top_p_row): once n tokens clear a floor, nothing below it can be among the n largest,
+    ~10 us a row warm against ~100 us for torch.topk over 49k; there `members`, what warp recorded for these rows
+    (each row's nonzero ids, most likely first), makes it a lookup. Ties come lowest id first.
     """
     n = min(n, probs.shape[-1])
     if not on_cpu_as_numpy(probs):
         return torch.topk(probs, n, dim=-1)
     rows = probs.reshape(-1, probs.shape[-1])                                     # [R, vocab]
+    library = native_searches() if rows.dtype == torch.float32 else None
+    if library is not None:
+        values, ids = native_top_n_rows(library, rows, n)
+        return values.reshape(*probs.shape[:-1], n), ids.reshape(*probs.shape[:-1], n)
     ids = np.empty((rows.shape[0], n), dtype=np.int64)
     for i, row in enumerate(rows.numpy()):
         candidates = largest_candidates(row, n) if members is None else with_zeros(members[i][:n], row.shape[0], n)
@@ -200,27 +320,41 @@ def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+def sample(probs: torch.Tensor, generator: torch.Generator, support: np.ndarray | None = None) -> int:
     """One token id from probs [vocab] (need not sum to 1) with the run's generator, by inverting the CDF.
 
     Written by hand because torch.multinomial costs ~4 ms per call over a 49k vocabulary on this CPU
     (measured), against ~0.1 ms here. The CDF is accumulated in float64; a token of probability zero
-    is never returned (its CDF step is empty).
+    is never returned (its CDF step is empty). `support`: ids (any order) holding every nonzero entry of probs (a
+    top-p row's members, see warp); the CDF is then accumulated over them alone, in id order, which draws the very
+    token the whole row would (the zeros between add nothing, and torch's CPU cumsum adds in order) without two
+    passes over the vocabulary.
     """
+    if support is not None and on_cpu_as_numpy(probs):
+        ids = np.sort(support)
+        cdf = np.cumsum(probs.numpy()[ids], dtype=np.float64)
+        point = float(torch.rand((), generator=generator, device=probs.device, dtype=torch.float64)) * cdf[-1]
+        return int(ids[min(int(np.searchsorted(cdf, point, side="right")), ids.shape[0] - 1)])
     cdf = torch.cumsum(probs.to(torch.float64), dim=-1)                                  # [vocab]
     point = torch.rand((), generator=generator, device=probs.device, dtype=torch.float64) * cdf[-1]
     return min(int(torch.searchsorted(cdf, point, right=True)), probs.shape[-1] - 1)
 
 
-def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, torch.Tensor]:
+def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+                 members: list | None = None) -> tuple[int, torch.Tensor]:
     """Next token from logits [vocab]: argmax when greedy, else a draw from the warped distribution.
 
-    Returns (token, probs [vocab]) so callers that need q (drafters) report exactly what they drew from.
+    Returns (token, probs [vocab]) so callers that need q (drafters) report exactly what they drew from. With a
+    list as `members`, the top-p members of probs (most likely first) are appended when the CPU search found them.
     """
-    probs = warp(logits, params)
+    found = []
+    probs = warp(logits, params, found)
     if params.greedy:
         return int(logits.argmax().item()), probs
-    return sample(probs, generator), probs
+    support = found[0] if len(found) == 1 else None
+    if members is not None and support is not None:
+        members.append(support)
+    return sample(probs, generator, support), probs
 
 
 def make_generator(device: torch.device | str, seed: int) -> torch.Generator:

@@ -17,12 +17,12 @@ deliberately wrong rules kept for the classroom, so the drift a heuristic causes
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .sampling import SamplingParams, sample, top_entries, top_p_members, warp
+from .sampling import SamplingParams, on_cpu_as_numpy, sample, top_entries, top_p_members, warp
 
 RULES = ("exact", "topp_membership", "no_residual")
 WRONG_RULES = ("topp_membership", "no_residual")
@@ -36,6 +36,8 @@ class Verdict:
     accept_probs: list[float]          # min(1, p/q) for each decided draft token (greedy: 1.0 / 0.0)
     uniforms: list[float]              # the draws compared with accept_probs (empty for greedy)
     next_probs_top: list[tuple[int, float]]  # top candidates of the distribution next_token came from
+    drafted_p: list[float] = field(default_factory=list)   # p(x_i) of every draft token (sampled rounds; else empty)
+    drafted_q: list[float] = field(default_factory=list)   # q(x_i) likewise (1.0 for a deterministic drafter)
 
     @property
     def is_bonus(self) -> bool:
@@ -45,14 +47,13 @@ class Verdict:
 def drafted_probs(probs: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
     """probs [n + 1 or n, vocab], drafted [n] -> probs[i, drafted[i]] as [n]."""
     n = drafted.shape[0]
-    return probs[torch.arange(n, device=probs.device), drafted]
+    return probs[:n].gather(-1, drafted[:, None])[:, 0]
 
 
-def acceptance_probs(target_p: torch.Tensor, draft_q: torch.Tensor) -> torch.Tensor:
-    """min(1, p/q) elementwise; [n] -> [n]. A zero q rejects rather than divides (the draft could not have
-    drawn that token, so there is nothing to accept)."""
-    safe_q = torch.where(draft_q > 0, draft_q, torch.ones_like(draft_q))
-    return torch.where(draft_q > 0, torch.clamp(target_p / safe_q, max=1.0), torch.zeros_like(target_p))
+def acceptance_prob(target_p: float, draft_q: float) -> float:
+    """min(1, p/q) for one draft token. A zero q rejects rather than divides (the draft could not have drawn that
+    token, so there is nothing to accept)."""
+    return min(1.0, target_p / draft_q) if draft_q > 0 else 0.0
 
 
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
@@ -65,21 +66,39 @@ def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor)
     return residual / total
 
 
-def rule_acceptance(rule: str, target_p: torch.Tensor, draft_q: torch.Tensor) -> torch.Tensor:
-    """Probability of keeping each drafted token; [n], [n] -> [n]."""
+def rule_acceptance(rule: str, target_p: float, draft_q: float) -> float:
+    """Probability of keeping a drafted token with target probability p and draft probability q."""
     if rule == "topp_membership":
         # WRONG on purpose: target_probs is already top-p filtered, so its support is the top-p set; any
         # drafted token inside it is kept, whatever its probability under the draft.
-        return (target_p > 0).to(target_p.dtype)
-    return acceptance_probs(target_p, draft_q)
+        return 1.0 if target_p > 0 else 0.0
+    return acceptance_prob(target_p, draft_q)
 
 
-def rule_correction_distribution(rule: str, target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
+def residual_on_support(target_probs: torch.Tensor, draft_probs: torch.Tensor, support: np.ndarray) -> torch.Tensor:
+    """residual_distribution computed over `support` alone: ids holding every nonzero entry of target_probs [vocab]
+    (the row's top-p members), where the residual's nonzero entries lie too; same fallback to p."""
+    p = target_probs.numpy()[support]
+    residual = np.maximum(p - draft_probs.numpy()[support], 0)
+    total = residual.sum()
+    if total <= np.finfo(residual.dtype).tiny:
+        return target_probs
+    out = torch.zeros_like(target_probs)
+    out.numpy()[support] = residual / total
+    return out
+
+
+def rule_correction_distribution(rule: str, target_row: torch.Tensor, draft_row: torch.Tensor,
+                                 support: np.ndarray | None = None) -> torch.Tensor:
     """The distribution the token after a rejection is drawn from; [vocab], [vocab] -> [vocab].
-    Only the exact rule uses the residual; the wrong rules fall back to p, which over-weights the draft's picks."""
-    if rule == "exact":
-        return residual_distribution(target_row, draft_row)
-    return target_row
+    Only the exact rule uses the residual; the wrong rules fall back to p, which over-weights the draft's picks.
+    `support`: see residual_on_support (used where both rows can be read in place on the CPU)."""
+    if rule != "exact":
+        return target_row
+    if support is not None and on_cpu_as_numpy(target_row) and on_cpu_as_numpy(draft_row) \
+            and draft_row.dtype == target_row.dtype:
+        return residual_on_support(target_row, draft_row, support)
+    return residual_distribution(target_row, draft_row)
 
 
 def one_hot_row(token: int, like: torch.Tensor) -> torch.Tensor:
@@ -88,14 +107,9 @@ def one_hot_row(token: int, like: torch.Tensor) -> torch.Tensor:
     return row
 
 
-def count_accepted(accept_probs: torch.Tensor, uniforms: torch.Tensor) -> int:
-    """Length of the prefix whose draw falls under its acceptance probability; [n], [n] -> int."""
-    rejected = (uniforms >= accept_probs).nonzero()
-    return int(rejected[0, 0]) if rejected.numel() else int(accept_probs.shape[0])
-
-
 def count_accepted_host(accept_probs: list[float], uniforms: list[float]) -> int:
-    """`count_accepted` on host lists (the verdict needs them on the host anyway: one transfer, not two)."""
+    """Length of the prefix whose draw falls under its acceptance probability (on the host: the verdict needs the
+    numbers there anyway)."""
     return next((i for i, (a, u) in enumerate(zip(accept_probs, uniforms)) if u >= a), len(accept_probs))
 
 
@@ -106,8 +120,7 @@ def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP,
     if support is None:
         values, ids = top_entries(probs, n)
         return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist()) if v > 0]
-    ids = torch.from_numpy(support)
-    values = probs[ids].tolist()
+    values = (probs.numpy()[support] if on_cpu_as_numpy(probs) else probs[torch.from_numpy(support)]).tolist()
     order = sorted(range(len(values)), key=lambda j: -values[j])[:n]               # stable: ties keep support order
     return [(int(support[j]), values[j]) for j in order if values[j] > 0]
 
@@ -135,24 +148,27 @@ def verify_sampled(
     n = drafted.shape[0]
     assert target_probs.shape[0] == n + 1, (target_probs.shape, n)
     assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), (draft_probs.shape, target_probs.shape)
-    target_p = drafted_probs(target_probs, drafted)
-    draft_q = torch.ones_like(target_p) if draft_probs is None else drafted_probs(draft_probs, drafted)
-    uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=target_probs.dtype)
-    accept = rule_acceptance(rule, target_p, draft_q)
-    host = torch.cat([accept, uniforms, drafted.to(accept.dtype)]).tolist()   # one transfer for the decision
-    accept_list, uniform_list, drafted_ids = host[:n], host[n:2 * n], [int(t) for t in host[2 * n:]]
+    dtype = target_probs.dtype
+    uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=dtype)
+    parts = [drafted_probs(target_probs, drafted), uniforms, drafted.to(dtype)]
+    if draft_probs is not None:
+        parts.append(drafted_probs(draft_probs, drafted).to(dtype))
+    host = torch.cat(parts).tolist()                     # one transfer for the decision, p(x_i) and q(x_i)
+    target_p, uniform_list, drafted_ids = host[:n], host[n:2 * n], [int(t) for t in host[2 * n:3 * n]]
+    draft_q = host[3 * n:] if draft_probs is not None else [1.0] * n
+    accept_list = [rule_acceptance(rule, p, q) for p, q in zip(target_p, draft_q)]
     accepted = count_accepted_host(accept_list, uniform_list)
     decided = min(accepted + 1, n)
-    if accepted < n:
-        q_row = one_hot_row(drafted_ids[accepted], target_probs[accepted]) if draft_probs is None else draft_probs[accepted]
-        next_dist = rule_correction_distribution(rule, target_probs[accepted], q_row)
-    else:
-        next_dist = target_probs[n]
-    next_token = sample(next_dist, generator)
     # the residual's and the bonus row's nonzero entries lie among that target row's top-p members
     support = members[accepted] if members else None
+    if accepted < n:
+        q_row = one_hot_row(drafted_ids[accepted], target_probs[accepted]) if draft_probs is None else draft_probs[accepted]
+        next_dist = rule_correction_distribution(rule, target_probs[accepted], q_row, support)
+    else:
+        next_dist = target_probs[n]
+    next_token = sample(next_dist, generator, support)
     return Verdict(accepted, next_token, accept_list[:decided], uniform_list[:decided],
-                   top_candidates(next_dist, support=support))
+                   top_candidates(next_dist, support=support), target_p, draft_q)
 
 
 def verify(

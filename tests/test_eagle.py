@@ -265,6 +265,26 @@ def test_reported_q_is_the_sampled_distribution_over_the_full_vocabulary(target,
     assert (proposal.probs[:, [4, 6]] == 0).all()
 
 
+@pytest.mark.parametrize("params", [se.SamplingParams(0.8, top_p=0.7), se.SamplingParams(1.0)], ids=["top-p", "no-top-p"])
+def test_q_written_from_the_heads_top_p_members_equals_the_whole_reduced_rows(target, trained, params, monkeypatch):
+    """With top-p, propose writes only each draft's members into q; without, the whole reduced rows: either way
+    the same q as scattering the reduced rows into the vocabulary."""
+    import spec_engine.eagle as eagle_module
+
+    def proposal(members_path: bool):
+        drafter = EagleDrafter(trained[0], target, REDUCED)
+        state = se.SpeculativeDecoder(target, drafter).start(PROMPT, k=4, max_new_tokens=10, sampling=params, seed=0)
+        with monkeypatch.context() as patch:
+            if not members_path:
+                patch.setattr(eagle_module, "on_cpu_as_numpy", lambda probs: False)
+            return drafter.propose(state.committed, 4, params, torch.Generator().manual_seed(3))
+
+    fast, whole = proposal(True), proposal(False)
+    assert fast.tokens == whole.tokens and torch.equal(fast.probs, whole.probs)
+    if params.top_p < 1:
+        assert (fast.probs > 0).sum() < (whole.probs[:, REDUCED] > -1).sum()      # some reduced ids cut by top-p
+
+
 def test_a_bf16_head_reports_q_in_the_targets_dtype(target, trained):
     """The head's numerics are its own; what it reports is a distribution in the target's dtype over the full
     vocabulary, zero outside its reduced one, and equal to the warp of its own (bf16) logits."""

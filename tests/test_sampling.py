@@ -2,11 +2,14 @@
 user of `generate(do_sample=True, ...)` would sample from."""
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from spec_engine.sampling import SamplingParams, choose_token, make_generator, top_entries, top_p_filter, topk_top_p, warp
+from spec_engine import sampling
+from spec_engine.sampling import (SamplingParams, choose_token, make_generator, sample, top_entries, top_p_filter,
+                                   topk_top_p, warp)
 
 SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (2.0, 3, 0.5), (1.0, 0, 0.05)]
 
@@ -92,9 +95,19 @@ def test_top_p_candidate_search_equals_a_full_sort(top_p, search):
         assert torch.allclose(search(probs, top_p), reference, atol=1e-15)
 
 
+@pytest.fixture(params=["numpy", "compiled"])
+def cpu_search(request, monkeypatch):
+    """Run a test with the numpy searches, then with the compiled ones (csrc/sampling.cpp) where they build."""
+    if request.param == "compiled" and sampling.native_searches() is None:
+        pytest.skip("no compiled searches here")
+    if request.param == "numpy":
+        monkeypatch.setattr(sampling, "_SEARCHES", [None])
+    return request.param
+
+
 @pytest.mark.parametrize("n", [1, 3, 5, 60])
-def test_top_entries_equal_topk(n):
-    """The floor search for the display's top entries finds what torch.topk finds, peaked or flat, any shape."""
+def test_top_entries_equal_topk(n, cpu_search):
+    """The search for the display's top entries finds what torch.topk finds, peaked or flat, any shape."""
     generator = torch.Generator().manual_seed(2)
     for scale, shape in ((0.01, (4, 49152)), (1.0, (3, 2000)), (8.0, (2, 3, 500)), (3.0, (40,))):
         for dtype in (torch.float32, torch.float64):
@@ -125,7 +138,7 @@ def test_searches_fall_back_to_torch_outside_numpys_reach():
 
 
 @pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
-def test_warp_records_each_rows_members_for_the_displays_top_entries(top_p):
+def test_warp_records_each_rows_members_for_the_displays_top_entries(top_p, cpu_search):
     """warp's record of the top-p members (most likely first) gives top_entries the same answer as its own search,
     rows with fewer members than asked for included."""
     generator = torch.Generator().manual_seed(5)
@@ -143,3 +156,83 @@ def test_warp_records_each_rows_members_for_the_displays_top_entries(top_p):
         expected_values, expected_ids = top_entries(probs, n)
         assert torch.equal(values, expected_values) and torch.equal(ids, expected_ids)
     assert warp(logits, SamplingParams(temperature=0.7), members := []) is not None and members == []   # no top-p
+
+
+def top_p_by_full_sort(row: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU searches' definition, by sorting the whole row: mass accumulated in the row's dtype, most likely
+    first (ties by id), each token kept while the mass before it is below top_p, renormalised by the mass through
+    the last member. Returns (kept row, member ids most likely first)."""
+    order = np.argsort(-row, kind="stable")
+    values = row[order]
+    through = np.cumsum(values)
+    inside = (through - values) < row.dtype.type(top_p)
+    count = values.shape[0] if inside.all() else int(np.argmin(inside))
+    kept = np.zeros_like(row)
+    kept[order[:count]] = values[:count] / through[count - 1]
+    return kept, order[:count]
+
+
+def cpu_rows() -> list[np.ndarray]:
+    """float32 probability rows that reach every branch of the searches: peaked and flat softmaxes of a real
+    vocabulary (flat ones need every token, past the first try's room for member ids), ties, one certain token."""
+    generator = torch.Generator().manual_seed(9)
+    rows = [torch.softmax(torch.randn(49152, generator=generator) * scale, -1).numpy() for scale in (0.01, 0.3, 1, 3, 8)]
+    rows += [torch.softmax(torch.randn(7, generator=generator), -1).numpy()]
+    rows += [np.full(49152, 1 / 49152, dtype=np.float32)]
+    ties = np.zeros(49152, dtype=np.float32)
+    ties[[5, 900, 17, 40000]] = 0.25
+    certain = np.zeros(49152, dtype=np.float32)
+    certain[123] = 1.0
+    mixed = (0.5 * torch.softmax(torch.randn(49152, generator=generator) * 0.01, -1)).numpy()
+    mixed[[3, 77]] += 0.25                               # two big tokens, the rest under every floor
+    return rows + [ties, certain, mixed]
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99, 0.99999])
+def test_cpu_top_p_searches_equal_the_definition_bit_for_bit(top_p, cpu_search):
+    """Both CPU searches (numpy, and csrc/sampling.cpp compiled) keep exactly the full sort's members with exactly
+    its numbers, in the same order, so the two never disagree about a distribution."""
+    for row in cpu_rows():
+        members = []
+        kept = top_p_filter(torch.from_numpy(row.copy())[None], top_p, members)[0].numpy()
+        expected, expected_ids = top_p_by_full_sort(row, top_p)
+        assert np.array_equal(kept, expected) and np.array_equal(members[0], expected_ids), (row.shape, top_p)
+
+
+def test_without_a_compiler_top_p_is_searched_in_numpy(monkeypatch, tmp_path):
+    monkeypatch.setattr(sampling, "_SEARCHES", [])
+    monkeypatch.setenv("SPEC_ENGINE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.warns(RuntimeWarning, match="numpy"):
+        assert sampling.native_searches() is None
+    row = cpu_rows()[2]
+    assert np.array_equal(top_p_filter(torch.from_numpy(row)[None], 0.9)[0].numpy(), top_p_by_full_sort(row, 0.9)[0])
+    assert torch.equal(top_entries(torch.from_numpy(row), 3)[1], torch.topk(torch.from_numpy(row), 3).indices)
+    monkeypatch.setattr(sampling, "_SEARCHES", [])
+    monkeypatch.setenv("SPEC_ENGINE_NATIVE_SEARCH", "0")                 # switched off: no warning, numpy
+    assert sampling.native_searches() is None
+
+
+def test_sampling_over_the_members_draws_the_token_the_whole_row_draws():
+    """sample(probs, generator, support) accumulates the CDF over the members only: same token as the whole row
+    for the same generator state, every time (the zeros between members add nothing)."""
+    generator = torch.Generator().manual_seed(4)
+    for scale, top_p in ((1.0, 0.9), (3.0, 0.5), (0.3, 0.99)):
+        members = []
+        probs = warp(torch.randn(5, 49152, generator=generator) * scale, SamplingParams(0.8, top_p=top_p), members)
+        for row, support in zip(probs, members):
+            for seed in range(40):
+                assert sample(row, make_generator("cpu", seed), support) == sample(row, make_generator("cpu", seed))
+    found = []
+    token, probs = choose_token(torch.randn(3000, generator=generator), SamplingParams(0.8, top_p=0.9),
+                                make_generator("cpu", 1), found)
+    assert len(found) == 1 and token in found[0].tolist()
+    assert token == sample(probs, make_generator("cpu", 1))                  # the whole row's draw
+
+
+def test_top_entries_break_ties_by_id_in_both_searches(cpu_search):
+    """Equal values (zeros of a top-p row, exact ties) come lowest id first, in numpy and compiled alike."""
+    row = torch.zeros(300)
+    row[[250, 40, 7]] = torch.tensor([0.2, 0.5, 0.2])
+    values, ids = top_entries(row, 5)
+    assert ids.tolist() == [40, 7, 250, 0, 1] and values.tolist() == pytest.approx([0.5, 0.2, 0.2, 0.0, 0.0])

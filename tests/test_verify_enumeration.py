@@ -9,11 +9,12 @@ import itertools
 import zlib
 from functools import lru_cache
 
+import numpy as np
 import pytest
 import torch
 
 from spec_engine.sampling import SamplingParams, warp
-from spec_engine.verify import (acceptance_probs, count_accepted, residual_distribution, rule_acceptance,
+from spec_engine.verify import (acceptance_prob, count_accepted_host, residual_distribution, rule_acceptance,
                                 rule_correction_distribution, verify_greedy)
 
 VOCAB = 4
@@ -47,8 +48,9 @@ def add(dist: dict, seq: tuple, prob: float) -> None:
     dist[seq[:LENGTH]] = dist.get(seq[:LENGTH], 0.0) + prob
 
 
-def emitted_distribution(toy: Toy, k: int, rule: str) -> dict:
-    """Exact distribution of the first LENGTH tokens emitted by speculative rounds of k drafts."""
+def emitted_distribution(toy: Toy, k: int, rule: str, on_support: bool = False) -> dict:
+    """Exact distribution of the first LENGTH tokens emitted by speculative rounds of k drafts; `on_support`: the
+    residual computed over the target row's nonzero entries only, as verify_sampled does with top-p members."""
     dist: dict = {}
 
     def run(context: tuple, prob: float) -> None:
@@ -72,9 +74,10 @@ def emitted_distribution(toy: Toy, k: int, rule: str) -> dict:
             return
         q_row = toy.q(prefix)
         x = drafts[i]
-        accept = float(rule_acceptance(rule, p_row[x:x + 1], q_row[x:x + 1])[0])
+        accept = rule_acceptance(rule, float(p_row[x]), float(q_row[x]))
         settle(context, drafts, i + 1, prob * accept)
-        correction = rule_correction_distribution(rule, p_row, q_row)
+        support = np.flatnonzero(p_row.numpy()) if on_support else None
+        correction = rule_correction_distribution(rule, p_row, q_row, support)
         for y in range(VOCAB):
             run(prefix + (y,), prob * (1 - accept) * float(correction[y]))
 
@@ -104,9 +107,10 @@ SETTINGS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9), SamplingParams(
 @pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-draft", "one-hot-draft"])
 @pytest.mark.parametrize("salt", [0, 1])
-def test_exact_rule_emits_the_target_distribution(params, k, deterministic, salt):
+@pytest.mark.parametrize("on_support", [False, True], ids=["whole-row", "members"])
+def test_exact_rule_emits_the_target_distribution(params, k, deterministic, salt, on_support):
     toy = Toy(params, salt, deterministic)
-    got, want = emitted_distribution(toy, k, "exact"), target_distribution(toy)
+    got, want = emitted_distribution(toy, k, "exact", on_support), target_distribution(toy)
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
     for seq in want:
         assert abs(got.get(seq, 0.0) - want[seq]) < 1e-9, seq
@@ -126,17 +130,34 @@ def test_residual_is_normalised_positive_part_and_falls_back_to_p():
     assert residual_distribution(p, p).tolist() == pytest.approx(p.tolist())
 
 
+def test_the_residual_over_the_members_is_the_whole_rows_residual():
+    """residual_on_support (verify_sampled's path when warp recorded the top-p members) gives the whole row's
+    residual: sampled drafts, one-hot drafts, and a draft that covers p (fallback to p)."""
+    from spec_engine.verify import residual_on_support
+    from spec_engine.sampling import SamplingParams, warp
+    generator = torch.Generator().manual_seed(6)
+    for _ in range(20):
+        members = []
+        p = warp(torch.randn(1, 3000, generator=generator) * 3, SamplingParams(0.8, top_p=0.9), members)[0]
+        q = torch.softmax(torch.randn(3000, generator=generator) * 3, -1)
+        one_hot = torch.zeros(3000)
+        one_hot[int(members[0][0])] = 1.0
+        for draft in (q, one_hot, p.clone()):
+            torch.testing.assert_close(residual_on_support(p, draft, members[0]), residual_distribution(p, draft),
+                                       rtol=1e-6, atol=1e-9)
+    assert residual_on_support(p, p.clone(), members[0]) is p                 # p <= q everywhere: falls back to p
+
+
 def test_zero_draft_probability_rejects_instead_of_dividing():
-    a = acceptance_probs(torch.tensor([0.4, 0.0, 0.3]), torch.tensor([0.0, 0.5, 0.6]))
-    assert a.tolist() == pytest.approx([0.0, 0.0, 0.5])
-    assert torch.isfinite(a).all()
+    assert [acceptance_prob(p, q) for p, q in ((0.4, 0.0), (0.0, 0.5), (0.3, 0.6), (0.7, 0.2))] == \
+        pytest.approx([0.0, 0.0, 0.5, 1.0])
 
 
 def test_count_accepted_stops_at_first_rejection():
-    accept = torch.tensor([1.0, 0.5, 1.0])
-    assert count_accepted(accept, torch.tensor([0.9, 0.4, 0.99])) == 3
-    assert count_accepted(accept, torch.tensor([0.9, 0.6, 0.0])) == 1
-    assert count_accepted(torch.tensor([0.0]), torch.tensor([0.0])) == 0
+    accept = [1.0, 0.5, 1.0]
+    assert count_accepted_host(accept, [0.9, 0.4, 0.99]) == 3
+    assert count_accepted_host(accept, [0.9, 0.6, 0.0]) == 1
+    assert count_accepted_host([0.0], [0.0]) == 0
 
 
 def test_greedy_forced_outcomes():
