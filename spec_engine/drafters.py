@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -335,13 +336,21 @@ class LookupFirstDrafter(Drafter):
 def longest_suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:
     """(n, begin): the longest n <= max_ngram such that the last n tokens also occur earlier, and where the
     continuation of their latest earlier occurrence begins; (0, -1) when even the last token is new."""
-    seq = torch.tensor(tokens, dtype=torch.long)
-    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
-        windows = seq[:-1].unfold(0, n, 1)                        # [len - n, n], every earlier n-gram
-        starts = (windows == seq[-n:]).all(dim=1).nonzero().flatten()
-        if starts.numel():
-            return n, int(starts[-1]) + n
-    return 0, -1
+    longest = min(max_ngram, len(tokens) - 1)
+    if longest < 1:
+        return 0, -1
+    seq = np.asarray(tokens, dtype=np.int64)
+    ends = np.flatnonzero(seq[:-1] == seq[-1])       # where earlier 1-gram matches end
+    n = 1
+    # Grow the matches backwards one token at a time (an n-gram match contains the (n-1)-gram match ending at the
+    # same place), keeping those that still match: a few compares over the survivors, not a pass per length.
+    while ends.shape[0] and n < longest:
+        longer = ends[ends >= n]
+        longer = longer[seq[longer - n] == seq[-1 - n]]
+        if not longer.shape[0]:
+            break
+        ends, n = longer, n + 1
+    return (n, int(ends[-1]) + 1) if ends.shape[0] else (0, -1)
 
 
 def lookup_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:

@@ -40,7 +40,7 @@ from .costs import best_draft_length, verify_costs
 from .cpu_attention import use_engine_attention
 from .cpu_gemm import batched_gemm, bf16_available, pack_linears, prepack
 from .drafters import Drafter, Proposal, vocab_size
-from .sampling import SamplingParams, choose_token, on_cpu_as_numpy
+from .sampling import SamplingParams, choose_token, on_cpu_as_numpy, top_probability
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2-135m.safetensors"
@@ -283,7 +283,11 @@ class EagleDrafter(Drafter):
     def _step(self, features: torch.Tensor, next_ids: list[int], start: int) -> torch.Tensor:
         """Run the head over pairs (features [n, F], next_ids) at positions start.. ; returns predictions [n, H]."""
         next_embeds = self.embed[torch.tensor(next_ids, device=self.embed.device)].to(self.dtype)   # [n, H]
-        position_ids = torch.arange(start, start + len(next_ids), device=self.embed.device)[None]  # [1, n]
+        if lean_llama.enabled(self.head.body):          # positions follow its cache: no tensor of them to build
+            assert start == self.cache.get_seq_length(), "pairs follow the cache"
+            position_ids = None
+        else:
+            position_ids = torch.arange(start, start + len(next_ids), device=self.embed.device)[None]  # [1, n]
         with batched_gemm():
             return self.head(features.to(self.dtype)[None], next_embeds[None], position_ids, self.cache)[0]
 
@@ -305,12 +309,12 @@ class EagleDrafter(Drafter):
         for i in range(k):
             with batched_gemm():
                 logits = self.lm_head(feature).to(self.target.dtype)                          # [N]
-            confidence = float(torch.softmax(logits.float(), -1).max())
+            confidence, best = top_probability(logits)              # the head's top probability and its pick
             if i and confidence < self.min_confidence:
                 break       # dynamic draft length: decided from the head's own distribution only, so still exact
             confidences.append(confidence)
             path *= confidence
-            index, reduced_probs = choose_token(logits, params, generator, members)
+            index, reduced_probs = (best, None) if params.greedy else choose_token(logits, params, generator, members)
             tokens.append(self._vocab_ids[index])
             probs.append(reduced_probs)
             if i + 1 == k or path < self.min_path_confidence:

@@ -160,8 +160,9 @@ _SEARCHES_LOCK = threading.Lock()
 def native_searches():
     """csrc/sampling.cpp compiled on first use (native.py), or None where it cannot be built or
     SPEC_ENGINE_NATIVE_SEARCH=0 (numpy and torch then do the work). Over float32 rows on the CPU: `top_p_rows` and
-    `top_n_rows`, the searches of cpu_top_p_row and top_entries with the very same results, and `warp_rows`,
-    warp's temperature and softmax (within float rounding of torch's: ~1e-7) followed by the top-p search.
+    `top_n_rows`, the searches of cpu_top_p_row and top_entries with the very same results, `warp_rows`, warp's
+    temperature and softmax (within float rounding of torch's: ~1e-7) followed by the top-p search, and
+    `top_probability` (a softmax's largest entry and its index).
 
     Why compiled: after a forward has streamed the weights through the caches, every numpy and torch call runs
     cold (~15 us for a tensor's item() inside a round, ~2 us in a warm loop). cpu_top_p_row's dozen calls cost
@@ -182,6 +183,8 @@ def native_searches():
                         library.warp_rows.argtypes = [pointer, int64, int64, ctypes.c_float, ctypes.c_float, pointer,
                                                       pointer, int64, pointer]
                         library.warp_rows.restype = int64
+                        library.top_probability.argtypes = [pointer, int64, ctypes.POINTER(ctypes.c_double)]
+                        library.top_probability.restype = int64
                         library.top_n_rows.argtypes = [pointer, int64, int64, int64, pointer, pointer]
                         library.top_n_rows.restype = None
                     except native.ERRORS as error:
@@ -238,6 +241,20 @@ def native_top_n_rows(library, rows: torch.Tensor, n: int) -> tuple[torch.Tensor
 
 
 NATIVE_MEMBERS = 1024                           # member ids room per row on the first try
+
+
+def top_probability(logits: torch.Tensor) -> tuple[float, int]:
+    """(the largest entry of softmax(logits), its index) for logits [vocab]: a drafter's confidence and its greedy
+    pick (the first of equal maxima, as torch.argmax). One call of the compiled code for float32 on the CPU."""
+    library = native_searches() if logits.dtype == torch.float32 and logits.dim() == 1 and on_cpu_as_numpy(logits) \
+        else None
+    if library is not None:
+        logits = logits.contiguous()
+        prob = ctypes.c_double()
+        index = library.top_probability(logits.data_ptr(), logits.shape[0], ctypes.byref(prob))
+        return prob.value, index
+    value, index = torch.softmax(logits.float(), -1).max(-1)
+    return float(value), int(index)
 
 
 def on_cpu_as_numpy(probs: torch.Tensor) -> bool:

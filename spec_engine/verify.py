@@ -188,7 +188,7 @@ def verify(
         # float32 once: the display needs it, and argmax over bf16 logits costs ~10x more than over float32 on the
         # CPU (same index: the conversion is exact)
         target_logits = target_logits.float()
-        display_probs = torch.softmax(target_logits, dim=-1)
+        display_probs = warp(target_logits, SamplingParams())               # softmax at temperature 1
         if rule == "topp_membership":
             membership_params = SamplingParams(temperature=1.0, top_k=params.top_k, top_p=params.top_p)
             return _greedy_membership(drafted, target_logits, membership_params), display_probs, None

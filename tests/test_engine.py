@@ -164,6 +164,21 @@ def test_longest_suffix_match():
     assert longest_suffix_match(seq, 2) == (2, 8)                 # capped at 2: the latest [3, 4] is at 6..7
     assert longest_suffix_match([5, 6, 7], 8) == (0, -1)
     assert longest_suffix_match([5], 8) == (0, -1)
+    assert longest_suffix_match([3, 3], 0) == (0, -1)
+
+    def by_every_window(tokens, max_ngram):     # the definition: try each length, longest first, latest window
+        for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+            starts = [s for s in range(len(tokens) - n) if tokens[s:s + n] == tokens[-n:]]
+            if starts:
+                return n, starts[-1] + n
+        return 0, -1
+
+    generator = torch.Generator().manual_seed(0)
+    for length in (2, 3, 10, 60, 300):
+        for alphabet in (2, 3, 8):
+            tokens = torch.randint(alphabet, (length,), generator=generator).tolist()
+            for max_ngram in (1, 2, 4, 64):
+                assert longest_suffix_match(tokens, max_ngram) == by_every_window(tokens, max_ngram), (tokens, max_ngram)
 
 
 def test_best_draft_length_by_enumeration():

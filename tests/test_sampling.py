@@ -236,3 +236,15 @@ def test_top_entries_break_ties_by_id_in_both_searches(cpu_search):
     row[[250, 40, 7]] = torch.tensor([0.2, 0.5, 0.2])
     values, ids = top_entries(row, 5)
     assert ids.tolist() == [40, 7, 250, 0, 1] and values.tolist() == pytest.approx([0.5, 0.2, 0.2, 0.0, 0.0])
+
+
+def test_top_probability_is_the_softmax_maximum_and_the_first_argmax(cpu_search):
+    from spec_engine.sampling import top_probability
+    generator = torch.Generator().manual_seed(8)
+    for vocab, scale in ((8192, 3.0), (49152, 0.1), (7, 10.0), (17, 1.0)):
+        logits = torch.randn(vocab, generator=generator) * scale
+        prob, index = top_probability(logits)
+        assert index == int(logits.argmax()) and prob == pytest.approx(float(torch.softmax(logits, -1).max()), rel=1e-6)
+    tied = torch.tensor([1.0, 3.0, -2.0, 3.0])
+    assert top_probability(tied) == (pytest.approx(float(torch.softmax(tied, -1)[1]), rel=1e-6), 1)
+    assert top_probability(torch.full((40,), -1e4)) == (pytest.approx(1 / 40, rel=1e-6), 0)

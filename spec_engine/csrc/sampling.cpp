@@ -183,6 +183,24 @@ int64_t warp_rows(const float* logits, int64_t rows, int64_t vocab, float temper
     return top_p < 1.0f ? top_p_rows(out, rows, vocab, top_p, out, ids, cap, counts) : 0;
 }
 
+// The largest entry of softmax(logits [vocab]) (a draft's confidence) through `prob`; returns its index (the first
+// of equal maxima, as torch.argmax): a drafter's greedy pick and its confidence in one pass and an exp pass.
+int64_t top_probability(const float* logits, int64_t vocab, double* prob) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < vocab; ++i)
+        if (logits[i] > logits[best]) best = i;
+    const float top = logits[best];
+    vf sums = {};
+    for (int64_t i = 0; i < vocab; i += LANES) {
+        const vf x = i + LANES <= vocab ? load(logits + i, LANES, 0.0f) : load(logits + i, vocab - i, -INFINITY);
+        sums += exp_nonpositive(x - top);
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < LANES; ++i) sum += sums[i];
+    *prob = 1.0 / sum;
+    return best;
+}
+
 // The n largest entries of each row, most likely first, ties by id (lower first): ids [rows][n], values [rows][n].
 // Needs n <= vocab. A block whose maximum does not beat the n-th largest so far is skipped whole (a later equal
 // value would lose its tie), so a row costs about one vectorised pass.
