@@ -137,6 +137,27 @@ def verify_greedy(drafted: torch.Tensor, target_logits: torch.Tensor) -> Verdict
     return Verdict(accepted, next_token, accept_probs, [], [(next_token, 1.0)])
 
 
+def decision_inputs(drafted: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                    generator: torch.Generator) -> tuple[list[float], list[float], list[float], list[int]]:
+    """On the host: p(x_i), q(x_i) (1.0 for a one-hot draft), a uniform draw per draft token and the drafted ids.
+    CPU rows are read in place with numpy (each torch call costs ~15-30 us inside a round, see
+    sampling.native_searches); elsewhere everything comes over in one device-to-host transfer."""
+    n = drafted.shape[0]
+    dtype = target_probs.dtype
+    uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=dtype)
+    if on_cpu_as_numpy(target_probs) and (draft_probs is None or on_cpu_as_numpy(draft_probs)):
+        ids, rows = drafted.tolist(), range(n)
+        target_p = target_probs.numpy()[rows, ids].tolist()
+        draft_q = [1.0] * n if draft_probs is None else draft_probs.numpy()[rows, ids].tolist()
+        return target_p, draft_q, uniforms.tolist(), ids
+    parts = [drafted_probs(target_probs, drafted), uniforms, drafted.to(dtype)]
+    if draft_probs is not None:
+        parts.append(drafted_probs(draft_probs, drafted).to(dtype))
+    host = torch.cat(parts).tolist()
+    draft_q = host[3 * n:] if draft_probs is not None else [1.0] * n
+    return host[:n], draft_q, host[n:2 * n], [int(t) for t in host[2 * n:3 * n]]
+
+
 def verify_sampled(
     drafted: torch.Tensor,              # [n]
     draft_probs: torch.Tensor | None,   # [n, vocab] or None (one-hot)
@@ -148,14 +169,7 @@ def verify_sampled(
     n = drafted.shape[0]
     assert target_probs.shape[0] == n + 1, (target_probs.shape, n)
     assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), (draft_probs.shape, target_probs.shape)
-    dtype = target_probs.dtype
-    uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=dtype)
-    parts = [drafted_probs(target_probs, drafted), uniforms, drafted.to(dtype)]
-    if draft_probs is not None:
-        parts.append(drafted_probs(draft_probs, drafted).to(dtype))
-    host = torch.cat(parts).tolist()                     # one transfer for the decision, p(x_i) and q(x_i)
-    target_p, uniform_list, drafted_ids = host[:n], host[n:2 * n], [int(t) for t in host[2 * n:3 * n]]
-    draft_q = host[3 * n:] if draft_probs is not None else [1.0] * n
+    target_p, draft_q, uniform_list, drafted_ids = decision_inputs(drafted, draft_probs, target_probs, generator)
     accept_list = [rule_acceptance(rule, p, q) for p, q in zip(target_p, draft_q)]
     accepted = count_accepted_host(accept_list, uniform_list)
     decided = min(accepted + 1, n)

@@ -194,3 +194,22 @@ def test_the_verdicts_top_candidates_come_from_the_rows_members_unchanged():
         assert [v for _, v in verdict.next_probs_top] == pytest.approx([v for _, v in expected], rel=1e-6)
         seen_accepted.add(verdict.accepted)
     assert len(seen_accepted) >= 2                 # both residual rows and others were checked
+
+
+def test_decision_inputs_read_in_place_equal_the_one_transfer_path(monkeypatch):
+    """The CPU path (numpy reads of p(x_i), q(x_i)) and the device path (one concatenated transfer) hand the rule the
+    same numbers and consume the generator alike, for sampled and one-hot drafts."""
+    import spec_engine.verify as verify_module
+    from spec_engine.sampling import make_generator
+    from spec_engine.verify import decision_inputs
+    target_probs = torch.softmax(torch.randn(4, 300, generator=torch.Generator().manual_seed(1)), -1)   # [n + 1, vocab]
+    draft_probs = torch.softmax(torch.randn(3, 300, generator=torch.Generator().manual_seed(2)), -1)    # [n, vocab]
+    drafted = torch.tensor([5, 299, 0])
+    for draft in (draft_probs, None):
+        in_place = decision_inputs(drafted, draft, target_probs, make_generator("cpu", 7))
+        with monkeypatch.context() as patch:
+            patch.setattr(verify_module, "on_cpu_as_numpy", lambda probs: False)
+            transferred = decision_inputs(drafted, draft, target_probs, make_generator("cpu", 7))
+        assert in_place == transferred
+        assert in_place[0] == [float(target_probs[i, t]) for i, t in enumerate([5, 299, 0])]
+        assert in_place[3] == [5, 299, 0] and (draft is not None or in_place[1] == [1.0] * 3)
