@@ -128,7 +128,8 @@ def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> np.ndarray:
 
     The definition (csrc/sampling.cpp computes the same numbers for float32 rows): the row sorted most likely first,
     its mass accumulated in the row's dtype in that order, each token kept while the mass before it is below top_p;
-    members renormalised by the mass through the last one. Candidates: the tokens at or above a floor of
+    members renormalised by their mass summed in double, in that order (float32's running sum drifts by ~3e-4 over
+    the 44k members of a flat row). Candidates: the tokens at or above a floor of
     TOP_P_FLOORS whose sorted mass reaches top_p (no token below it can then be a member), else every token; only
     they are sorted. A floor whose candidates' total falls clearly short is skipped unsorted.
     """
@@ -147,7 +148,8 @@ def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> np.ndarray:
         count = int(outside[0]) if outside.shape[0] else values.shape[0]
         if outside.shape[0] or floor is None or not through[-1] < threshold:
             break                               # else a token below the floor may be a member: widen
-    out[ids[:count]] = values[:count] / through[count - 1]
+    total = row.dtype.type(np.cumsum(values[:count], dtype=np.float64)[-1])   # in order, in double: no drift
+    out[ids[:count]] = values[:count] / total
     return ids[:count]
 
 
@@ -199,36 +201,36 @@ def native_top_p_rows(library, rows: torch.Tensor, top_p: float) -> tuple[torch.
     """top_p_filter's CPU search by the compiled library: rows [R, vocab] float32 -> (kept [R, vocab], each row's
     member ids most likely first)."""
     rows = rows.contiguous()
-    count, vocab = rows.shape
     kept = torch.empty_like(rows)
-    cap = min(vocab, NATIVE_MEMBERS)
-    while True:
-        ids = torch.empty(count, cap, dtype=torch.int32)
-        counts = torch.empty(count, dtype=torch.int64)
-        needed = library.top_p_rows(rows.data_ptr(), count, vocab, top_p, kept.data_ptr(), ids.data_ptr(), cap,
-                                    counts.data_ptr())
-        if needed == 0:
-            ids, counts = ids.numpy(), counts.tolist()
-            return kept, [ids[r, :counts[r]].astype(np.int64) for r in range(count)]
-        cap = vocab                             # a flat row: room for every token
+    members = with_member_buffers(*rows.shape, lambda ids, cap, counts: library.top_p_rows(
+        rows.data_ptr(), rows.shape[0], rows.shape[1], top_p, kept.data_ptr(), ids, cap, counts))
+    return kept, members
 
 
 def native_warp_rows(library, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, list[np.ndarray]]:
     """warp's CPU path by the compiled library (temperature, softmax, top-p; no top-k): logits [R, vocab] float32 ->
     (probs [R, vocab], each row's top-p member ids most likely first, or [] without top-p)."""
     logits = logits.contiguous()
-    count, vocab = logits.shape
     probs = torch.empty_like(logits)
+    members = with_member_buffers(*logits.shape, lambda ids, cap, counts: library.warp_rows(
+        logits.data_ptr(), logits.shape[0], logits.shape[1], params.temperature, params.top_p, probs.data_ptr(),
+        ids, cap, counts))
+    return probs, members
+
+
+def with_member_buffers(count: int, vocab: int, call) -> list[np.ndarray]:
+    """Run `call(ids, cap, counts)`, a compiled top-p search writing each of `count` rows' member ids into ids
+    [count, cap] and their numbers into counts [count] (-1: no top-p); it returns the room a row needed when cap
+    was too small, then it runs again with room for every token. Returns each row's member ids.
+    Torch buffers: their data_ptr() is cheaper than numpy's .ctypes, which adds up at ~1 ms a round."""
     cap = min(vocab, NATIVE_MEMBERS)
-    while True:       # torch buffers: their data_ptr() is cheaper than numpy's .ctypes, which adds up at ~1 ms a round
+    while True:
         ids = torch.empty(count, cap, dtype=torch.int32)
         counts = torch.empty(count, dtype=torch.int64)
-        needed = library.warp_rows(logits.data_ptr(), count, vocab, params.temperature, params.top_p, probs.data_ptr(),
-                                   ids.data_ptr(), cap, counts.data_ptr())
-        if needed == 0:
+        if call(ids.data_ptr(), cap, counts.data_ptr()) == 0:
             ids, counts = ids.numpy(), counts.tolist()
-            return probs, [ids[r, :counts[r]].astype(np.int64) for r in range(count) if counts[r] >= 0]
-        cap = vocab
+            return [ids[r, :counts[r]].astype(np.int64) for r in range(count) if counts[r] >= 0]
+        cap = vocab                             # a flat row: room for every token
 
 
 def native_top_n_rows(library, rows: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

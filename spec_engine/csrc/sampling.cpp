@@ -5,7 +5,7 @@
 // Top-p. The definition, the same as sampling.cpu_top_p_row's numpy code, bit for bit: sort a row's probabilities in
 // descending order (ties by id, lower first), accumulate them in float32 in that order, and keep each token whose
 // mass before it, (cum + p) - p as float32 arithmetic gives it, is below top_p. The members are renormalised by
-// the cumulative mass through the last member. Only candidates are sorted: the tokens at or above the first floor
+// their mass summed in double, in that order. Only candidates are sorted: the tokens at or above the first floor
 // whose sorted prefix already reaches top_p (then no token below the floor can be a member), else every token.
 #include <algorithm>
 #include <cmath>
@@ -22,8 +22,8 @@ const int N_FLOORS = 3;
 typedef std::pair<float, int32_t> Entry;           // (probability, id)
 
 // Sort `candidates` most likely first and mark the members; returns their count, or -1 when the candidates'
-// mass never reaches top_p (the caller then widens the candidates). `total`: the mass through the last member.
-int64_t select(std::vector<Entry>& candidates, float top_p, float& total, bool complete) {
+// mass never reaches top_p (the caller then widens the candidates).
+int64_t select(std::vector<Entry>& candidates, float top_p, bool complete) {
     std::sort(candidates.begin(), candidates.end(), [](const Entry& a, const Entry& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
     });
@@ -32,14 +32,10 @@ int64_t select(std::vector<Entry>& candidates, float top_p, float& total, bool c
     for (const Entry& entry : candidates) {
         float through = cum + entry.first;
         float before = through - entry.first;    // the numpy code's (cumsum - values), which may differ from cum
-        if (!(before < top_p)) {
-            total = cum;
-            return count;
-        }
+        if (!(before < top_p)) return count;
         cum = through;
         ++count;
     }
-    total = cum;
     // Every candidate is a member: a token below the floor may be one too, unless the candidates are all tokens
     // or their mass reaches top_p (the next token's mass before it is then >= top_p).
     return (complete || !(cum < top_p)) ? count : -1;
@@ -153,15 +149,17 @@ int64_t top_p_rows(const float* probs, int64_t rows, int64_t vocab, float top_p,
         const float* row = probs + r * vocab;
         float* out_row = out + r * vocab;
         int64_t count = -1;
-        float total = 0.0f;
         for (int f = 0; f <= N_FLOORS && count < 0; ++f) {
             candidates.clear();
             const bool every = f == N_FLOORS;                    // past the floors: every token
             const double mass = gather(row, vocab, every ? -1.0f : FLOORS[f], candidates);
             if (!every && mass < top_p * 0.999) continue;          // clearly not enough: skip the sort
-            count = select(candidates, top_p, total, every);
+            count = select(candidates, top_p, every);
         }
         if (count > cap) return count;
+        double sum = 0.0;              // in double: float32's running mass drifts over thousands of members
+        for (int64_t j = 0; j < count; ++j) sum += candidates[j].first;
+        const float total = (float)sum;
         std::memset(out_row, 0, sizeof(float) * vocab);
         for (int64_t j = 0; j < count; ++j) {
             out_row[candidates[j].second] = candidates[j].first / total;
