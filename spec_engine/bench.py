@@ -61,12 +61,26 @@ PROMPTS = {
 HELD_OUT_FILE = Path(__file__).resolve().parents[1] / "bench" / "data" / "eagle_prompts.json"
 
 
-def held_out_prompts(n: int) -> dict[str, str]:
-    """The first n held-out prompts of the EAGLE head's prompt set (topics never in its training data)."""
+def held_out_prompts(n: int, kinds: list[str] | None = None) -> dict[str, str]:
+    """The first n held-out prompts of the EAGLE head's prompt set (topics never in its training data), named
+    held-out-0 ...; with `kinds`, the first n of each of those kinds (held-out-chat-0 ...)."""
     if n <= 0:
         return {}
-    items = json.loads(HELD_OUT_FILE.read_text(encoding="utf-8"))["held_out"][:n]
-    return {f"held-out-{i}": item["text"] for i, item in enumerate(items)}
+    items = json.loads(HELD_OUT_FILE.read_text(encoding="utf-8"))["held_out"]
+    if not kinds:
+        return {f"held-out-{i}": item["text"] for i, item in enumerate(items[:n])}
+    known = sorted({item["kind"] for item in items})
+    unknown = [kind for kind in kinds if kind not in known]
+    if unknown:
+        raise ValueError(f"no held-out prompts of kind {', '.join(unknown)}; the kinds are {', '.join(known)}")
+    return {f"held-out-{kind}-{i}": text for kind in kinds
+            for i, text in enumerate([item["text"] for item in items if item["kind"] == kind][:n])}
+
+
+def prompt_group(prompt: str) -> str:
+    """held-out-chat-3 -> held-out-chat, held-out-3 -> held-out; a benchmark prompt is its own group."""
+    head, _, tail = prompt.rpartition("-")
+    return head if prompt.startswith("held-out-") and tail.isdigit() else prompt
 
 
 @dataclass
@@ -225,6 +239,23 @@ def median_row(samples: list[dict]) -> dict:
     return out
 
 
+def group_summary(rows: list[Row]) -> str:
+    """Per (draft, T, k, group of two or more prompts): geometric mean and range of the speedup vs plain, and
+    mean acceptance and tokens per forward; "" when no group has two prompts."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.draft, r.temperature, r.top_p, r.k, prompt_group(r.prompt)), []).append(r)
+    lines = [f"| {draft} | {t:g} / {top_p:g} | {k} | {group} ({len(rs)}) | "
+             f"{statistics.fmean(r.acceptance for r in rs):.2f} | {statistics.fmean(r.tokens_per_forward for r in rs):.2f} | "
+             f"**{statistics.geometric_mean(r.speedup_vs_plain for r in rs):.2f}x** | "
+             f"{min(r.speedup_vs_plain for r in rs):.2f}-{max(r.speedup_vs_plain for r in rs):.2f}x |"
+             for (draft, t, top_p, k, group), rs in groups.items() if len(rs) > 1]
+    if not lines:
+        return ""
+    return "\n".join(["| draft | T / top-p | k | group (prompts) | mean acceptance | mean tokens/forward "
+                      "| vs plain (geometric mean) | vs plain (range) |", "|---|---|---|---|---|---|---|---|"] + lines)
+
+
 def markdown(rows: list[Row]) -> str:
     head = ("| draft | T / top-p | k | prompt | acceptance | tokens/forward | draft cost | verify cost | spec tok/s "
             "| plain tok/s | HF tok/s | vs plain | vs HF | predicted | overhead |\n"
@@ -306,6 +337,9 @@ def main(argv=None) -> None:
     parser.add_argument("--prompts", nargs="*", default=list(PROMPTS), choices=list(PROMPTS))
     parser.add_argument("--held-out", type=int, default=0, metavar="N",
                         help="also the first N held-out prompts of bench/data/eagle_prompts.json (held-out-0 ...)")
+    parser.add_argument("--held-out-kinds", nargs="+", default=None, metavar="KIND",
+                        help="with --held-out N: the first N held-out prompts of each kind (chat, code, explain, list, "
+                             "rewrite, creative), named held-out-KIND-0 ...; a table per kind follows the rows")
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default=None, help="default: cuda when present, else cpu")
@@ -315,6 +349,11 @@ def main(argv=None) -> None:
     parser.add_argument("--no-eos", action="store_true", help="always generate --tokens tokens, ignoring EOS")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args(argv)
+    try:
+        held_out = held_out_prompts(args.held_out, args.held_out_kinds)
+    except ValueError as error:
+        parser.error(str(error))
+    prompts = {name: PROMPTS[name] for name in args.prompts} | held_out
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_any(args.model, args.device, args.dtype)
@@ -327,7 +366,6 @@ def main(argv=None) -> None:
             prepack(draft.model)
         drafts[name] = (spec, draft, hf_assistant_for(spec, draft))
     rows, eos = [], not args.no_eos
-    prompts = {name: PROMPTS[name] for name in args.prompts} | held_out_prompts(args.held_out)
     for name, (spec, draft, hf_assistant) in drafts.items():
         for temperature in args.temperatures:
             sampling = SamplingParams(temperature, 0, args.top_p if temperature > 0 else 1.0)
@@ -341,6 +379,9 @@ def main(argv=None) -> None:
                     rows.append(Row(name, temperature, sampling.top_p, k, prompt_name, **median_row(samples)))
                     print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     table = markdown(rows)
+    summary = group_summary(rows)
+    if summary:
+        table += "\n\n" + summary
     meta = {"model": target.name, "dtype": str(target.dtype), "device": str(target.device), "tokens": args.tokens,
             "eos": eos, "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "machine": platform.machine(), "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,

@@ -69,3 +69,34 @@ def test_bad_feature_layers_stop_before_any_compute(command, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([command, *extra, "--layers", "15", "2", "-1"])
     assert "feature_layers must be increasing" in capsys.readouterr().err
+
+
+def test_held_out_prompts_by_kind_are_the_first_of_each_kind_in_file_order():
+    from spec_engine.bench import held_out_prompts, prompt_group
+    items = build()["held_out"]
+    by_kind = held_out_prompts(3, ["chat", "code"])
+    assert list(by_kind) == ["held-out-chat-0", "held-out-chat-1", "held-out-chat-2",
+                             "held-out-code-0", "held-out-code-1", "held-out-code-2"]
+    assert [by_kind[f"held-out-code-{i}"] for i in range(3)] == [p["text"] for p in items if p["kind"] == "code"][:3]
+    assert list(held_out_prompts(2).values()) == [p["text"] for p in items[:2]]       # without kinds: file order
+    assert held_out_prompts(0, ["chat"]) == {}
+    with pytest.raises(ValueError, match="no held-out prompts of kind poetry"):
+        held_out_prompts(2, ["chat", "poetry"])
+    assert [prompt_group(p) for p in ("held-out-chat-12", "held-out-3", "chat", "summarise")] == \
+        ["held-out-chat", "held-out", "chat", "summarise"]
+
+
+def test_bench_group_summary_gives_the_geometric_mean_of_each_kind():
+    from spec_engine.bench import Row, group_summary
+    def row(prompt, speedup, acceptance):
+        return Row(draft="eagle", temperature=0.0, top_p=1.0, k=3, prompt=prompt, acceptance=acceptance,
+                   judged_acceptance=acceptance, accepted_per_round=1.0, tokens_per_forward=2.0, draft_share=0.1,
+                   verify_share=0.8, overhead_share=0.1, spec_tok_s=1.0, plain_tok_s=1.0, hf_tok_s=None,
+                   speedup_vs_plain=speedup, speedup_vs_hf=None, new_tokens=8, c_target_ms=1.0, c_draft=0.1,
+                   c_verify=1.0, predicted_speedup=speedup, realised_over_predicted=1.0)
+    rows = [row("chat", 1.5, 0.6), row("held-out-chat-0", 1.0, 0.4), row("held-out-chat-1", 4.0, 0.8),
+            row("held-out-code-0", 2.0, 0.5)]
+    lines = group_summary(rows).splitlines()
+    assert len(lines) == 3                   # header, rule, and held-out-chat only: the others have one prompt each
+    assert lines[2] == "| eagle | 0 / 1 | 3 | held-out-chat (2) | 0.60 | 2.00 | **2.00x** | 1.00-4.00x |"
+    assert group_summary(rows[:1]) == ""
