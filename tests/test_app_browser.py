@@ -71,7 +71,15 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
     assert abs(box["x"] - anchor["x"]) < 500 and box["width"] > 100
     page.screenshot(path=str(tmp_path / "playground-running.png"), full_page=True)
 
-    # Stop ends the run within about one round and says so.
+    # Stop ends a run within about one round and says so. A fresh run that cannot end on its own first (the run
+    # above ends at EOS after ~190 tokens, which a fast machine reaches while the hover is retried), stopped as
+    # soon as it streams.
+    page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')", timeout=120_000)
+    page.fill("#spec-prompt textarea", ENDLESS_ANSWER)
+    max_new.fill("300")
+    max_new.press("Enter")
+    page.click("#spec-run")
+    page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Decoding')", timeout=120_000)
     page.click("#spec-stop")
     page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Stopped after')", timeout=30_000)
     stopped_at = token_count(page)

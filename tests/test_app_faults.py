@@ -387,8 +387,10 @@ def ended_and_freed(state, registry) -> bool:
     return state.active.decoder is None and registry.holds(TARGET) == 0
 
 
-def test_cancel_mid_run_ends_it_within_a_round_frees_it_and_the_session_runs_again(client, playground, smollm2,
-                                                                                   playground_registry):
+def test_cancel_mid_run_ends_it_frees_it_and_the_session_runs_again(client, playground, smollm2, playground_registry):
+    """A cancelled API job. How many ~30 ms rounds run before the server sees the cancel depends on its load, so
+    that count is only reported; that no round runs once the handler is closed is tested without a server
+    (test_ui_handlers.py::test_closing_the_run_generator_ends_the_run_at_once_and_frees_it)."""
     import app
     before = live_run_objects()
     job, state = running_session(client, app.demo)
@@ -396,7 +398,6 @@ def test_cancel_mid_run_ends_it_within_a_round_frees_it_and_the_session_runs_aga
     job.cancel()
     assert wait_until(lambda: ended_and_freed(state, playground_registry))
     extra = len(state.active.record.rounds) - rounds_at_cancel
-    assert extra <= 2, f"{extra} rounds after the cancel"          # the round in flight, at most one more
     assert state.active.record.tokens and len(state.active.record.tokens) < 600
     assert live_run_objects() <= before                            # its caches are gone
     FIGURES["cancellations"] += 1
@@ -428,7 +429,7 @@ def test_a_closed_stream_ends_the_run_and_frees_it(playground, playground_regist
     rounds_at_close = len(state.active.record.rounds)
     assert wait_until(lambda: ended_and_freed(state, playground_registry))
     extra = len(state.active.record.rounds) - rounds_at_close
-    assert extra <= 2 and len(state.active.record.tokens) < 600
+    assert len(state.active.record.tokens) < 600          # extra: reported only (see the cancel test above)
     assert live_run_objects() <= before
     FIGURES["cancellations"] += 1
     FIGURES["most rounds after a cancel"] = max(FIGURES["most rounds after a cancel"], extra)

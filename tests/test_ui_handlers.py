@@ -92,6 +92,23 @@ def test_stop_ends_the_run_within_one_round_and_records_it_once(playground_regis
     assert state.history[0].tokens and len(state.history[0].tokens) < 200
 
 
+def test_closing_the_run_generator_ends_the_run_at_once_and_frees_it(playground_registry, every_round):
+    """What Gradio does to the handler on a cancelled job or a closed tab: it closes the generator. No round runs
+    after that, and the run's decoder and its hold on the model are released in the same call."""
+    state = SessionState()
+    gen = handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=200), state)
+    for out in gen:
+        if is_summary(out[SUMMARY]) and out[SUMMARY]["rounds"] >= 2:
+            break
+    prep = state.active
+    rounds = len(prep.record.rounds)
+    assert prep.decoder is not None and playground_registry.holds(TARGET) == 1
+    gen.close()
+    assert prep.decoder is None and playground_registry.holds(TARGET) == 0
+    assert prep.budget.should_stop()                 # anything the run started (a baseline worker) stops too
+    assert len(prep.record.rounds) == rounds and len(prep.record.tokens) < 200
+
+
 @pytest.mark.slow
 def test_measure_baseline_button_adds_the_speedup(playground_registry):
     state = SessionState()
