@@ -1,4 +1,6 @@
 """Handlers called directly (no server) with the real offline default, SmolLM2-135M, and short outputs."""
+import time
+
 import gradio as gr
 import pytest
 import torch
@@ -106,6 +108,7 @@ def test_closing_the_run_generator_ends_the_run_at_once_and_frees_it(playground_
     gen.close()
     assert prep.decoder is None and playground_registry.holds(TARGET) == 0
     assert prep.budget.should_stop()                 # anything the run started (a baseline worker) stops too
+    time.sleep(0.3)                                  # ~10 rounds' time: an engine left running elsewhere would show
     assert len(prep.record.rounds) == rounds and len(prep.record.tokens) < 200
 
 
