@@ -100,3 +100,14 @@ def test_bench_group_summary_gives_the_geometric_mean_of_each_kind():
     assert len(lines) == 3                   # header, rule, and held-out-chat only: the others have one prompt each
     assert lines[2] == "| eagle | 0 / 1 | 3 | held-out-chat (2) | 0.60 | 2.00 | **2.00x** | 1.00-4.00x |"
     assert group_summary(rows[:1]) == ""
+
+
+def test_step_one_hits_count_the_committed_token_against_each_top_j_and_skip_positions_never_reached():
+    from bench.eagle_topk import step_one_hits
+    sequence = [5, 6, 7, 8]
+    step_one = [(1, [6, 9, 10, 11]),        # top-1 hit
+                (2, [9, 7, 10, 11]),        # top-2 hit
+                (3, [9, 10, 11, 12]),       # miss
+                (4, [1, 2, 3, 4])]          # past the end (the run stopped): not counted
+    assert step_one_hits(step_one, sequence) == [[True, True, True, True], [False, True, True, True],
+                                                 [False, False, False, False]]
