@@ -5,6 +5,7 @@ Skips (with the reason) only when /usr/bin/chromium is absent (the `chromium` fi
 import time
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from conftest import open_playground
 
@@ -65,8 +66,12 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
     # The boxes are read in the same attempt: a re-render after the evaluation can hide the tooltip again.
     for _ in range(10):
         token = page.locator("#spec-tokens .tokens .tok").first
-        token.hover()
-        floating.wait_for(state="visible", timeout=5_000)
+        try:    # a re-render can also move the token away while it is hovered, or hide the box before it shows
+            token.hover(timeout=10_000)
+            floating.wait_for(state="visible", timeout=5_000)
+        except PlaywrightTimeoutError:
+            shown = tip = box = anchor = None
+            continue
         shown, tip = page.evaluate(hovered)
         box, anchor = floating.bounding_box(), token.bounding_box()
         if tip and shown.split() == tip.split() and box and anchor:

@@ -66,6 +66,29 @@ def test_run_streams_every_round_and_matches_the_engine(playground_registry, smo
     assert len(state.history) == 1
 
 
+PLOTTED = [RUN_OUTPUTS.index(name) for name in ("acceptance_plot", "accepted_plot", "forward_plot", "speed_plot",
+                                                 "kv_plot", "kv_table")]
+
+
+def is_skip(value):
+    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plot_interval", [0.0, 1e9])
+def test_streamed_updates_redraw_the_plots_only_every_plot_interval(playground_registry, every_round, monkeypatch,
+                                                                    plot_interval):
+    monkeypatch.setattr(handlers, "PLOT_INTERVAL", plot_interval)
+    outputs = [out for out in handlers.run(*run_args(), SessionState()) if is_summary(out[SUMMARY])]
+    streamed, final = outputs[:-1], outputs[-1]
+    assert len(streamed) >= 3 and not any(is_skip(out[RUN_OUTPUTS.index("tokens")]) for out in streamed)
+    redrawn = [not any(is_skip(out[i]) for i in PLOTTED) for out in streamed]
+    assert all(redrawn[i] == all(not is_skip(out[i]) for i in PLOTTED) for i, out in enumerate(streamed))
+    # every update when the interval is 0; otherwise the first one only (and the round that ends the run)
+    assert redrawn[1:-1] == [plot_interval == 0.0] * (len(streamed) - 2) and redrawn[0]
+    assert not any(is_skip(final[i]) for i in PLOTTED)                       # the final view always has them
+
+
 @pytest.mark.slow
 def test_sampling_run_matches_the_engine_with_the_same_seed(playground_registry, smollm2):
     outputs = list(handlers.run(*run_args(draft="prompt-lookup", temperature=0.8, top_p=0.9, seed=7, k=4), SessionState()))

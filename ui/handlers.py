@@ -35,6 +35,10 @@ except Exception:   # not on a Space, or no `spaces` package: run as is
         return fn
 
 RENDER_INTERVAL = 0.15          # seconds between streamed UI updates (the final round is always sent)
+# Seconds between streamed updates of the plots and the KV table (the tokens and stats go every RENDER_INTERVAL):
+# re-drawing five Plotly figures at every update kept the browser's main thread busy 64-97% of the time while a run
+# streamed (long tasks, measured in headless Chromium), so a click on Stop waited seconds for its turn.
+PLOT_INTERVAL = 1.0
 UI_MAX_NEW_TOKENS = 1024        # the engine allows 2048; the server's cap is limits.current().max_new_tokens
 SWEEP_K = (1, 2, 3, 4, 6, 8, 12)
 MISMATCH_MAX_NEW_TOKENS = 40
@@ -133,7 +137,10 @@ def status_text(record, summary: dict, running: bool) -> str:
     return f"Run {record.run_id} finished: {reason} after {summary['rounds']} rounds, {summary['new_tokens']} tokens"
 
 
-def run_view(prep: runner.Prepared, state: SessionState, status: str | None = None, final: bool = False) -> tuple:
+def run_view(prep: runner.Prepared, state: SessionState, status: str | None = None, final: bool = False,
+             with_plots: bool = True) -> tuple:
+    """Every output of a run as it stands; without `with_plots` (a streamed update between plot refreshes) the
+    plots and the KV table are left as they are."""
     record = prep.record
     baseline = state.baselines.get(record.baseline_key)
     summary = summarize(record, baseline)
@@ -144,16 +151,19 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
                                                                    record.settings.chat), status, legend=False)
     detail = dict(summary, text=prep.labeler.text(summary["tokens"]), settings=dataclasses.asdict(record.settings),
                   prompt_tokens=len(record.prompt_ids), final=final)
-    return (
-        tokens,
-        render.stats_html(summary, status),
-        detail["text"],
+    figures = (
         plots.acceptance_figure(record.rounds),
         plots.accepted_figure(record.rounds),
         plots.forward_figure(record.rounds),
         plots.speed_figure(record.rounds, baseline),
         plots.kv_figure(record.rounds),
         pd.DataFrame(plots.kv_rows(record.rounds), columns=plots.KV_COLUMNS),
+    ) if with_plots or final else (gr.skip(),) * 6
+    return (
+        tokens,
+        render.stats_html(summary, status),
+        detail["text"],
+        *figures,
         history_frame(state) if final else gr.skip(),
         compare_figure(state) if final else gr.skip(),
         detail,
@@ -193,12 +203,13 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         return
     try:
         state.active = prep
-        last = 0.0
+        last, last_plots = 0.0, float("-inf")          # the first update draws the plots
         for event in runner.rounds(prep, state):
             now = perf_counter()
             if (event.finished or now - last >= RENDER_INTERVAL) and not state.stop_event.is_set():
-                last = now
-                yield run_view(prep, state)
+                with_plots = event.finished or now - last_plots >= PLOT_INTERVAL
+                last, last_plots = now, now if with_plots else last_plots
+                yield run_view(prep, state, with_plots=with_plots)
             else:
                 yield SKIP_RUN                # one message per round: a cancel or a closed tab lands here
         record = prep.record
