@@ -373,3 +373,22 @@ def test_eagle_draft_names():
     for bad in ("eagle:100", "eagle:x", "eagle:0.3", "eagle+lookup:x"):
         with pytest.raises(ValueError, match="confidence percentage"):
             se.parse_draft(bad)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_topk_benchmarks_recording_drafter_drafts_what_the_plain_drafter_does(target, temperature):
+    """bench/eagle_topk.py grows a second chain from the step-1 second choice each round: it must leave the head's
+    cache as it found it, so the run it records is the run the plain drafter makes."""
+    from bench.eagle_topk import RecordingEagleDrafter
+    head = random_eagle_drafter(target, REDUCED, seed=2, scale=2.0).head
+    plain, recording = EagleDrafter(head, target, REDUCED), RecordingEagleDrafter(head, target, REDUCED)
+    ids = torch.tensor([[1, 2, 3, 1, 2]])
+    runs = [se.SpeculativeDecoder(target, d).generate(ids, k=3, max_new_tokens=24, seed=5,
+                                                      sampling=se.SamplingParams(temperature))
+            for d in (plain, recording)]
+    assert [r.drafted for r in runs[0].rounds] == [r.drafted for r in runs[1].rounds]
+    assert runs[0].tokens == runs[1].tokens
+    assert 0 < len(recording.branches) <= len(runs[1].rounds) and len(recording.step_one) == len(recording.branches)
+    for (at, chain, second), (at_top, top) in zip(recording.branches, recording.step_one):
+        assert at == at_top and second[0] == top[1] and 1 <= len(second) <= 3
+        assert second[0] != top[0] and (temperature > 0 or not chain or chain[0] == top[0])

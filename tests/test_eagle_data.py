@@ -111,3 +111,14 @@ def test_step_one_hits_count_the_committed_token_against_each_top_j_and_skip_pos
                 (4, [1, 2, 3, 4])]          # past the end (the run stopped): not counted
     assert step_one_hits(step_one, sequence) == [[True, True, True, True], [False, True, True, True],
                                                  [False, False, False, False]]
+
+
+def test_round_matches_count_each_rounds_matching_drafts_for_the_chain_and_the_better_branch():
+    from bench.eagle_topk import matched, round_matches
+    sequence = [1, 2, 3, 4, 5, 6]
+    assert matched([3, 4, 9], sequence, 2) == 2 and matched([9], sequence, 2) == 0 and matched([6, 7], sequence, 5) == 1
+    branches = [(1, [2, 3, 4], [7, 3, 4]),     # the chain matches all three
+                (2, [9, 4, 5], [3, 4, 9]),     # the chain misses at once, the second branch matches two
+                (4, [5], [8]),                 # both one draft long
+                (6, [7], [7])]                 # past the end (the run stopped): not counted
+    assert round_matches(branches, sequence) == [(3, 3), (0, 2), (1, 1)]
