@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from spec_engine.bench import held_out_prompts
-from spec_engine.cache import trim_cache
+from spec_engine.cache import cache_len, trim_cache
 from spec_engine.decoder import SpeculativeDecoder
 from spec_engine.eagle import DEFAULT_WEIGHTS, EagleDrafter, head_dtype, load_head, recommended_settings
 from spec_engine.models import DEFAULT_MODEL, load_model
@@ -45,7 +46,7 @@ class RecordingEagleDrafter(EagleDrafter):
     def second_chain(self, committed: list[int], first: int, k: int) -> list[int]:
         """k greedy drafts from draft 1 = `first` (a reduced-vocabulary index), as `propose` rolls the head; the head's
         cache is put back as it was."""
-        keep, ids = self.cache.get_seq_length(), list(self.cache_ids)
+        keep, ids = cache_len(self.cache), list(self.cache_ids)
         feature, tokens = self._predicted, [self._vocab_ids[first]]
         for i in range(k - 1):
             feature = self._step(feature[None], tokens[-1:], len(committed) - 1 + i)[-1]              # [H]
@@ -106,7 +107,7 @@ def main(argv=None) -> None:
     rows = []
     for kind in args.kinds:
         hits, emitted, rounds, matches = [], 0, 0, []
-        for seed, (name, text) in enumerate((n, t) for n, t in prompts.items() if n.startswith(f"held-out-{kind}-")):
+        for seed, text in enumerate(t for n, t in prompts.items() if n.startswith(f"held-out-{kind}-")):
             drafter = RecordingEagleDrafter(head, target.model, vocab_index,
                                             min_confidence=settings.get("min_confidence", 0.0),
                                             min_path_confidence=settings.get("min_path_confidence", 0.0))
@@ -132,7 +133,7 @@ def main(argv=None) -> None:
                      f" | {r['tokens_per_forward']:.2f} | +{r['sibling_gain']:.2f} "
                      f"(+{100 * r['sibling_gain'] / r['tokens_per_forward']:.0f}%) | {r['chain_counted']:.2f} | "
                      f"{r['tree_counted']:.2f} (+{100 * (r['tree_counted'] / r['chain_counted'] - 1):.0f}%) |")
-    command = "python -m bench.eagle_topk " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    command = "python -m bench.eagle_topk " + " ".join(argv if argv is not None else sys.argv[1:])
     text = "\n".join(lines) + (f"\n\nGreedy, fp32 target, the shipped head ({DEFAULT_WEIGHTS.name}), "
                                f"{args.tokens} new tokens per prompt. `{command}`\n")
     print(text)
