@@ -1,6 +1,9 @@
 """Run arithmetic shared by the CLI, the benchmarks and the UI."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Sequence
+
 
 def expected_tokens_per_round(acceptance: float, k: int) -> float:
     """Leviathan et al. (2023): with i.i.d. per-token acceptance a and k drafts, E[tokens per target forward]
@@ -22,3 +25,64 @@ def judged_acceptance(rounds) -> float:
     accepted = sum(r.accepted for r in rounds)
     rejected = sum(1 for r in rounds if r.correction is not None)     # EOS inside the drafts is no rejection
     return accepted / (accepted + rejected) if accepted + rejected else 0.0
+
+
+@dataclass(frozen=True)
+class SpeedupModel:
+    """The speedup formula with every term measured, in units of one plain decoding step (one target forward
+    over one token, the mean of the plain run's `step_seconds`).
+
+    Leviathan et al. (2023, eq. 1 and thm. 3.8) predict speedup = (1 - a^(k+1)) / ((1 - a)(k c + 1)): expected
+    tokens per round over the cost of a round, which is k draft steps of relative cost c plus one target forward
+    taken to cost what a plain step does. Our drafters are not all k equal steps (lookup costs ~nothing, an EAGLE
+    head may stop early, a verify of k + 1 rows costs more than one row on a CPU), so the cost is measured per
+    round instead: predicted speedup = E[tokens per round] / (verify_cost + draft_cost). With draft_cost = k c
+    and verify_cost = 1 it is the paper's formula.
+    """
+
+    acceptance: float                 # a: accepted / judged drafts (`judged_acceptance`)
+    mean_drafted: float               # drafted tokens per round (k when every round drafts k)
+    tokens_per_round: float           # measured: emitted tokens per round (= per target forward)
+    expected_tokens_per_round: float  # mean over rounds of (1 - a^(n+1)) / (1 - a), n = that round's draft count
+    plain_step_seconds: float         # mean plain decoding step: the unit of cost
+    draft_cost: float                 # mean draft_seconds per round / plain step
+    verify_cost: float                # mean verify_seconds per round / plain step
+    overhead_cost: float              # the rest of a round (accept, trim, bookkeeping) / plain step
+
+    @property
+    def round_cost(self) -> float:
+        """verify + draft: the paper's k c + 1."""
+        return self.verify_cost + self.draft_cost
+
+    @property
+    def predicted_speedup(self) -> float:
+        """E[tokens per round] / (verify_cost + draft_cost): the formula at the measured a, c and v."""
+        return self.expected_tokens_per_round / self.round_cost if self.round_cost > 0 else 0.0
+
+    @property
+    def measured_round_speedup(self) -> float:
+        """Measured tokens per round over the whole measured round cost (overhead included): the speedup of the
+        rounds alone, prefill left out."""
+        cost = self.round_cost + self.overhead_cost
+        return self.tokens_per_round / cost if cost > 0 else 0.0
+
+
+def speedup_model(rounds, plain_step_seconds: Sequence[float]) -> SpeedupModel | None:
+    """The terms of the speedup formula from RoundEvents and a plain run's per-step times (see SpeedupModel);
+    None when there are no rounds or no plain step to take as the unit. Nothing is assumed: a comes from
+    `judged_acceptance`, each round's draft count from its events, the costs from its timings."""
+    rounds, steps = list(rounds), [float(s) for s in plain_step_seconds]
+    step = sum(steps) / len(steps) if steps else 0.0
+    if not rounds or step <= 0:
+        return None
+    n = len(rounds)
+    a = judged_acceptance(rounds)
+    draft = sum(r.draft_seconds for r in rounds) / n
+    verify = sum(r.verify_seconds for r in rounds) / n
+    whole = sum(r.round_seconds for r in rounds) / n
+    return SpeedupModel(
+        acceptance=a, mean_drafted=sum(len(r.drafted) for r in rounds) / n,
+        tokens_per_round=sum(len(r.emitted) for r in rounds) / n,
+        expected_tokens_per_round=sum(expected_tokens_per_round(a, len(r.drafted)) for r in rounds) / n,
+        plain_step_seconds=step, draft_cost=draft / step, verify_cost=verify / step,
+        overhead_cost=max(0.0, whole - draft - verify) / step)

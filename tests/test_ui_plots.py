@@ -103,6 +103,9 @@ def test_summary_speedup_only_from_a_baseline():
     s = summarize(record, state.baseline_for(record))
     assert s["speedup"] == pytest.approx(s["tokens_per_second"] / base.tokens_per_second)
     assert s["matches_baseline"] is False and s["first_difference"] == 0   # greedy + exact: text compared
+    # the formula's terms: 0.01 s drafting and 0.02 s verifying per round against 0.02 s plain steps, a = 6 / 8
+    assert s["draft_cost"] == pytest.approx(0.5) and s["verify_cost"] == pytest.approx(1.0)
+    assert s["predicted_speedup"] == pytest.approx((1 - 0.75 ** 5) / (1 - 0.75) / 1.5)
     row = history_row(s, record.settings)
     assert row[0] == record.run_id and row[-2] == round(s["speedup"], 2)
 

@@ -2,6 +2,8 @@
 import html
 import re
 
+import pytest
+
 import spec_engine as se
 from ui import render
 from ui.render import RenderOptions
@@ -161,3 +163,31 @@ def test_tokenization_html_escapes_and_numbers_pieces():
 
 def test_floating_tooltip_script_sets_text_not_html():
     assert "textContent = tok.dataset.tip" in render.TOOLTIP_JS and "innerHTML" not in render.TOOLTIP_JS
+
+
+def test_stats_html_shows_the_measured_costs_and_the_predicted_speedup():
+    from types import SimpleNamespace
+
+    from ui import metrics
+    rounds = [SimpleNamespace(drafted=[0] * 3, accepted=3, correction=None, emitted=[1] * 4, draft_seconds=0.006,
+                              verify_seconds=0.012, round_seconds=0.02),
+              SimpleNamespace(drafted=[0] * 3, accepted=0, correction=5, emitted=[1], draft_seconds=0.006,
+                              verify_seconds=0.012, round_seconds=0.02)]
+    baseline = SimpleNamespace(step_seconds=[0.01, 0.01])
+    fields = metrics.cost_fields(rounds, baseline)
+    a = 0.75                                                     # 3 accepted of 4 judged
+    assert fields["draft_cost"] == pytest.approx(0.6) and fields["verify_cost"] == pytest.approx(1.2)
+    assert fields["overhead_cost"] == pytest.approx(0.2)
+    assert fields["predicted_tokens_per_forward"] == pytest.approx((1 - a ** 4) / (1 - a))
+    assert fields["predicted_speedup"] == pytest.approx((1 - a ** 4) / (1 - a) / 1.8)
+    assert metrics.cost_fields(rounds, None) == dict.fromkeys(metrics.COST_FIELDS)
+    summary = {"rounds": 2, "new_tokens": 5, "acceptance_rate": 0.5, "tokens_per_forward": 2.5,
+               "expected_tokens_per_forward": 2.73, "tokens_per_second": 12.0, "baseline_tokens_per_second": 10.0,
+               "speedup": 1.2, "matches_baseline": None, "judged_acceptance": a, **fields}
+    out = render.stats_html(summary)
+    for stat, value in (("judged acceptance a", "75%"), ("draft cost c", "0.60 steps"),
+                        ("verify cost v", "1.20 steps"), ("predicted speedup", "×1.52"), ("speedup (measured)", "×1.20")):
+        assert re.search(f'data-stat="{re.escape(stat)}"[^>]*><span class="k">[^<]*</span><span class="v">'
+                         f'{re.escape(value)}</span>', out), stat
+    assert "Leviathan" in out                                     # the formula, in the predicted chip's title
+    assert "predicted speedup" not in render.stats_html(dict(summary, **dict.fromkeys(metrics.COST_FIELDS)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from spec_engine.metrics import expected_tokens_per_round  # noqa: F401  (re-exported for the plots)
+from spec_engine.metrics import expected_tokens_per_round, speedup_model  # noqa: F401  (re-exported for the plots)
 
 
 def running(values: list[float]) -> list[float]:
@@ -48,3 +48,18 @@ def baseline_curve(baseline) -> tuple[list[float], list[int]]:
     times = [baseline.prefill_seconds + t for t in [0.0] + running(list(baseline.step_seconds))]
     times = times[:len(baseline.tokens)]
     return times, list(range(1, len(times) + 1))
+
+
+COST_FIELDS = ("draft_cost", "verify_cost", "overhead_cost", "predicted_tokens_per_forward", "predicted_speedup")
+
+
+def cost_fields(rounds, baseline) -> dict:
+    """The measured terms of the speedup formula for a run summary (`spec_engine.metrics.speedup_model`): draft
+    and verify cost per round in plain decoding steps, and the speedup E[tokens per round] / (verify + draft) they
+    predict. All None without a plain run to take the step time from."""
+    model = speedup_model(rounds, getattr(baseline, "step_seconds", None) or ()) if baseline is not None else None
+    if model is None:
+        return dict.fromkeys(COST_FIELDS)
+    return {"draft_cost": model.draft_cost, "verify_cost": model.verify_cost, "overhead_cost": model.overhead_cost,
+            "predicted_tokens_per_forward": model.expected_tokens_per_round,
+            "predicted_speedup": model.predicted_speedup}

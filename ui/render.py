@@ -303,6 +303,34 @@ def legend_view() -> str:
     return f'<div class="spec-view legend-only">{legend_html()}</div>'
 
 
+COST_TITLES = {
+    "judged acceptance a": "accepted / judged drafts (the accepted ones and the rejected one; later drafts are "
+                           "discarded unjudged): the per-token a of the formula",
+    "draft cost c": "mean draft seconds per round / one plain decoding step (the mean of the plain run's steps)",
+    "verify cost v": "mean verify seconds per round (one target forward over the drafts + 1) / one plain step",
+    "predicted speedup": "E[tokens per round] / (v + c): (1 − a^(n+1)) / (1 − a) at the judged acceptance a and each "
+                         "round's draft count n, over the round's measured cost. With n = k, v = 1 and c = k × "
+                         "(one draft step) it is Leviathan et al.'s (1 − a^(k+1)) / ((1 − a)(k c + 1)). Prefill and "
+                         "bookkeeping are left out, so the measured speedup is usually a little lower.",
+}
+
+
+def title_attr(key: str) -> str:
+    return f' title="{esc(COST_TITLES[key])}"' if key in COST_TITLES else ""
+
+
+def cost_chips(s: dict) -> list[tuple[str, str, str]]:
+    """Draft and verify cost per round in plain steps, and the speedup they predict (ui.metrics.cost_fields);
+    none when the summary lacks them."""
+    if s.get("predicted_speedup") is None:
+        return []
+    predicted = s["predicted_speedup"]
+    return [("judged acceptance a", f'{s.get("judged_acceptance", 0.0):.0%}', ""),
+            ("draft cost c", f'{s["draft_cost"]:.2f} steps', ""),
+            ("verify cost v", f'{s["verify_cost"]:.2f} steps', ""),
+            ("predicted speedup", f"×{predicted:.2f}", "good" if predicted >= 1 else "bad")]
+
+
 def stats_html(summary: dict | None, message: str = "") -> str:
     """The headline numbers of a run (a summary dict from `state.summarize`)."""
     if not summary:
@@ -320,14 +348,15 @@ def stats_html(summary: dict | None, message: str = "") -> str:
         chips.append(("plain decoding tok/s", f'{s["baseline_tokens_per_second"]:.1f}', ""))
         speedup = s["speedup"]
         chips.append(("speedup (measured)", f"×{speedup:.2f}", "good" if speedup >= 1 else "bad"))
+        chips += cost_chips(s)
     else:
         chips.append(("speedup", "baseline pending", "pending"))
     if s.get("matches_baseline") is not None:
         same = s["matches_baseline"]
         chips.append(("same text as plain", "yes" if same else f'no (token {s.get("first_difference")})',
                       "good" if same else "bad"))
-    html_chips = "".join(f'<div class="chip {cls}" data-stat="{esc(key)}"><span class="k">{esc(key)}</span>'
-                         f'<span class="v">{esc(value)}</span></div>' for key, value, cls in chips)
+    html_chips = "".join(f'<div class="chip {cls}" data-stat="{esc(key)}"{title_attr(key)}><span class="k">{esc(key)}'
+                         f'</span><span class="v">{esc(value)}</span></div>' for key, value, cls in chips)
     msg = f'<div class="msg">{esc(message)}</div>' if message else ""
     return f'<div class="spec-stats">{html_chips}{msg}</div>'
 

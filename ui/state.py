@@ -112,6 +112,7 @@ def summarize(record: RunRecord, baseline=None) -> dict:
         out["baseline_tokens_per_second"] = baseline.tokens_per_second
         out["baseline_seconds"] = baseline.total_seconds
         out["speedup"] = out["tokens_per_second"] / baseline.tokens_per_second
+        out.update(metrics.cost_fields(rounds, baseline))       # draft / verify cost, predicted speedup
         if record.settings.greedy and record.settings.rule == "exact":
             n = min(len(tokens), len(baseline.tokens))
             diff = next((i for i in range(n) if tokens[i] != baseline.tokens[i]), None)
