@@ -89,3 +89,31 @@ def test_step_and_replay_over_the_api(playground):
         assert f"Round {n} of {n} recorded" in status
     replayed = client.predict(handle_file("presets/traces/example.json"), api_name="/trace_replay")
     assert "Replaying a trace" in replayed[0] and 'class="round"' in replayed[1]
+
+
+def test_finders_jump_to_the_round_the_lesson_needs(page):
+    """'Next round rejecting draft i' and 'Next all-accepted round' stop at such a round, or say the run ended
+    without one; the KV view shows how much each cache grew, with its sign."""
+    max_new = page.locator("#spec-max-new input[type=number]")
+    max_new.fill("40")
+    max_new.press("Enter")
+    page.get_by_role("tab", name="Step through").click()
+    page.click("#step-reset")
+    page.wait_for_function("document.querySelector('#step-status').innerText.includes('Round 0 of 0 recorded')",
+                           timeout=60_000)
+    position = page.locator("#step-position input[type=number]")
+    position.fill("1")
+    position.press("Enter")
+    page.click("#step-find-rejection")
+    page.wait_for_function("document.querySelector('#step-round').innerText.includes('First rejection at position 1')"
+                           " || document.querySelector('#step-status').innerText.includes('No round')", timeout=90_000)
+    assert "First rejection at position 1" in page.inner_text("#step-round"), page.inner_text("#step-status")
+    kv = page.inner_text("#step-kv")
+    assert "grew" in kv and "Grew: the change since the previous round" in kv and "--" not in kv and "trimmed -" not in kv
+
+    page.click("#step-find-accepted")
+    page.wait_for_function("document.querySelector('#step-round').innerText.includes('All draft tokens accepted')"
+                           " || document.querySelector('#step-status').innerText.includes('No round with every')",
+                           timeout=90_000)
+    status = page.inner_text("#step-status")
+    assert ("All draft tokens accepted" in page.inner_text("#step-round")) != ("No round with every" in status)

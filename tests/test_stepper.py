@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import spec_engine as se
-from ui import stepper
+from ui import plots, stepper
 from ui.render import RenderOptions
 from ui.state import RunSettings, SessionState
 from ui.stepper import StepSession, Stepper
@@ -164,3 +164,124 @@ def test_step_handlers_on_smollm2_follow_the_main_run(playground_registry, monke
 
     reset = list(classroom.step_reset(*values, session))[-1]
     assert reset[0] is not session and reset[0].stepper.position == 0 and not reset[0].stepper.events
+
+
+# ------------------------------------------------------------------------------------------ finders, KV growth
+
+def test_find_goes_to_the_next_matching_round_and_stays_put_when_there_is_none():
+    source = Scripted(SCRIPT)            # all 4 accepted; first rejection at draft 2; at draft 1 (the run ends)
+    s = Stepper(source)
+    assert s.find(stepper.rejects_at(2)) is SCRIPT[1] and s.position == 2 and source.calls == 2
+    assert s.find(stepper.all_accepted) is None and s.position == 2 and source.calls == 3   # computed, recorded
+    assert s.finished and len(s.events) == 3
+    s.back()
+    s.back()
+    assert s.find(stepper.rejects_at(1)) is SCRIPT[2] and s.position == 3 and source.calls == 3   # no recompute
+    s.reset(None, SCRIPT)
+    assert s.find(stepper.all_accepted) is SCRIPT[0] and s.position == 1
+    assert s.find(stepper.all_accepted) is None and s.position == 1            # only the next rounds count
+    assert [stepper.rejects_at(i)(SCRIPT[1]) for i in (1, 2, 3, 4)] == [False, True, False, False]
+    assert not stepper.all_accepted(event(0, [], 0, bonus=5))                 # nothing drafted: not "all accepted"
+
+
+def live_session(target, draft, seed, max_new_tokens=40, k=4):
+    ids = torch.tensor([[1, 2, 3]])
+    sampling = se.SamplingParams(temperature=1.0)
+    reference = se.SpeculativeDecoder(target, se.ModelDrafter(draft)).generate(
+        ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed).rounds
+    decoder = se.SpeculativeDecoder(target, se.ModelDrafter(draft))
+    state = decoder.start(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+    s = StepSession(Stepper(lambda: decoder.step(state)), dataclasses.replace(SETTINGS, k=k), "tiny", [1, 2, 3], "",
+                    dict_labeler({}), RenderOptions())
+    return s, reference
+
+
+def strip(ev):
+    return {k: v for k, v in ev.to_dict().items() if k not in ("draft_seconds", "verify_seconds", "round_seconds",
+                                                                  "prefill_seconds")}
+
+
+def test_finders_on_tiny_models_stop_at_the_engines_own_round(target, draft):
+    """The rounds found are the rounds `generate` makes with the same seed: the engine, not a staged round."""
+    s, reference = live_session(target, draft, seed=3)
+    wanted = [(f"rejects {i}", stepper.rejects_at(i)) for i in (1, 2, 3, 4)] + [("all", stepper.all_accepted)]
+    found_any = 0
+    for name, rule in wanted:
+        s.stepper.reset(s.stepper._advance, s.stepper.events)            # same recording, back to the start
+        first = next((r for r in reference if rule(r)), None)
+        ev = s.stepper.find(rule)
+        if first is None:
+            assert ev is None and s.stepper.position == 0, name
+            continue
+        found_any += 1
+        assert strip(ev) == strip(first) and s.stepper.position == first.index + 1, name
+        following = next((r for r in reference[first.index + 1:] if rule(r)), None)
+        again = s.stepper.find(rule)
+        assert (again is None) == (following is None) and (again is None or strip(again) == strip(following)), name
+    assert found_any == 4          # this seed: first rejections at drafts 1, 2, 3 and all-accepted rounds; none at 4
+    assert s.stepper.finished and [strip(e) for e in s.stepper.events] == [strip(e) for e in reference]
+
+
+def test_kv_growth_is_accepted_plus_one_for_the_target(target, draft):
+    s, reference = live_session(target, draft, seed=1)
+    while s.stepper.forward() is not None:
+        html = stepper.view(s)["kv"]
+        ev, previous = s.stepper.current, s.stepper.previous
+        target_grew, draft_grew = plots.cache_growth(ev, previous)
+        assert target_grew == ev.accepted + 1 == len(ev.emitted)           # the tiny models have no EOS
+        assert f"<td>+{ev.accepted + 1}</td>" in html and "(accepted + 1)" in html
+        if previous is None:
+            assert draft_grew is None
+        else:
+            assert draft_grew == ev.draft_cache_len - previous.draft_cache_len
+        assert not re.search(r"--|−-|-−|trimmed -|\(−?-", html)
+    rows = plots.kv_rows(s.stepper.events)
+    assert rows[-1][0] == 1 and rows[-1][-1] == "–"                       # round 1: the draft's prefill isn't recorded
+    for row, ev in zip(rows[::-1], s.stepper.events):
+        assert row[plots.KV_COLUMNS.index("target grew")] == f"+{ev.accepted + 1}"
+    assert len(plots.KV_COLUMNS) == len(rows[0])
+
+
+def test_cache_changes_are_signed_right():
+    """A drafter that feeds positions in after trimming (EAGLE) ends the trim step longer: that is "+5" and
+    "added 5", never "(−-5)" or "trimmed -5"."""
+    fed_back = dataclasses.replace(SCRIPT[1], draft_cache_len_before=10, draft_cache_len=15)
+    trimmed = dataclasses.replace(SCRIPT[1], index=2, draft_cache_len_before=15, draft_cache_len=12)
+    html = stepper.kv_html(fed_back, SCRIPT[0])
+    assert "added 5" in html and "trimmed 1" in html and "trimmed -" not in html    # target: 10 -> 9
+    assert "trimmed 3" in stepper.kv_html(trimmed, fed_back) and "<td>−3</td>" in stepper.kv_html(trimmed, fed_back)
+    rows = plots.kv_rows([fed_back, trimmed])
+    assert rows[1][5] == "10 → 15 (+5)" and rows[0][5] == "15 → 12 (−3)" and rows[0][-1] == "−3"
+    assert rows[1][4] == "10 → 9 (−1)"
+    for text in [html] + [str(cell) for row in rows for cell in row]:
+        assert not re.search(r"--|−-|-−|trimmed -", text), text
+    assert [plots.signed(n) for n in (3, 0, -2)] == ["+3", "0", "−2"]
+
+
+def test_finder_handlers_say_when_the_run_ends_without_the_round():
+    import gradio as gr
+    from ui import classroom
+    s = session(SCRIPT)
+    out = list(classroom.find_round({}, s, stepper.rejects_at(4), "round rejecting draft 4"))
+    status = out[-1][1 + classroom.STEP_OUTPUTS.index("status")]
+    assert "No round rejecting draft 4 in this run (the run ended: max_new_tokens, 3 rounds)" in status
+    assert s.stepper.position == 0 and s.stepper.finished
+    out = list(classroom.step_find_accepted(*[None] * len(classroom.STEP_INPUTS), s))
+    assert out[-1][0] is s and s.stepper.position == 1 and "Round 1 of 3 recorded" in out[-1][1]
+    for bad in (0, 2.5, None, True, se.MAX_K + 1):
+        with pytest.raises(gr.Error, match="whole number"):
+            list(classroom.step_find_rejection(*[None] * len(classroom.STEP_INPUTS), bad, s))
+    with pytest.raises(gr.Error, match="past k = 4"):
+        list(classroom.step_find_rejection(*[None] * len(classroom.STEP_INPUTS), 5, s))
+    out = list(classroom.step_find_rejection(*[None] * len(classroom.STEP_INPUTS), 1, s))
+    assert s.stepper.position == 3 and "First rejection at position 1" in out[-1][2]
+
+
+def test_finder_buttons_are_private_and_queue_with_the_engine():
+    from ui.layout import build_demo
+    demo = build_demo(preload=False)
+    fns = {getattr(fn.fn, "__name__", None): fn for fn in demo.fns.values()}
+    for name in ("step_find_rejection", "step_find_accepted"):
+        assert fns[name].api_visibility == "private"
+        assert (fns[name].concurrency_id, fns[name].concurrency_limit) == (fns["step_forward"].concurrency_id,
+                                                                          fns["step_forward"].concurrency_limit)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+import spec_engine as se
 from spec_engine import trace as tr
 from spec_engine.explain import explain
 
@@ -47,8 +48,10 @@ def explain_latest(state: SessionState) -> str:
 
 # ------------------------------------------------------------------------------------------ step-through
 
-def step_view(session, timer=None) -> tuple:
+def step_view(session, timer=None, note: str | None = None) -> tuple:
     v = stepper.view(session)
+    if note:
+        v["status"] = f"**{note}** {v['status']}"
     return (session, *[v[name] for name in STEP_OUTPUTS], gr.skip() if timer is None else timer)
 
 
@@ -103,6 +106,60 @@ def step_reset(prompt, target, draft, k, temperature, top_p, top_k, max_new_toke
     with handlers.friendly_errors():
         session = yield from start(values)
         yield step_view(session, gr.Timer(active=False))
+
+
+def draft_position(value) -> int:
+    """The finder's i, checked: a whole number from 1 to the largest k."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
+            or not 1 <= value <= se.MAX_K:
+        raise gr.Error(f"Draft position i must be a whole number from 1 to {se.MAX_K}, got {value!r}.")
+    return int(value)
+
+
+def find_round(values: dict, session, wanted, what: str):
+    """Generator behind the finders: start a session if there is none, then go forward (computing rounds with
+    the engine, as Forward does) to the next round for which `wanted` holds; say so when the run ends first."""
+    if session is None:
+        session = yield from start(values)
+    yield message(f"Looking for the next {what}…")
+    with session.lock:
+        shown = session.stepper.position
+        found = session.stepper.find(wanted)
+        ended = f"the run ended: {session.stop_reason}" if session.stepper.finished else "no more recorded rounds"
+        total = len(session.stepper.events)
+    if found is not None:
+        yield step_view(session, gr.Timer(active=False))
+        return
+    where = f"after round {shown}" if shown else "in this run"
+    still = f"still showing round {shown}" if shown else "nothing shown yet"
+    note = (f"No {what} {where} ({ended}, {total} rounds): {still}. Forward shows the rounds computed on the way; "
+            f"try another seed or more new tokens, then Reset.")
+    gr.Info(note)
+    yield step_view(session, gr.Timer(active=False), note=note)
+
+
+@handlers.gpu
+def step_find_rejection(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
+                        skip_layers, exit_after, show_spaces, position, session):
+    """'Next round rejecting draft i': forward to the next round whose first rejection is draft i (1-based)."""
+    values = dict(zip(STEP_INPUTS, (prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
+                                    chat, skip_layers, exit_after, show_spaces)))
+    with handlers.friendly_errors():
+        i = draft_position(position)
+        k = session.settings.k if session is not None else settings_from(values).k
+        if i > k:
+            raise gr.Error(f"Draft position {i} is past k = {k}: a round drafts at most k tokens.")
+        yield from find_round(values, session, stepper.rejects_at(i), f"round rejecting draft {i}")
+
+
+@handlers.gpu
+def step_find_accepted(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
+                       skip_layers, exit_after, show_spaces, session):
+    """'Next all-accepted round': forward to the next round that accepted every draft."""
+    values = dict(zip(STEP_INPUTS, (prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
+                                    chat, skip_layers, exit_after, show_spaces)))
+    with handlers.friendly_errors():
+        yield from find_round(values, session, stepper.all_accepted, "round with every draft accepted")
 
 
 def step_back(session):
@@ -201,12 +258,15 @@ def step_trace(trace):
 # ------------------------------------------------------------------------------------------ layout
 
 def build_tabs(c: dict, state: gr.State) -> dict:
-    """The 'Step through' and 'Trace export / replay' tabs; `c` holds the main run's controls."""
-    step_state = gr.State(None)
-    replay_state = gr.State(None)
+    """The 'Step through' and 'Trace export / replay' tabs; `c` holds the main run's controls.
+
+    Every component, the `gr.State`s included, is created inside a `gr.Tab`: the caller's `gr.Tabs` must hold
+    only tabs. A State created directly in the Tabs shifted the browser's tab bookkeeping (clicking "Step
+    through" relabelled the tab two places on, "Exactness lab", and made it unreachable until a reload)."""
     s: dict[str, gr.components.Component] = {}
     r: dict[str, gr.components.Component] = {}
     with gr.Tab("Step through") as step_tab:
+        step_state = gr.State(None)
         gr.Markdown(stepper.CAPTION)
         with gr.Row():
             reset_btn = gr.Button("⟲ Reset", size="sm", elem_id="step-reset")
@@ -216,6 +276,11 @@ def build_tabs(c: dict, state: gr.State) -> dict:
             pause_btn = gr.Button("⏸ Pause", size="sm", elem_id="step-pause")
             speed = gr.Slider(*SPEEDS[:2], value=SPEEDS[2], step=0.1, label="seconds per round (autoplay)",
                               elem_id="step-speed", min_width=200)
+        with gr.Row():
+            position = gr.Number(2, precision=0, minimum=1, maximum=se.MAX_K, label="draft position i (1 = first)",
+                                 elem_id="step-position", min_width=220, scale=0)
+            find_rejection_btn = gr.Button("Next round rejecting draft i ▶▶", size="sm", elem_id="step-find-rejection")
+            find_accepted_btn = gr.Button("Next all-accepted round ▶▶", size="sm", elem_id="step-find-accepted")
         timer = gr.Timer(SPEEDS[2], active=False)
         initial = stepper.view(None)
         s["status"] = gr.Markdown(initial["status"], elem_id="step-status")
@@ -227,6 +292,7 @@ def build_tabs(c: dict, state: gr.State) -> dict:
                               autoscroll=True, js_on_load=render.TOOLTIP_JS)
         s["explain"] = gr.Markdown("", elem_id="step-explain")
     with gr.Tab("Trace export / replay") as trace_tab:
+        replay_state = gr.State(None)
         gr.Markdown(TRACE_CAPTION)
         with gr.Row():
             export_btn = gr.Button("Export the latest run", size="sm", elem_id="trace-export")
@@ -254,6 +320,9 @@ def build_tabs(c: dict, state: gr.State) -> dict:
     forward_btn.click(step_forward, controls, step_outputs, api_name="step", **COMPUTE)
     reset_btn.click(step_reset, controls, step_outputs, api_name="step_reset", **COMPUTE)
     back_btn.click(step_back, [step_state], step_outputs, **PRIVATE)
+    find_rejection_btn.click(step_find_rejection, controls[:-1] + [position, step_state], step_outputs, **COMPUTE,
+                             **PRIVATE)
+    find_accepted_btn.click(step_find_accepted, controls, step_outputs, **COMPUTE, **PRIVATE)
     timer.tick(step_tick, controls, step_outputs, trigger_mode="once", **COMPUTE, **PRIVATE)
     play_btn.click(play, [speed], [timer], **PRIVATE)
     pause_btn.click(pause, None, [timer], **PRIVATE)

@@ -157,19 +157,49 @@ def kv_figure(rounds) -> go.Figure:
     return figure(traces, layout("KV cache length per round (positions)", "round", "positions", height=300))
 
 
+def signed(n: int) -> str:
+    """A change in positions with its sign: "+3", "−2" (a minus sign, not a hyphen), "0"."""
+    return f"+{n}" if n > 0 else f"−{-n}" if n < 0 else "0"
+
+
+def cache_growth(ev, previous=None) -> tuple[int, int | None]:
+    """How much each cache grew this round: its length after trimming minus the previous round's (target, draft).
+
+    The first round's target starts from the prefill, which its verify forward extended by the last prompt token
+    plus the drafts. Without a draft cache, or with no previous round (the drafter's prefill length is not in the
+    events), the draft's growth is None. With no EOS the target grows by exactly the tokens emitted: accepted + 1.
+    """
+    start = (previous.target_cache_len if previous is not None
+             else ev.target_cache_len_before - len(ev.drafted) - 1)
+    draft = None
+    if previous is not None and ev.draft_cache_len is not None and previous.draft_cache_len is not None:
+        draft = ev.draft_cache_len - previous.draft_cache_len
+    return ev.target_cache_len - start, draft
+
+
+def cache_change(before: int, after: int) -> str:
+    """Before → after the trim step, with the signed change (a drafter may feed positions back in after trimming)."""
+    return f"{before} → {after} ({signed(after - before)})"
+
+
 def kv_rows(rounds, last: int = 200) -> list[list]:
-    """Table rows: round, drafted, accepted, target before → after (trimmed), draft before → after."""
+    """Table rows: round, drafted, accepted, committed, target before → after trim (change), draft before → after
+    (change), and how much each cache grew this round."""
     rows = []
-    for r in rounds[-last:]:
-        draft = ("–" if r.draft_cache_len is None else
-                 f"{r.draft_cache_len_before} → {r.draft_cache_len} (−{r.draft_cache_len_before - r.draft_cache_len})")
+    rounds = list(rounds)
+    for n in range(max(len(rounds) - last, 0), len(rounds)):
+        r = rounds[n]
+        previous = rounds[n - 1] if n and rounds[n - 1].index == r.index - 1 else None
+        target_grew, draft_grew = cache_growth(r, previous)
+        no_draft = r.draft_cache_len is None or r.draft_cache_len_before is None
         rows.append([r.index + 1, len(r.drafted), r.accepted, r.committed_len,
-                     f"{r.target_cache_len_before} → {r.target_cache_len} (−{r.target_cache_len_before - r.target_cache_len})",
-                     draft])
+                     cache_change(r.target_cache_len_before, r.target_cache_len),
+                     "–" if no_draft else cache_change(r.draft_cache_len_before, r.draft_cache_len),
+                     signed(target_grew), "–" if draft_grew is None else signed(draft_grew)])
     return rows[::-1]
 
 
-KV_COLUMNS = ["round", "drafted", "accepted", "committed", "target cache", "draft cache"]
+KV_COLUMNS = ["round", "drafted", "accepted", "committed", "target cache", "draft cache", "target grew", "draft grew"]
 
 COMPARE_AXES = {"k": "k", "temperature": "temperature", "top-p": "top_p", "draft": "draft", "rule": "rule"}
 

@@ -38,10 +38,14 @@ STEP_CSS = """
 .spec-step tr.bonus td.decision { color: #1d4ed8; font-weight: 600; }
 .spec-step .facts { margin: 2px 0 6px 0; line-height: 1.6; }
 .spec-step .kvbar { display: inline-block; height: 10px; vertical-align: middle; border-radius: 2px; }
-.spec-step td.bars { text-align: left; white-space: nowrap; }
+.spec-step .bars { white-space: nowrap; margin: 2px 0; }
+.spec-step .bars .muted { display: inline-block; width: 3.5em; }
+.spec-step table.kv th, .spec-step table.kv td { padding: 3px 5px; }
 .spec-step .kvbar.kept { background: #1f77b4; }
 .spec-step .kvbar.trimmed { background: #fbd5d5; border: 1px dashed #e58c8c; }
+.spec-step .kvbar.fed { background: #86c5f0; }
 .spec-step .muted { color: #6b7280; }
+.spec-step .scroll { max-width: 100%; overflow-x: auto; }
 """
 
 
@@ -79,6 +83,11 @@ class Stepper:
         return self.events[self.position - 1] if self.position else None
 
     @property
+    def previous(self) -> se.RoundEvent | None:
+        """The round before the current one (None at the first)."""
+        return self.events[self.position - 2] if self.position > 1 else None
+
+    @property
     def shown(self) -> list[se.RoundEvent]:
         return self.events[:self.position]
 
@@ -95,6 +104,17 @@ class Stepper:
         self.position += 1
         return event
 
+    def find(self, wanted: Callable[[se.RoundEvent], bool]) -> se.RoundEvent | None:
+        """Go forward to the next round after the current one for which `wanted` holds, computing rounds as
+        Forward does (the same engine, so never past the run's end). None when the run ends without one: the
+        position then stays where it was, and the rounds computed on the way stay recorded."""
+        start = self.position
+        while (event := self.forward()) is not None:
+            if wanted(event):
+                return event
+        self.position = start
+        return None
+
     def back(self) -> se.RoundEvent | None:
         if self.position:
             self.position -= 1
@@ -102,6 +122,16 @@ class Stepper:
 
     def reset(self, advance: Callable[[], se.RoundEvent] | None = None, events=()) -> None:
         self.events, self.position, self._advance = list(events), 0, advance
+
+
+def rejects_at(position: int) -> Callable[[se.RoundEvent], bool]:
+    """Rounds whose first rejection is draft `position` (1-based): the drafts before it accepted, a correction."""
+    return lambda ev: ev.correction is not None and ev.accepted == position - 1
+
+
+def all_accepted(ev: se.RoundEvent) -> bool:
+    """Rounds that drafted at least one token and accepted every draft."""
+    return bool(ev.drafted) and ev.accepted == len(ev.drafted)
 
 
 @dataclass
@@ -219,22 +249,42 @@ def round_facts(ev: se.RoundEvent, labeler, opts: RenderOptions) -> list[str]:
     return facts
 
 
-def kv_html(ev: se.RoundEvent) -> str:
-    """Cache lengths after the verify forward and after trimming, as numbers and proportional bars."""
-    rows = [("target", ev.target_cache_len_before, ev.target_cache_len)]
+def kv_html(ev: se.RoundEvent, previous: se.RoundEvent | None = None) -> str:
+    """Cache lengths after the verify forward and after trimming, the change at the trim step, how much each
+    cache grew this round (against `previous`, the round before), and proportional bars."""
+    target_grew, draft_grew = plots.cache_growth(ev, previous)
+    rows = [("target", ev.target_cache_len_before, ev.target_cache_len, target_grew)]
     if ev.draft_cache_len is not None and ev.draft_cache_len_before is not None:
-        rows.append(("draft", ev.draft_cache_len_before, ev.draft_cache_len))
-    widest = max(max(before, after) for _, before, after in rows) or 1
-    out = ["<table><tr><th>cache</th><th>before trim</th><th>after trim</th><th>trimmed</th><th></th></tr>"]
-    for name, before, after in rows:
-        kept = int(KV_BAR_PX * min(before, after) / widest)
-        cut = max(int(KV_BAR_PX * max(before - after, 0) / widest), 3 if before > after else 0)
-        out.append(f'<tr><td>{name}</td><td>{before}</td><td>{after}</td><td>{before - after}</td><td class="bars">'
-                   f'<span class="kvbar kept" style="width:{kept}px"></span>'
-                   f'<span class="kvbar trimmed" style="width:{cut}px"></span></td></tr>')
-    out.append(f'</table><div class="muted">Committed text: {ev.committed_len} tokens; the target cache keeps all '
-               f"but the newest, which the next round feeds in.</div>")
-    return "".join(out)
+        rows.append(("draft", ev.draft_cache_len_before, ev.draft_cache_len, draft_grew))
+    widest = max(max(before, after) for _, before, after, _ in rows) or 1
+
+    def bar(kind: str, n: int) -> str:
+        width = max(int(KV_BAR_PX * n / widest), 3)
+        return f'<span class="kvbar {kind}" style="width:{width}px"></span>' if n > 0 else ""
+    table = ['<table class="kv"><tr><th>cache</th><th>before trim</th><th>after trim</th><th>trim step</th>'
+             '<th title="how much the cache grew this round">grew</th></tr>']
+    bars = []
+    for name, before, after, grew in rows:
+        table.append(f'<tr><td>{name}</td><td>{before}</td><td>{after}</td><td>{change_text(before, after)}</td>'
+                     f'<td>{"–" if grew is None else plots.signed(grew)}</td></tr>')
+        bars.append(f'<div class="bars"><span class="muted">{name}</span> {bar("kept", min(before, after))}'
+                    f'{bar("trimmed", before - after)}{bar("fed", after - before)}</div>')
+    grew_note = (f"Grew: the change since the previous round, after trimming. The target cache grew by {target_grew}, "
+                 f"one position per token added to the text" + (" (accepted + 1)." if target_grew == ev.accepted + 1
+                                                                  else "."))
+    return (f'<div class="scroll">{"".join(table)}</table></div>{"".join(bars)}<div class="muted">Committed text: '
+            f"{ev.committed_len} tokens; the target cache keeps all but the newest, which the next round feeds in. "
+            f"{grew_note}</div>")
+
+
+def change_text(before: int, after: int) -> str:
+    """The trim step in words, the sign carried by the word: a drafter that feeds the accepted tokens in after
+    trimming (EAGLE: their target features) can end the step longer than it began."""
+    if after < before:
+        return f"trimmed {before - after}"
+    if after > before:
+        return f"added {after - before}"
+    return "unchanged"
 
 
 def round_html(session: StepSession) -> str:
@@ -253,7 +303,7 @@ def kv_section(session: StepSession | None) -> str:
         return '<div class="spec-step"><div class="facts muted">KV cache lengths appear here.</div></div>'
     return (f'<div class="spec-step"><div class="facts"><b>KV cache, round {ev.index + 1}</b>: after the verify '
             f"forward it holds the committed text plus every draft; trimming drops the rejected and discarded "
-            f"positions.</div>{kv_html(ev)}</div>")
+            f"positions.</div>{kv_html(ev, session.stepper.previous)}</div>")
 
 
 def residual_title(ev: se.RoundEvent, opts: RenderOptions) -> str:

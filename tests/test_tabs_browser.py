@@ -1,0 +1,58 @@
+"""The lower tab bar in a real browser (Debian's headless Chromium via PyPI playwright): clicking each tab shows
+that tab's own content and never relabels a tab. A non-Tab component created directly inside a `gr.Tabs` (a
+`gr.State`, say) shifts the frontend's tab bookkeeping: "Step through" then relabelled "Exactness lab" two tabs
+on, and the lab became unreachable until a reload.
+
+Skips (with the reason) only when /usr/bin/chromium is absent (the `chromium` fixture).
+"""
+import pytest
+
+from conftest import open_playground
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
+
+# Each lower tab, in order, and something only that tab shows.
+LOWER_TABS = {
+    "Compare runs": "#plot-compare",
+    "KV cache": "#plot-kv",
+    "Tokenizer mismatch": "#spec-mismatch",
+    "Step through": "#step-forward",
+    "Trace export / replay": "#trace-export",
+    "Exactness lab": "#lab-run",
+    "Sweeps": "#sweep-run",
+    "About": "text=the k proposals of a round",
+}
+
+LABELS_JS = """() => {
+    const bars = [...document.querySelectorAll('[role=tablist]')]
+        .filter(bar => [...bar.querySelectorAll('[role=tab]')].some(tab => tab.innerText.trim() === 'Compare runs'));
+    return bars.map(bar => [...bar.querySelectorAll('[role=tab]')].map(tab => tab.innerText.trim()));
+}"""
+
+
+@pytest.fixture(scope="module")
+def page(playground, chromium):
+    page = open_playground(chromium, playground)
+    yield page
+    page.close()
+
+
+def lower_labels(page) -> list[str]:
+    bars = page.evaluate(LABELS_JS)
+    assert len(bars) == 1, bars
+    return bars[0]
+
+
+def test_every_lower_tab_keeps_its_label_and_shows_its_own_content(page):
+    assert lower_labels(page) == list(LOWER_TABS)
+    bar = page.locator("[role=tablist]", has=page.get_by_role("tab", name="Compare runs", exact=True))
+    for _ in range(2):                                                   # twice round: after every tab was visited
+        for label, content in LOWER_TABS.items():
+            bar.get_by_role("tab", name=label, exact=True).click()
+            page.locator(content).first.wait_for(state="visible", timeout=10_000)
+            assert lower_labels(page) == list(LOWER_TABS), f"after clicking {label!r}"
+            selected = bar.locator("[role=tab][aria-selected=true]")
+            assert selected.count() == 1 and selected.inner_text().strip() == label
+            for other, other_content in LOWER_TABS.items():
+                if other != label:
+                    assert not page.locator(other_content).first.is_visible(), f"{other!r} shown with {label!r}"
