@@ -333,6 +333,11 @@ class LookupFirstDrafter(Drafter):
         self.fallback.rollback(committed, target_features)
 
 
+def fixed_length_lookup() -> PromptLookupDrafter:
+    """LookupFirstDrafter's lookup with cost sizing off: a match proposes up to k copied tokens."""
+    return PromptLookupDrafter(min_ngram=LOOKUP_FIRST_MIN_NGRAM, sizing="full")
+
+
 def longest_suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:
     """(n, begin): the longest n <= max_ngram such that the last n tokens also occur earlier, and where the
     continuation of their latest earlier occurrence begins; (0, -1) when even the last token is new."""

@@ -406,10 +406,13 @@ def recommended_settings(path: Path = DEFAULT_WEIGHTS) -> dict:
 
 
 def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS, min_confidence: float | None = None,
-                       min_path_confidence: float | None = None) -> EagleDrafter:
+                       min_path_confidence: float | None = None, fixed_length: bool = False) -> EagleDrafter:
     """The shipped head for `target_model`, on its device, in `head_dtype(target_model)`. Either stop left None takes
-    the measured recommendation of the head's record (0, no early stop, when there is none)."""
+    the measured recommendation of the head's record (0, no early stop, when there is none). `fixed_length` turns
+    every sizing off (no stop, no cost sizing): each round drafts exactly k, as the i.i.d. formula assumes."""
     head, vocab_index = load_head(path, dtype=head_dtype(target_model), device=target_model.device)
+    if fixed_length:
+        return EagleDrafter(head, target_model, vocab_index, size_by_cost=False)
     recommended = recommended_settings(path)
     if min_confidence is None:
         min_confidence = float(recommended.get("min_confidence", 0.0))

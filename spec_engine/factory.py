@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .drafters import (CrossTokenizerDrafter, DEFAULT_SKIP_LAYERS, Drafter, LayerSkipDrafter, LookupFirstDrafter,
                        ModelDrafter, NaiveIdDrafter, PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM, PromptLookupDrafter,
-                       early_exit_layers)
+                       early_exit_layers, fixed_length_lookup)
 
 EARLY_EXIT_AFTER = 20
 MODES = ("layer-skip", "early-exit", "prompt-lookup", "eagle", "eagle+lookup", "same-tokenizer", "cross-tokenizer", "naive-ids")
@@ -64,8 +64,14 @@ def parse_draft(name: str) -> DraftSpec:
     return DraftSpec("same-tokenizer", head)
 
 
-def make_drafter(spec: DraftSpec | str, target, draft=None) -> Drafter:
-    """A fresh drafter for one run. `target` and `draft` are LoadedModel-like (`.model`, `.tokenizer`)."""
+def make_drafter(spec: DraftSpec | str, target, draft=None, fixed_length: bool = False) -> Drafter:
+    """A fresh drafter for one run. `target` and `draft` are LoadedModel-like (`.model`, `.tokenizer`).
+
+    `fixed_length`: the drafters that size their drafts (prompt lookup by cost, the EAGLE head by cost and by its
+    confidence stops, eagle:C's included) draft k every round instead, where they can (a lookup without a match, or
+    with a shorter continuation, still drafts what it found); the others do not size their drafts (a cross-tokenizer
+    draft may still re-tokenize to fewer). With equal draft lengths the measured tokens per forward can be held
+    against (1 - a^(k+1)) / (1 - a)."""
     spec = parse_draft(spec) if isinstance(spec, str) else spec
     if spec.needs_model and draft is None:
         raise ValueError(f"draft mode {spec.mode} needs the draft model {spec.model!r} loaded")
@@ -80,11 +86,15 @@ def make_drafter(spec: DraftSpec | str, target, draft=None) -> Drafter:
         return LayerSkipDrafter(target.model, early_exit_layers(n_layers, exit_after))
     if spec.mode == "prompt-lookup":
         longest = spec.arg or PROMPT_LOOKUP_MAX_NGRAM
-        return PromptLookupDrafter(max_ngram=longest, min_ngram=min(spec.min_ngram or PROMPT_LOOKUP_MIN_NGRAM, longest))
+        return PromptLookupDrafter(max_ngram=longest, min_ngram=min(spec.min_ngram or PROMPT_LOOKUP_MIN_NGRAM, longest),
+                                   sizing="full" if fixed_length else "cost")
     if spec.mode in ("eagle", "eagle+lookup"):
         from .eagle import load_eagle_drafter
-        eagle = load_eagle_drafter(target.model, min_confidence=None if spec.arg is None else spec.arg / 100)
-        return eagle if spec.mode == "eagle" else LookupFirstDrafter(eagle)
+        eagle = load_eagle_drafter(target.model, min_confidence=None if spec.arg is None else spec.arg / 100,
+                                   fixed_length=fixed_length)
+        if spec.mode == "eagle":
+            return eagle
+        return LookupFirstDrafter(eagle, fixed_length_lookup() if fixed_length else None)
     if spec.mode == "cross-tokenizer":
         return CrossTokenizerDrafter(draft.model, draft.tokenizer, target.tokenizer, name=f"{spec.model}:cross-tokenizer")
     if spec.mode == "naive-ids":

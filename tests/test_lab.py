@@ -244,7 +244,7 @@ def test_sweep_rows_match_direct_engine_runs(pair, prompt, axis, values):
         assert row.rounds == ref.stats.rounds and row.tokens_per_forward == ref.stats.tokens_per_round
         assert row.judged_acceptance == ref.stats.judged_acceptance
         assert row.expected_tokens_per_forward == expected_tokens_per_round(row.judged_acceptance, point.k)
-        plain = baselines[sweep.baseline_key(point.sampling)]
+        plain = baselines[sweep.baseline_key(point.sampling)][0]
         assert row.plain_tokens_per_second == plain.tokens_per_second
         assert row.speedup == pytest.approx(row.tokens_per_second / plain.tokens_per_second)
 
@@ -254,7 +254,7 @@ def test_sweep_baseline_is_plain_decoding_with_the_same_settings(pair, prompt):
     baselines = {}
     list(sweep.run_sweep(pair.target.model, toy_drafter(pair), prompt, "k", points, 10, seed=5, baselines=baselines))
     plain = se.autoregressive_generate(pair.target.model, prompt, 10, se.SamplingParams(0.8), seed=5)
-    assert baselines[sweep.baseline_key(se.SamplingParams(0.8))].tokens == plain.tokens
+    assert baselines[sweep.baseline_key(se.SamplingParams(0.8))][0].tokens == plain.tokens
 
 
 def test_best_is_the_highest_measured_speedup():

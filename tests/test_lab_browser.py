@@ -62,4 +62,4 @@ def test_lab_endpoints_answer_over_http(playground):
                        "layer-skip", True, "", 0, api_name="/lab_exactness")
     status, plot, table = client.predict("k", "1, 2", "Say hi.", "smollm2-135m-instruct", "prompt-lookup", 4, 0, 1.0,
                                          0, 4, 0, "exact", True, "", 0, api_name="/lab_sweep")
-    assert status.startswith("Done: 2 runs") and len(table["data"]) == 2
+    assert status.startswith("Done: 2 settings, 6 runs") and len(table["data"]) == 2     # 3 repeats by default

@@ -98,6 +98,8 @@ def test_sweep_figure_marks_the_best_and_overlays_the_theory():
     assert "measured" in names and any(n.startswith("theory") for n in names)
     star = next(t for t in fig.data if t.name.startswith("best"))
     assert list(star.x) == [2] and list(star.y) == [1.3]
+    bars = next(t for t in fig.data if t.name == "speedup").error_y
+    assert list(bars.array) == [0, 0, 0] and list(bars.arrayminus) == [0, 0, 0]     # one repeat: no spread
     assert "best k = 2" in fig.layout.title.text
     table = lab_plots.sweep_rows(rows, best)
     assert [r[-1] for r in table] == ["", "★", ""]
@@ -122,9 +124,10 @@ def test_sweep_handler_matches_direct_engine_runs(playground_registry, smollm2):
     args = dict(axis="k", values="1, 3", prompt=MAIN["prompt"], target=MAIN["target"], draft="prompt-lookup", k=4,
                 temperature=0, top_p=1.0, top_k=0, max_new_tokens=8, seed=0, rule="exact", chat=True, skip_layers="",
                 exit_after=0)
-    outputs = list(sweeps.run_sweep(*args.values(), SessionState()))
+    outputs = list(sweeps.run_sweep(*args.values(), SessionState(), 2))
     status, fig, table = outputs[-1]
-    assert status.startswith("Done: 2 runs") and len(table) == 2
+    assert status.startswith("Done: 2 settings, 4 runs") and len(table) == 2 and list(table["repeats"]) == [2, 2]
+    assert "drafts sized by the drafter" in status and "2 repeats of each run" in status
     ids = smollm2.encode_prompt(MAIN["prompt"], chat=True)
     eos = smollm2.model.generation_config.eos_token_id
     for row, k in zip(table.itertuples(index=False), (1, 3)):
@@ -132,7 +135,9 @@ def test_sweep_handler_matches_direct_engine_runs(playground_registry, smollm2):
             ids, k=k, max_new_tokens=8, sampling=se.SamplingParams(0.0), seed=0, eos_token_id=eos)
         assert row[2] == k and row[4] == round(ref.stats.acceptance_rate, 3)
         assert row[7] == ref.stats.rounds and row[8] == len(ref.tokens)
-    assert any(t.name.startswith("best") for t in fig.data)
+    starred = any(t.name.startswith("best") for t in fig.data)
+    assert starred == ("Best k = " in status) and (starred or "No best k" in status)   # a best only beyond noise
+    assert any(t.name.startswith("predicted") for t in fig.data)
 
 
 def test_the_app_exposes_both_endpoints_and_stop_cancels_them(playground_registry):
@@ -162,6 +167,8 @@ def test_the_validators_name_every_bad_input_at_once(playground_registry):
                   temperature=0, top_p=1.0, top_k=0, max_new_tokens=8, seed=-1, rule="exact", chat=True,
                   skip_layers="", exit_after=0)
     verdicts = sweeps.sweep_validator(*values.values(), None)
-    assert len(verdicts) == len(values) + 1
+    assert len(verdicts) == len(values) + 3                                        # + state, repeats, fixed length
     assert [i for i, v in enumerate(verdicts) if not v["is_valid"]] == [1, 10]     # values, seed
+    verdicts = sweeps.sweep_validator(*values.values(), None, 0, "yes")
+    assert [i for i, v in enumerate(verdicts) if not v["is_valid"]] == [1, 10, 16, 17]   # + repeats, fixed length
     assert "between 1 and 16" in verdicts[1]["message"]

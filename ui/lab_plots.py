@@ -18,7 +18,8 @@ ALPHA = 1e-3          # the table's verdict: "rejects" when the chi-square p-val
 LAB_COLUMNS = ["sampler", "N", "acceptance", "TV (whole continuation)", "TV (next token)", "chi-square", "dof",
                "p-value", f"verdict at α = {ALPHA:g}", "seconds"]
 SWEEP_COLUMNS = ["value", "draft", "k", "T", "acceptance", "tokens / forward", "theory", "rounds", "tokens",
-                 "tok/s", "plain tok/s", "speedup", "best"]
+                 "tok/s", "plain tok/s", "speedup", "speedup min", "speedup max", "repeats", "longest draft",
+                 "draft cost c", "verify cost v", "predicted", "best"]
 HEIGHT = 340
 
 
@@ -77,15 +78,17 @@ def figure_title(prefix: str, reports, samplers: list[str], next_token: bool) ->
 # ------------------------------------------------------------------------------------------------ sweeps
 
 def sweep_figure(rows, axis: str, best=None) -> go.Figure:
-    """Acceptance, tokens per target forward (measured and analytic) and measured speedup against the swept
-    setting; the best run (highest measured speedup) is starred."""
+    """Acceptance, tokens per target forward (measured and analytic) and measured speedup (median, min-max error
+    bars over the repeats, and the speedup E[tokens per round] / (v + c) predicted from the measured draft and
+    verify costs) against the swept setting. `best` (spec_engine.sweep.verdict: only a setting that beats the
+    others beyond the spread) is starred."""
     from plotly.subplots import make_subplots
     if not rows:
         return empty_figure("Sweep", "Press 'Run the sweep'")
     x = [str(r.value) if axis == "draft" else r.value for r in rows]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
                         subplot_titles=("acceptance (measured)", "tokens per target forward",
-                                        "speedup vs plain (measured)"))
+                                        "speedup vs plain (measured, min-max)"))
     line = {"color": COLORS["accepted"], "width": 2}
     fig.add_trace(go.Scatter(x=x, y=[r.acceptance for r in rows], mode="lines+markers", name="acceptance",
                              line=line, showlegend=False), row=1, col=1)
@@ -94,26 +97,39 @@ def sweep_figure(rows, axis: str, best=None) -> go.Figure:
     fig.add_trace(go.Scatter(x=x, y=[r.expected_tokens_per_forward for r in rows], mode="lines+markers",
                              name="theory (1−a^(k+1))/(1−a) at the measured a",
                              line={"color": COLORS["theory"], "dash": "dot", "width": 2}), row=1, col=2)
+    spread = {"type": "data", "symmetric": False, "array": [r.high - r.speedup for r in rows],
+              "arrayminus": [r.speedup - r.low for r in rows], "thickness": 1.5, "width": 5}
     fig.add_trace(go.Scatter(x=x, y=[r.speedup for r in rows], mode="lines+markers", name="speedup",
-                             line={"color": COLORS["bonus"], "width": 2}, showlegend=False), row=1, col=3)
+                             error_y=spread, line={"color": COLORS["bonus"], "width": 2}, showlegend=False),
+                  row=1, col=3)
+    if any(r.predicted_speedup is not None for r in rows):
+        fig.add_trace(go.Scatter(x=x, y=[r.predicted_speedup for r in rows], mode="lines+markers",
+                                 name="predicted E/(v+c) from the measured costs",
+                                 line={"color": COLORS["theory"], "dash": "dot", "width": 2}), row=1, col=3)
     for col in (2, 3):
         fig.add_hline(y=1.0, line={"color": "#9ca3af", "dash": "dash", "width": 1}, row=1, col=col)
     title = f"Sweep over {axis}"
     if best is not None:
         best_x = str(best.value) if axis == "draft" else best.value
-        fig.add_trace(go.Scatter(x=[best_x], y=[best.speedup], mode="markers", name=f"best {axis} (measured)",
+        fig.add_trace(go.Scatter(x=[best_x], y=[best.speedup], mode="markers", name=f"best {axis} (beyond noise)",
                                  marker={"symbol": "star", "size": 16, "color": "#f59e0b",
                                          "line": {"color": "#111827", "width": 1}}), row=1, col=3)
         title += f": best {axis} = {best.value} (×{best.speedup:.2f} vs plain decoding)"
+    elif len(rows) > 1:
+        title += f": no best {axis} beyond the spread of the repeats"
     fig.update_yaxes(range=[-0.05, 1.05], tickformat=".0%", row=1, col=1)
     fig.update_xaxes(title_text=axis, dtick=1 if axis == "k" else None, gridcolor="#e5e7eb")
     fig.update_yaxes(gridcolor="#e5e7eb", zeroline=False)
     fig.update_annotations(font_size=12)
-    fig.update_layout(title={"text": title, "font": {"size": 13}, "x": 0.01}, height=360, paper_bgcolor="white",
-                      plot_bgcolor="white", font={"size": 11, "color": "#374151"},
+    fig.update_layout(title={"text": esc(title), "font": {"size": 13}, "x": 0.01}, height=360,
+                      paper_bgcolor="white", plot_bgcolor="white", font={"size": 11, "color": "#374151"},
                       margin={"l": 48, "r": 12, "t": 70, "b": 90},
                       legend={"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0})
     return fig
+
+
+def rounded(x: float | None, digits: int = 2) -> float | None:
+    return None if x is None else round(x, digits)
 
 
 def sweep_rows(rows, best=None) -> list[list]:
@@ -123,5 +139,6 @@ def sweep_rows(rows, best=None) -> list[list]:
         out.append([str(r.value), p.draft, p.k, p.sampling.temperature, round(r.acceptance, 3),
                     round(r.tokens_per_forward, 2), round(r.expected_tokens_per_forward, 2), r.rounds, r.new_tokens,
                     round(r.tokens_per_second, 1), round(r.plain_tokens_per_second, 1), round(r.speedup, 2),
-                    "★" if r is best else ""])
+                    round(r.low, 2), round(r.high, 2), r.repeats, r.longest_draft, rounded(r.draft_cost),
+                    rounded(r.verify_cost), rounded(r.predicted_speedup), "★" if r is best else ""])
     return out

@@ -88,6 +88,7 @@ def parse_layers(spec: str, n_layers: int) -> list[int]:
 class DraftOptions:
     skip_layers: str = ""   # layer-skip: "" = the default set
     exit_after: int = 0     # early exit: 0 = the engine's default depth
+    fixed_length: bool = False   # drafters that size their drafts by cost or confidence draft k every round
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,8 @@ def build_early_exit(spec, target, _draft, options: DraftOptions):
     return se.make_drafter(se.DraftSpec("early-exit", None, exit_after or None), target)
 
 
-def build_from_factory(spec, target, draft, _options):
-    return se.make_drafter(spec, target, draft)
+def build_from_factory(spec, target, draft, options: DraftOptions):
+    return se.make_drafter(spec, target, draft, fixed_length=options.fixed_length)
 
 
 def eagle_available(target: str) -> tuple[bool, str]:

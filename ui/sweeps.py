@@ -1,6 +1,8 @@
 """The "Sweeps" tab: one click runs the main panel's prompt and settings for k = 1..8, a list of temperatures,
 or a list of drafts, and plots measured acceptance, tokens per target forward (with the analytic curve at the
-measured acceptance) and measured speedup over plain decoding, best marked. The runs are done by
+measured acceptance) and measured speedup over plain decoding (median and min-max over repeated runs, beside the
+speedup predicted from the measured draft and verify costs); a best is marked only when it beats the others beyond
+that spread, and settings that gave identical rounds are named. The runs are done by
 `spec_engine.sweep`; they do not enter the run history (the quick "Sweep k" button beside Run does that).
 """
 from __future__ import annotations
@@ -24,7 +26,11 @@ OUTPUTS = ("status", "plot", "table")
 CAPTION = """**When does it pay?** One click runs the main panel's prompt and settings (same seed) for each k,
 temperature or draft below, measures plain decoding once per sampling setting, and plots measured acceptance,
 tokens per target forward against the analytic (1 − a^(k+1)) / (1 − a) at the measured acceptance a, and the
-measured speedup; the star marks the best. Timings are wall-clock on this machine, so they vary a little."""
+measured speedup (median, with min-max bars over the repeats) beside the speedup E/(v + c) predicted from the
+measured draft and verify costs. Timings are wall-clock on this machine and vary: a star marks a best only when it
+beats every other setting beyond that spread; otherwise the sweep says "within noise". Drafters that cut their
+drafts to what pays (prompt lookup, the EAGLE head) stop changing above some k; **fixed-length drafts** makes them
+draft k every round, as the theory line assumes."""
 
 
 def available_drafts(target: str) -> list[str]:
@@ -78,51 +84,68 @@ def check_axis(axis) -> str:
 
 
 def sweep_validator(axis, values, prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
-                    chat, skip_layers, exit_after, state=None) -> list[dict]:
-    """`validator=` of lab_sweep: the axis and its values, then the main panel's settings as a run checks them."""
+                    chat, skip_layers, exit_after, state=None, repeats=sweep.DEFAULT_REPEATS,
+                    fixed_length=False) -> list[dict]:
+    """`validator=` of lab_sweep: the axis and its values, then the main panel's settings as a run checks them,
+    the session state, the repeats and the fixed-length switch."""
     run = validate.run_validator(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
                                  chat, skip_layers, exit_after, True, False)[:len(validate.RUN_FIELDS)]
     known_target = target if isinstance(target, str) and target in reg.preset_names() else None
     axis_and_values = validate.verdicts(
         lambda: check_axis(axis),
         (lambda: parse_values(axis, values, known_target)) if axis in sweep.AXES and known_target else None)
-    return axis_and_values + run + validate.verdicts(None)
+    return axis_and_values + run + validate.verdicts(None, lambda: check_repeats(repeats),
+                                                    lambda: validate.check_bool("fixed_length", fixed_length))
 
 
-def sweep_view(rows, axis: str, status: str) -> tuple:
-    best = sweep.best(rows)
-    table = pd.DataFrame(lab_plots.sweep_rows(rows, best), columns=lab_plots.SWEEP_COLUMNS)
-    return esc(status), lab_plots.sweep_figure(rows, axis, best), table
+def sweep_view(rows, axis: str, status: str, sized: bool = True) -> tuple:
+    """(status markdown, figure, table) for the rows so far (run_sweep's stream; the newest row of each point)."""
+    rows = sweep.latest(rows)
+    verdict = sweep.verdict(rows, axis, sized)
+    table = pd.DataFrame(lab_plots.sweep_rows(rows, verdict.best), columns=lab_plots.SWEEP_COLUMNS)
+    text = esc(status) + (f"\n\n{esc(verdict.text)}" if verdict.text else "")
+    return text, lab_plots.sweep_figure(rows, axis, verdict.best), table
 
 
-def describe(settings) -> str:
+def describe(settings, repeats: int = 1, fixed_length: bool = False) -> str:
+    drafts = ("fixed-length drafts (k every round where the drafter can)" if fixed_length else
+              "drafts sized by the drafter (cost- or confidence-sized drafters cut them to what pays)")
     return (f"{reg.display_name(settings.target)}, draft {settings.draft}, k = {settings.k}, temperature "
             f"{settings.temperature:g}, top-p {settings.top_p:g}, top-k {settings.top_k}, rule {settings.rule}, "
-            f"seed {settings.seed}, at most {settings.max_new_tokens} new tokens")
+            f"seed {settings.seed}, at most {settings.max_new_tokens} new tokens; {drafts}; {repeats} "
+            f"repeat{'s' if repeats != 1 else ''} of each run")
+
+
+def check_repeats(repeats) -> int:
+    return handlers.as_int("repeats", repeats, 1, sweep.MAX_REPEATS)
 
 
 @handlers.gpu
 def run_sweep(axis, values, prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
-              skip_layers, exit_after, state, progress=gr.Progress()):
-    """'Run the sweep' / api_name="lab_sweep": one row per finished run, streamed. Ends early (and says so) on
-    Stop or at the server's time limit (ui.limits.max_run_seconds)."""
+              skip_layers, exit_after, state, repeats=sweep.DEFAULT_REPEATS, fixed_length=False,
+              progress=gr.Progress()):
+    """'Run the sweep' / api_name="lab_sweep": one row per point, updated after each of its repeats, streamed.
+    Ends early (and says so) on Stop or at the server's time limit (ui.limits.max_run_seconds)."""
     check_axis(axis)
     settings = handlers.parse_settings(prompt=prompt, target=target, draft=draft, k=k, temperature=temperature,
                                        top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed, rule=rule,
                                        chat=chat, skip_layers=skip_layers, exit_after=exit_after)
     values = parse_values(axis, values, settings.target)
+    repeats = check_repeats(repeats)
     state.stop_event.clear()
     budget, held = runner.Budget(state.stop_event), []
     try:
         with handlers.friendly_errors():
-            yield from sweep_runs(axis, values, settings, budget, held, progress)
+            yield from sweep_runs(axis, values, settings, budget, held, progress, repeats,
+                                  validate.check_bool("fixed_length", fixed_length, "fixed-length drafts"))
     finally:
         budget.cancel.set()
         for name in held:
             reg.REGISTRY.release(name)
 
 
-def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progress):
+def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progress, repeats: int = 1,
+               fixed_length: bool = False):
     skip = (gr.skip(),) * (len(OUTPUTS) - 1)
     try:
         points = sweep.sweep_points(axis, values, settings.draft, settings.k, settings.sampling())
@@ -135,7 +158,8 @@ def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progr
     if models is None:
         return
     target_model = models[settings.target]
-    options = reg.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
+    options = reg.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after,
+                               fixed_length=fixed_length)
 
     def make_drafter(name: str) -> se.Drafter:
         kind, spec = drafts[name]
@@ -144,22 +168,25 @@ def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progr
     input_ids = target_model.encode_prompt(settings.prompt, chat=settings.chat)
     for p in points:
         se.validate_request(target_model.model, input_ids, p.k, settings.max_new_tokens, p.sampling)
-    rows, baselines = [], {}
+    about, sized, total = describe(settings, repeats, fixed_length), not fixed_length, len(points) * repeats
+    rows: list[sweep.SweepRow] = []
     budget.start()
-    for i, point in enumerate(points):
-        label = f"{axis} = {sweep.axis_value(axis, point)}"
-        progress(i / len(points), desc=f"{label} ({i + 1}/{len(points)})")
-        yield sweep_view(rows, axis, f"Running {label} ({i + 1} of {len(points)}; plain decoding is measured "
-                                     f"once per sampling setting)… {describe(settings)}")
-        rows += sweep.run_sweep(target_model.model, make_drafter, input_ids, axis, [point], settings.max_new_tokens,
-                                settings.seed, settings.rule, reg.eos_ids(target_model), budget.should_stop,
-                                baselines)
-        if budget.should_stop():
-            why = "Stopped" if budget.stop_event.is_set() else f"Time limit ({budget.seconds:g} s) reached"
-            yield sweep_view(rows, axis, f"{why} after {len(rows)} runs (a run cut short is not shown). "
-                                         f"{describe(settings)}")
-            return
-    yield sweep_view(rows, axis, f"Done: {len(rows)} runs. {describe(settings)}")
+    progress(0, desc=f"run 1 of {total}")
+    yield sweep_view(rows, axis, f"Running {total} runs ({len(points)} settings × {repeats}; plain decoding is "
+                                 f"measured once per sampling setting and pass)… {about}", sized)
+    for row in sweep.run_sweep(target_model.model, make_drafter, input_ids, axis, points, settings.max_new_tokens,
+                               settings.seed, settings.rule, reg.eos_ids(target_model), budget.should_stop,
+                               repeats=repeats):
+        rows.append(row)
+        progress(len(rows) / total, desc=f"{len(rows)} of {total} runs done")
+        yield sweep_view(rows, axis, f"Measured {axis} = {row.value}, repeat {row.repeats} of {repeats} "
+                                     f"({len(rows)} of {total} runs)… {about}", sized)
+    if budget.should_stop():
+        why = "Stopped" if budget.stop_event.is_set() else f"Time limit ({budget.seconds:g} s) reached"
+        yield sweep_view(rows, axis, f"{why} after {len(rows)} of {total} runs (a run cut short is not shown). "
+                                     f"{about}", sized)
+        return
+    yield sweep_view(rows, axis, f"Done: {len(sweep.latest(rows))} settings, {len(rows)} runs. {about}", sized)
 
 
 def on_axis(axis, target):
@@ -175,6 +202,12 @@ def build_tab(c: dict, state, resize_js: str | None = None) -> list:
             values = gr.Textbox(default_values("k"), label="Values (comma separated)", elem_id="sweep-values",
                                 info="k: 1-16; temperature: 0-2; drafts: names as in the Draft list")
             run_btn = gr.Button("Run the sweep", variant="primary", elem_id="sweep-run")
+        with gr.Row():
+            repeats = gr.Slider(1, sweep.MAX_REPEATS, value=sweep.DEFAULT_REPEATS, step=1, label="Repeats",
+                                elem_id="sweep-repeats",
+                                info="each run is repeated; a best is named only beyond the spread of the repeats")
+            fixed = gr.Checkbox(False, label="Fixed-length drafts", elem_id="sweep-fixed-length",
+                                info="draft k every round (no cutting to what pays), as the theory line assumes")
         out = {"status": gr.Markdown("", elem_id="sweep-status"),
                "plot": gr.Plot(lab_plots.sweep_figure([], "k"), show_label=False, elem_id="sweep-plot"),
                "table": gr.Dataframe(pd.DataFrame([], columns=lab_plots.SWEEP_COLUMNS),
@@ -182,7 +215,7 @@ def build_tab(c: dict, state, resize_js: str | None = None) -> list:
                                      elem_id="sweep-table")}
     names = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
              "chat", "skip_layers", "exit_after")
-    event = run_btn.click(run_sweep, [axis, values] + [c[n] for n in names] + [state],
+    event = run_btn.click(run_sweep, [axis, values] + [c[n] for n in names] + [state, repeats, fixed],
                           [out[n] for n in OUTPUTS], api_name="lab_sweep", preprocess=False,
                           validator=sweep_validator, **exactness_lab.compute())
     private = {"api_visibility": "private"}
