@@ -40,7 +40,8 @@ def tiny_settings(**kw):
 
 
 def live_tiny_run(target, draft, show_spaces=False, with_baseline=True, **kw):
-    """What handlers.decode does, with the tiny models: prepare by hand, runner.rounds, baseline, finish."""
+    """What handlers.decode does, with the tiny models: prepare by hand, runner.rounds, timed run and baseline,
+    finish."""
     settings = tiny_settings(**kw)
     state = SessionState()
     ids = torch.tensor([[1, 2, 3, 0]])
@@ -52,6 +53,7 @@ def live_tiny_run(target, draft, show_spaces=False, with_baseline=True, **kw):
     for _ in runner.rounds(prep, state):
         pass
     if with_baseline:
+        list(runner.timed(prep, state))         # the speed measured without drawing, as handlers.measure does
         state.baselines[record.baseline_key] = se.autoregressive_generate(
             target, ids, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling(), seed=settings.seed)
     state.finish(record)
@@ -68,7 +70,8 @@ def test_round_trip_keeps_every_event_exactly(tiny_run, tmp_path):
     trace = replay.export_latest(state)
     path = tr.save(trace, tmp_path / "t.json")
     loaded = tr.load(path)
-    assert loaded.rounds == prep.record.rounds                     # floats survive JSON bit for bit
+    assert loaded.rounds == list(prep.record.timing.rounds)        # floats survive JSON bit for bit
+    assert [r.emitted for r in loaded.rounds] == [r.emitted for r in prep.record.rounds]   # the live run's rounds
     assert loaded.to_dict() == trace.to_dict()
     assert loaded.baseline == state.baselines[prep.record.baseline_key]
     assert loaded.settings["seed"] == 4 and loaded.models == {"target": "tiny", "draft": "tiny-draft"}
@@ -87,7 +90,7 @@ def test_exports_keep_only_the_newest_files_on_disk(tiny_run, tmp_path, monkeypa
     assert paths[0].name == paths[3].name and len(set(paths)) == 4      # same name, separate folders
     assert [p.exists() for p in paths] == [False, False, True, True]
     assert len(list(tmp_path.iterdir())) == 2
-    assert tr.load(paths[3]).rounds == state.history[-1].rounds
+    assert tr.load(paths[3]).rounds == list(state.history[-1].timing.rounds)
 
 
 def test_piece_table_covers_every_id_of_every_field():

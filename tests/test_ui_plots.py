@@ -4,6 +4,7 @@ import copy
 import pytest
 
 from ui import metrics, plots
+from ui import runner
 from ui.state import RunSettings, SessionState, history_row, summarize
 from test_ui_render import event
 
@@ -101,6 +102,10 @@ def test_summary_speedup_only_from_a_baseline():
     base = FakeBaseline()
     state.baselines[record.baseline_key] = base
     s = summarize(record, state.baseline_for(record))
+    assert s["speedup"] is None and not s["timed"]      # the live run's clocks ran while the view was drawn
+    runner.keep_live_timing(record, state)               # as a run driven without drawing is timed
+    s = summarize(record, state.baseline_for(record))
+    assert s["timed"] and s["seconds"] == record.timing.seconds
     assert s["speedup"] == pytest.approx(s["tokens_per_second"] / base.tokens_per_second)
     assert s["matches_baseline"] is False and s["first_difference"] == 0   # greedy + exact: text compared
     # the formula's terms: 0.01 s drafting and 0.02 s verifying per round against 0.02 s plain steps, a = 6 / 8

@@ -23,7 +23,7 @@ import spec_engine as se
 from . import limits, plots, render, runner, validate
 from . import registry as reg
 from .presets import Presets
-from .state import HISTORY_COLUMNS, RunSettings, SessionState, summarize
+from .state import HISTORY_COLUMNS, RunSettings, SessionState
 
 log = logging.getLogger("ui.handlers")
 
@@ -47,7 +47,7 @@ MISMATCH_DRAFT_MODEL = "gemma-3-270m"
 RUN_INPUTS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
               "chat", "skip_layers", "exit_after", "auto_baseline", "show_spaces")
 RUN_OUTPUTS = ("tokens", "stats", "text", "acceptance_plot", "accepted_plot", "forward_plot", "speed_plot",
-               "kv_plot", "kv_table", "history", "compare_plot", "summary")
+               "kv_plot", "kv_table", "history", "compare_plot", "summary", "explain")
 MISMATCH_OUTPUTS = ("mm_status", "mm_table", "mm_plot", "mm_views", "mm_tokenization", "history", "compare_plot")
 MISMATCH_COLUMNS = ["draft", "what the target receives", "acceptance", "tokens/forward", "tok/s", "rounds", "note"]
 
@@ -137,25 +137,38 @@ def status_text(record, summary: dict, running: bool) -> str:
     return f"Run {record.run_id} finished: {reason} after {summary['rounds']} rounds, {summary['new_tokens']} tokens"
 
 
+def speed_note(summary: dict) -> str:
+    """Where the speed figures come from, in one line under the numbers (the baseline's provenance too)."""
+    if not summary.get("timed"):
+        return (f"Tokens/s as drawn live ({summary['live_tokens_per_second']:.1f}); drawing the view shares the "
+                "cores, so the speedup is measured only without drawing (press 'Measure plain decoding').")
+    parts = [f"Speed: speculative {summary['timing']}"]
+    if summary.get("baseline_timing"):
+        parts.append(f"plain decoding {summary['baseline_timing']}")
+    return "; ".join(parts) + "; same prompt, settings and seed."
+
+
 def run_view(prep: runner.Prepared, state: SessionState, status: str | None = None, final: bool = False,
              with_plots: bool = True) -> tuple:
     """Every output of a run as it stands; without `with_plots` (a streamed update between plot refreshes) the
-    plots and the KV table are left as they are."""
+    plots and the KV table are left as they are. The explanation is blank until the run is final, so it never
+    describes another run."""
     record = prep.record
     baseline = state.baselines.get(record.baseline_key)
-    summary = summarize(record, baseline)
+    summary = state.summary(record)
     status = status or status_text(record, summary, running=not final)
-    if final and baseline is None:
-        status += ". Speedup: baseline pending (press 'Measure plain decoding')."
+    if final:
+        status += ". " + speed_note(summary)
     tokens = render.view_html(record.fragments, render.prompt_html(prep.prompt_text, len(record.prompt_ids),
                                                                    record.settings.chat), status, legend=False)
     detail = dict(summary, text=prep.labeler.text(summary["tokens"]), settings=dataclasses.asdict(record.settings),
                   prompt_tokens=len(record.prompt_ids), final=final)
+    speed_rounds = list(record.timing.rounds) if record.timing is not None else record.rounds
     figures = (
         plots.acceptance_figure(record.rounds),
         plots.accepted_figure(record.rounds),
         plots.forward_figure(record.rounds),
-        plots.speed_figure(record.rounds, baseline),
+        plots.speed_figure(speed_rounds, baseline if record.timing is not None else None),
         plots.kv_figure(record.rounds),
         pd.DataFrame(plots.kv_rows(record.rounds), columns=plots.KV_COLUMNS),
     ) if with_plots or final else (gr.skip(),) * 6
@@ -167,7 +180,15 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
         history_frame(state) if final else gr.skip(),
         compare_figure(state) if final else gr.skip(),
         detail,
+        explanation(record) if final else "",
     )
+
+
+def explanation(record) -> str:
+    """The "What happened" paragraph of a finished run (spec_engine.explain)."""
+    from spec_engine.explain import explain
+    sentences = explain(list(record.rounds), record.settings.k, record.settings.greedy, record.settings.rule)
+    return f"**What happened.** {' '.join(sentences)}" if sentences else ""
 
 
 def message_view(message: str) -> tuple:
@@ -182,7 +203,7 @@ def initial_outputs() -> dict[str, object]:
         "forward_plot": plots.forward_figure([]), "speed_plot": plots.speed_figure([]),
         "kv_plot": plots.kv_figure([]), "kv_table": pd.DataFrame([], columns=plots.KV_COLUMNS),
         "history": pd.DataFrame([], columns=HISTORY_COLUMNS), "compare_plot": plots.comparison_figure([]),
-        "summary": {},
+        "summary": {}, "explain": "",
     }
     return empty
 
@@ -193,7 +214,8 @@ SKIP_RUN = (gr.skip(),) * len(RUN_OUTPUTS)
 
 
 def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_baseline: bool):
-    """The run pipeline as UI updates: load (progress), rounds (throttled), baseline, final view."""
+    """The run pipeline as UI updates: load (progress), rounds drawn live (throttled), then the speed measurement
+    with nothing drawn (`measure`), then the final view."""
     state.stop_event.clear()
     budget = runner.Budget(state.stop_event)
     prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, show_spaces, budget, hold=True),
@@ -207,7 +229,8 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         for event in runner.rounds(prep, state):
             now = perf_counter()
             if (event.finished or now - last >= RENDER_INTERVAL) and not state.stop_event.is_set():
-                with_plots = event.finished or now - last_plots >= PLOT_INTERVAL
+                # The last live update carries no plots: they are drawn once, after the speed is measured.
+                with_plots = not event.finished and now - last_plots >= PLOT_INTERVAL
                 last, last_plots = now, now if with_plots else last_plots
                 yield run_view(prep, state, with_plots=with_plots)
             else:
@@ -215,21 +238,38 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         record = prep.record
         if record.recorded:        # the Stop handler recorded and rendered it; a later view would only race with it
             return
-        if auto_baseline and record.stop_reason not in ("cancelled", runner.TIME_LIMIT) \
-                and state.baseline_for(record) is None:
-            yield message_view("Measuring plain decoding with the same prompt, settings and seed…")
-            yield from relay(runner.baseline(prep.target, record, state, budget=budget),
-                             lambda m: message_view(f"Measuring plain decoding with the same prompt, settings and "
-                                                    f"seed… {m}"))
+        if auto_baseline and record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
+            yield from measure(prep, state, budget)
             if record.recorded:
                 return
         state.finish(record)
         status = None
-        if budget.timed_out and record.stop_reason != runner.TIME_LIMIT and state.baseline_for(record) is None:
-            status = status_text(record, summarize(record), running=False) + " (plain decoding hit the time limit)"
+        if budget.timed_out and record.stop_reason != runner.TIME_LIMIT and record.timing is None:
+            status = status_text(record, state.summary(record), running=False) + " (the speed measurement hit the time limit)"
         yield run_view(prep, state, status=status, final=True)
     finally:
         runner.release(prep, reg.REGISTRY)
+
+
+SETTLE_SECONDS = 0.3    # lets the browser finish drawing the last live update before the engine is timed
+
+
+def measure(prep: runner.Prepared, state: SessionState, budget: runner.Budget, force_baseline: bool = False):
+    """Both sides of the speedup, measured the same way: the speculative run decoded again and plain decoding
+    (once per baseline key, or again with `force_baseline`), each in a worker thread with nothing drawn meanwhile:
+    only a one-line progress message goes to the page."""
+    record = prep.record
+    label = "Measuring the speed without drawing: speculative decoding"
+    yield message_view(f"{label}…")
+    state.stop_event.wait(SETTLE_SECONDS)
+    timing = yield from relay(runner.timed(prep, state, budget), lambda m: message_view(f"{label}… {m}"))
+    if timing is None or budget.timed_out:
+        return
+    if force_baseline or state.baseline_for(record) is None:
+        label = "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"
+        yield message_view(f"{label}…")
+        yield from relay(runner.baseline(prep.target, record, state, force=force_baseline, budget=budget),
+                         lambda m: message_view(f"{label}… {m}"))
 
 
 @gpu
@@ -254,31 +294,35 @@ def stop(state: SessionState):
 
 @gpu
 def measure_baseline(state: SessionState):
-    """'Measure plain decoding' button: (re)measure the baseline of the latest run, then show the speedup
-    everywhere (every run in the history with the same baseline key uses the new measurement)."""
-    prep = getattr(state, "active", None)
-    if prep is None or not prep.record.rounds:
+    """'Measure plain decoding' button: measure the latest run's speed again, both sides without drawing (its
+    speculative decoding with a fresh drafter, and plain decoding with the same prompt, settings and seed), then
+    show the speedup everywhere (every run in the history with the same baseline key uses the new baseline)."""
+    shown = getattr(state, "active", None)
+    if shown is None or not shown.record.rounds:
         raise gr.Error("Run something first: the baseline uses the latest run's prompt, settings and seed.",
                        print_exception=False)
     state.stop_event.clear()
-    name = prep.record.settings.target
+    budget = runner.Budget(state.stop_event)
+    record = shown.record
     with friendly_errors():
-        yield message_view("Measuring plain decoding with the same prompt, settings and seed…")
-        held: list[str] = []
-        models = yield from relay(runner.load([name], reg.REGISTRY, held), message_view, state.stop_event)
+        yield message_view("Loading the models to measure the speed again…")
+        prep = yield from relay(runner.prepare(record.settings, state, reg.REGISTRY, shown.options.show_spaces,
+                                               budget, hold=True, record=record), message_view, state.stop_event)
+        if prep is None:
+            yield message_view("Measurement stopped.")
+            return
         try:
-            if models is None:
-                yield message_view("Baseline stopped.")
+            if record.stop_reason in ("cancelled", runner.TIME_LIMIT):
+                raise gr.Error("The latest run was stopped before its end: run it to the end, then measure.",
+                               print_exception=False)
+            yield from measure(prep, state, budget, force_baseline=True)
+            if record.timing is None or state.baseline_for(record) is None:
+                yield message_view("Measurement stopped.")
                 return
-            result = yield from relay(runner.baseline(models[name], prep.record, state, force=True),
-                                      lambda m: message_view(f"Measuring plain decoding… {m}"))
-            if result is None:
-                yield message_view("Baseline stopped.")
-                return
+            state.active = prep
             yield run_view(prep, state, final=True)
         finally:
-            for model in held:
-                reg.REGISTRY.release(model)
+            runner.release(prep, reg.REGISTRY)
 
 
 def drive(prep: runner.Prepared, state: SessionState, view, label: str):
@@ -324,6 +368,8 @@ def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens,
                 yield from drive(prep, state, progress, label)
                 if prep.record.recorded:
                     return
+                if prep.record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
+                    runner.keep_live_timing(prep.record, state)     # nothing was drawn while it ran
                 if state.baseline_for(prep.record) is None and not budget.timed_out:
                     yield message_view(f"{label}: measuring plain decoding once for the sweep…")
                     yield from relay(runner.baseline(prep.target, prep.record, state, budget=budget),
@@ -377,10 +423,11 @@ def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
             try:
                 yield (f"{label}: decoding {n_tokens} tokens…",) + skip
                 yield from drive(prep, state, progress, label)
+                runner.keep_live_timing(prep.record, state)         # nothing was drawn while it ran
                 state.finish(prep.record)
             finally:
                 runner.release(prep, reg.REGISTRY)
-            summary = summarize(prep.record)
+            summary = state.summary(prep.record)
             notes = sorted({r.note for r in prep.record.rounds if r.note})
             results.append(dict(summary, label=label, receives=receives, note="; ".join(notes)))
             views.append((label, receives, summary, prep))
@@ -427,7 +474,7 @@ def rerender(show_spaces, state: SessionState):
         return gr.skip()
     prep.options = dataclasses.replace(prep.options, show_spaces=bool(show_spaces))
     prep.record.fragments = [render.round_html(ev, prep.labeler, prep.options) for ev in prep.record.rounds]
-    status = status_text(prep.record, summarize(prep.record), running=not prep.record.recorded)
+    status = status_text(prep.record, state.summary(prep.record), running=not prep.record.recorded)
     return render.view_html(prep.record.fragments, render.prompt_html(prep.prompt_text, len(prep.record.prompt_ids),
                                                                       prep.record.settings.chat), status, legend=False)
 

@@ -378,7 +378,9 @@ class ModelRegistry:
             with self._load_gate:
                 self._check_memory(name)
                 loaded = self._loader(name, device=self._device, dtype=self._dtype, progress=progress)
-                warm_up(loaded, prepack=name in self._pinned)
+                warm_up(loaded, prepack=name in self._pinned, progress=progress)
+                if name in self._pinned and hasattr(loaded, "encode_prompt"):
+                    warm_up_default_run(loaded, progress)
             entry.result = loaded
             entry.message = f"ready ({loaded.device}, {str(loaded.dtype).removeprefix('torch.')}, {loaded.load_seconds:.1f} s)"
         except BaseException as exc:   # reported to whoever waits; the next call retries
@@ -537,7 +539,11 @@ def _is_preset(name: str) -> bool:
     return name in preset_names()
 
 
-def warm_up(loaded, prepack: bool = False) -> None:
+WARM_UP_PROMPT = "Warm-up: one two three, one two three, one two"
+WARM_UP_TOKENS = 12
+
+
+def warm_up(loaded, prepack: bool = False, progress: Callable[[str], None] = lambda message: None) -> None:
     """One short forward so the first measured run does not pay for lazy initialisation; with `prepack` (the
     pinned default target, which verifies every run) also the packed CPU weights of batched verification and
     the verify-cost curve that sizes prompt-lookup drafts (a few seconds, measured once)."""
@@ -547,9 +553,27 @@ def warm_up(loaded, prepack: bool = False) -> None:
     with torch.inference_mode():
         ids = torch.tensor([PRELOAD_PROMPT], dtype=torch.long, device=loaded.device)
         loaded.model(input_ids=ids)
-    if prepack and isinstance(loaded.model, torch.nn.Module):
-        cpu_gemm.prepack(loaded.model)
-        costs.verify_costs(loaded.model)
+    if not (prepack and isinstance(loaded.model, torch.nn.Module)):
+        return
+    progress("warming up (once): packing weights for batched verification")
+    cpu_gemm.prepack(loaded.model)
+    progress("warming up (once): measuring the verify-cost curve")
+    costs.verify_costs(loaded.model)
+
+
+def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message: None) -> None:
+    """The default draft's whole path once, greedy and sampled, and plain decoding: whatever is made lazily on
+    first use (packed weights, compiled kernels and searches, the draft's own packing) is made here, at load."""
+    draft, k = default_draft(loaded.name)
+    kind, spec = split_draft(draft)
+    if kind.needs_model:
+        return
+    progress(f"warming up (once): a short {draft} run and plain decoding")
+    prompt = loaded.encode_prompt(WARM_UP_PROMPT, chat=False)
+    for sampling in (se.SamplingParams(temperature=0.0), se.SamplingParams(temperature=0.7, top_p=0.9)):
+        decoder = se.SpeculativeDecoder(loaded.model, kind.build(spec, loaded, None, DraftOptions()))
+        decoder.generate(prompt, k=k, max_new_tokens=WARM_UP_TOKENS, sampling=sampling)
+        se.autoregressive_generate(loaded.model, prompt, max_new_tokens=4, sampling=sampling)
 
 
 def eos_ids(loaded):

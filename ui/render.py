@@ -344,7 +344,7 @@ def stats_html(summary: dict | None, message: str = "") -> str:
         ("theory (1−aᵏ⁺¹)/(1−a)", f'{s["expected_tokens_per_forward"]:.2f}', ""),
         ("speculative tok/s", f'{s["tokens_per_second"]:.1f}', ""),
     ]
-    if s.get("baseline_tokens_per_second"):
+    if s.get("speedup") is not None:
         chips.append(("plain decoding tok/s", f'{s["baseline_tokens_per_second"]:.1f}', ""))
         speedup = s["speedup"]
         chips.append(("speedup (measured)", f"×{speedup:.2f}", "good" if speedup >= 1 else "bad"))

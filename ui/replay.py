@@ -23,7 +23,7 @@ from spec_engine import trace as tr
 
 from . import registry as reg
 from .render import RenderOptions, round_html
-from .state import RunRecord, RunSettings, SessionState
+from .state import RunRecord, RunSettings, SessionState, Timing
 from .tokens import Piece
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,31 +86,42 @@ def make(settings: RunSettings, draft_label: str, prompt_ids, rounds, labeler, o
 
 
 def latest_finished(state: SessionState):
-    """(record, labeler, options) of this session's newest finished run; ValueError if there is none."""
+    """(record, labeler, options) of the finished run the main view shows (the mismatch demo and the sweeps add
+    runs to the history without showing them there), else the newest; ValueError if there is none."""
+    prep = getattr(state, "active", None)
+    if prep is not None and prep.record.recorded:       # the run the main view shows, not the newest in the history
+        return prep.record, prep.labeler, prep.options
     if not state.history:
         raise ValueError("No finished run in this session yet: press Run first, then export.")
     record = state.history[-1]
-    prep = getattr(state, "active", None)
-    if prep is not None and prep.record is record:
-        return record, prep.labeler, prep.options
     loaded = reg.REGISTRY.loaded(record.settings.target)
     if loaded is None:
         raise ValueError(f"{reg.display_name(record.settings.target)} is no longer loaded; run again to export.")
     return record, reg.REGISTRY.labeler(loaded), RenderOptions(greedy=record.settings.greedy, rule=record.settings.rule)
 
 
-def export_record(record: RunRecord, labeler, options: RenderOptions, baseline=None) -> tr.Trace:
+def export_record(record: RunRecord, labeler, options: RenderOptions, baseline=None,
+                  baseline_info: dict | None = None) -> tr.Trace:
     """A finished run as a trace; the status the Stop button showed is kept so replay shows it too."""
     display = {"run_id": record.run_id}
+    rounds = list(record.rounds)
+    if record.timing is not None:
+        # The timed rounds are the live ones with the clocks of the run measured without drawing: the replay shows
+        # the same speedup, draft and verify costs as the live view did.
+        rounds = list(record.timing.rounds)
+        display.update(timed_seconds=record.timing.seconds, timed_at=record.timing.at, timed_how=record.timing.how)
+    if baseline is not None and baseline_info:
+        display.update(baseline_at=baseline_info.get("at"), baseline_run=baseline_info.get("run_id"))
     if record.stop_reason == "cancelled":
         display["status"] = f"Stopped after {len(record.rounds)} rounds"
-    return make(record.settings, record.draft_label, record.prompt_ids, list(record.rounds), labeler, options,
+    return make(record.settings, record.draft_label, record.prompt_ids, rounds, labeler, options,
                 record.stop_reason, baseline, display)
 
 
 def export_latest(state: SessionState) -> tr.Trace:
     record, labeler, options = latest_finished(state)
-    return export_record(record, labeler, options, state.baselines.get(record.baseline_key))
+    return export_record(record, labeler, options, state.baselines.get(record.baseline_key),
+                         state.baseline_info.get(record.baseline_key))
 
 
 def settings_of(trace: tr.Trace) -> RunSettings:
@@ -129,9 +140,16 @@ def replay_parts(trace: tr.Trace):
                        tuple(trace.prompt_ids), rounds=list(trace.rounds),
                        fragments=[round_html(ev, labeler, options) for ev in trace.rounds],
                        stop_reason=trace.stop_reason, recorded=True)
+    seconds, at, how = (trace.display.get(name) for name in ("timed_seconds", "timed_at", "timed_how"))
+    if isinstance(seconds, (int, float)) and seconds > 0 and isinstance(how, str):
+        record.timing = Timing(float(seconds), len(record.tokens), tuple(record.rounds),
+                               float(at) if isinstance(at, (int, float)) else None, how)
     scratch = SessionState()
     if trace.baseline is not None:
         scratch.baselines[record.baseline_key] = trace.baseline
+        at, by = trace.display.get("baseline_at"), trace.display.get("baseline_run")
+        if isinstance(at, (int, float)):
+            scratch.baseline_info[record.baseline_key] = {"at": float(at), "run_id": by}
     prep = runner.Prepared(settings, None, None, None, record, labeler, options, None)
     return prep, scratch, labeler
 

@@ -2,8 +2,10 @@
 
 `prepare` loads what a run needs (yielding progress messages) and builds a fresh drafter and decoder;
 `rounds` drives the engine, records each RoundEvent in the session's RunRecord and renders it once;
-`baseline` measures plain decoding with the same settings and caches it in the session. User mistakes
-surface as ValueError with a message meant for people.
+`timed` and `baseline` measure the speedup: the speculative run is decoded again, and plain decoding once, with
+nothing drawn while they run (a worker thread; the handler only yields a short progress line), so both sides of
+the speedup are measured the same way, whatever the live view cost the run it drew. User mistakes surface as
+ValueError with a message meant for people.
 
 A run owns everything mutable it touches (its drafter, both KV caches, its torch.Generator); the models are
 shared read-only. A `Budget` says when a handler call must stop: Stop pressed, the caller gone, or its
@@ -13,6 +15,7 @@ the caches) and lets go of the models it held, so a finished, stopped or abandon
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import Iterator
@@ -22,7 +25,7 @@ import spec_engine as se
 from . import limits, validate
 from . import registry as reg
 from .render import RenderOptions, round_html
-from .state import RunRecord, RunSettings, SessionState
+from .state import RunRecord, RunSettings, SessionState, Timing
 
 TIME_LIMIT = "time limit"      # RunRecord.stop_reason when the Budget's deadline ended the run
 BASELINE_POLL = 0.25           # seconds between progress messages while plain decoding runs
@@ -30,24 +33,42 @@ BASELINE_POLL = 0.25           # seconds between progress messages while plain d
 
 class Budget:
     """When one handler call must stop: the session's Stop event, `cancel` (set when the caller is gone),
-    or `seconds` of decoding after `start()` (model loading does not count)."""
+    or `seconds` of decoding after `start()` (model loading does not count).
 
-    def __init__(self, stop_event: threading.Event, seconds: float | None = None):
+    A handler that makes several runs (a k sweep, the mismatch demo) gives each run its own `child()`: the
+    children share the handler's Stop event and deadline, and `release` cancels only the finished run's child,
+    never the budget the next run still needs."""
+
+    def __init__(self, stop_event: threading.Event, seconds: float | None = None, parent: "Budget | None" = None):
         self.stop_event = stop_event
         self.seconds = limits.current().max_run_seconds if seconds is None else seconds
         self.cancel = threading.Event()
-        self.deadline: float | None = None
+        self.parent = parent
+        self._deadline: float | None = None
+
+    def child(self) -> "Budget":
+        return Budget(self.stop_event, self.seconds, parent=self)
+
+    @property
+    def deadline(self) -> float | None:
+        return self.parent.deadline if self.parent is not None else self._deadline
 
     def start(self) -> None:
-        if self.deadline is None:
-            self.deadline = monotonic() + self.seconds
+        if self.parent is not None:
+            self.parent.start()
+        elif self._deadline is None:
+            self._deadline = monotonic() + self.seconds
 
     @property
     def timed_out(self) -> bool:
         return self.deadline is not None and monotonic() >= self.deadline
 
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel.is_set() or (self.parent is not None and self.parent.cancelled)
+
     def should_stop(self) -> bool:
-        return self.stop_event.is_set() or self.cancel.is_set() or self.timed_out
+        return self.stop_event.is_set() or self.cancelled or self.timed_out
 
 
 @dataclass
@@ -97,8 +118,10 @@ def load(names: list[str], registry: reg.ModelRegistry, held: list[str] | None =
 
 
 def prepare(settings: RunSettings, state: SessionState, registry: reg.ModelRegistry,
-            show_spaces: bool = False, budget: Budget | None = None, hold: bool = False) -> Iterator[str]:
-    """Load, build and check a run. With `hold`, the models stay held until `release(prep, registry)`."""
+            show_spaces: bool = False, budget: Budget | None = None, hold: bool = False,
+            record: RunRecord | None = None) -> Iterator[str]:
+    """Load, build and check a run. With `hold`, the models stay held until `release(prep, registry)`. With
+    `record` (a finished run), the fresh decoder belongs to that run instead of a new one (to time it again)."""
     kind, spec = reg.split_draft(settings.draft)
     ok, reason = kind.available(settings.target)
     if not ok:
@@ -106,7 +129,8 @@ def prepare(settings: RunSettings, state: SessionState, registry: reg.ModelRegis
     held: list[str] | None = [] if hold else None
     models = yield from load([settings.target] + ([spec.model] if spec.model else []), registry, held)
     try:
-        return build(settings, state, registry, models, kind, spec, show_spaces, budget, held or [])
+        return build(settings, state, registry, models, kind, spec, show_spaces,
+                     None if budget is None else budget.child(), held or [], record)
     except BaseException:
         for name in held or []:
             registry.release(name)
@@ -114,7 +138,7 @@ def prepare(settings: RunSettings, state: SessionState, registry: reg.ModelRegis
 
 
 def build(settings: RunSettings, state: SessionState, registry: reg.ModelRegistry, models: dict, kind, spec,
-          show_spaces: bool, budget: Budget | None, held: list[str]) -> Prepared:
+          show_spaces: bool, budget: Budget | None, held: list[str], record: RunRecord | None = None) -> Prepared:
     target = models[settings.target]
     sampling = settings.sampling()
     input_ids = target.encode_prompt(settings.prompt, chat=settings.chat)
@@ -131,7 +155,8 @@ def build(settings: RunSettings, state: SessionState, registry: reg.ModelRegistr
         label += f" skip {','.join(map(str, drafter.skip_layers))}"
     elif kind.key == "early-exit":
         label = f"early-exit:{len(target.model.model.layers) - len(drafter.skip_layers)}"
-    record = state.new_run(settings, label, input_ids[0].tolist())
+    if record is None:
+        record = state.new_run(settings, label, input_ids[0].tolist())
     opts = RenderOptions(show_spaces=show_spaces, greedy=settings.greedy, rule=settings.rule)
     return Prepared(settings, target, input_ids, decoder, record, registry.labeler(target), opts,
                     reg.eos_ids(target), budget, held)
@@ -175,30 +200,19 @@ def rounds(prep: Prepared, state: SessionState) -> Iterator[se.RoundEvent]:
         yield event
 
 
-def baseline(target, record: RunRecord, state: SessionState, force: bool = False, budget: Budget | None = None):
-    """Plain decoding with the run's settings, cached per baseline key (`force` measures again: timings on a
-    shared machine vary). A generator: it yields elapsed-time messages while a worker thread decodes, so the
-    handler stays responsive; if the handler is closed, the worker stops within one token. Returns the
-    BaselineResult, or None if Stop, the caller's departure or the time limit ended it."""
-    cached = state.baselines.get(record.baseline_key)
-    if cached is not None and not force:
-        return cached
-    import torch
-    budget = budget or Budget(state.stop_event)
-    budget.start()
-    s = record.settings
-    ids = torch.tensor([list(record.prompt_ids)], dtype=torch.long, device=target.device)
+def in_worker(work, budget: Budget, label: str) -> Iterator[str]:
+    """Run `work()` in a worker thread while yielding "N s" progress lines; returns its result (re-raises its
+    error). Nothing else runs on the engine's path meanwhile: the handler only wakes every BASELINE_POLL seconds.
+    If the handler is closed (Stop, a closed tab), `budget.cancel` stops the work within one token or round."""
     outcome: dict = {}
 
-    def work():
+    def run():
         try:
-            outcome["result"] = se.autoregressive_generate(
-                target.model, ids, max_new_tokens=s.max_new_tokens, sampling=s.sampling(), seed=s.seed,
-                eos_token_id=reg.eos_ids(target), should_stop=budget.should_stop)
+            outcome["result"] = work()
         except BaseException as exc:   # re-raised in the handler's thread
             outcome["error"] = exc
 
-    worker = threading.Thread(target=work, name="plain-decoding", daemon=True)
+    worker = threading.Thread(target=run, name=label, daemon=True)
     began = monotonic()
     worker.start()
     try:
@@ -208,13 +222,64 @@ def baseline(target, record: RunRecord, state: SessionState, force: bool = False
                 break
             yield f"{monotonic() - began:.0f} s"
     finally:
-        if worker.is_alive():          # the handler was closed (Stop, a closed tab): stop within one token
+        if worker.is_alive():
             budget.cancel.set()
             worker.join()
     if "error" in outcome:
         raise outcome["error"]
-    result = outcome["result"]
+    return outcome["result"]
+
+
+def timed(prep: Prepared, state: SessionState, budget: Budget | None = None) -> Iterator[str]:
+    """Decode the run again with its own settings and seed and nothing drawn, and keep that timing as the run's
+    speed (`RunRecord.timing`). The live run drew every round in the browser on the same cores, which slows the
+    engine by a different amount for every run; plain decoding is measured without drawing, so the speculative
+    side is too. The rounds must equal the live ones (same seed, same code): otherwise the timing is not kept.
+    Returns the Timing, or None if it was stopped."""
+    record, s = prep.record, prep.settings
+    budget = budget or Budget(state.stop_event)
+    budget.start()
+    result = yield from in_worker(
+        lambda: prep.decoder.generate(prep.input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
+                                      seed=s.seed, eos_token_id=prep.eos, should_stop=budget.should_stop),
+        budget, "timed-run")
     if result.stop_reason == "cancelled":
         return None
-    state.add_baseline(record.baseline_key, result)
+    same = result.tokens == record.tokens and len(result.rounds) == len(record.rounds)
+    if not same:      # cannot happen with a deterministic engine; if it does, say so rather than mix two runs
+        raise ValueError("the timed run differs from the live run (same settings and seed): its speed is not shown")
+    timing = Timing(seconds=result.total_seconds, tokens=len(result.tokens), rounds=tuple(result.rounds),
+                    at=time.time(), how="decoded again without drawing")
+    with state.lock:
+        record.timing = timing
+    return timing
+
+
+def keep_live_timing(record: RunRecord, state: SessionState) -> None:
+    """A run driven without drawing (a sweep point, the mismatch demo) is its own timing."""
+    with state.lock:
+        record.timing = Timing(seconds=record.engine_seconds, tokens=len(record.tokens), rounds=tuple(record.rounds),
+                               at=time.time(), how="run without drawing")
+
+
+def baseline(target, record: RunRecord, state: SessionState, force: bool = False, budget: Budget | None = None):
+    """Plain decoding with the run's settings, cached per baseline key (`force` measures again: timings on a
+    shared machine vary), in a worker thread with nothing drawn (`in_worker`). Returns the BaselineResult, or
+    None if Stop, the caller's departure or the time limit ended it."""
+    cached = state.baselines.get(record.baseline_key)
+    if cached is not None and not force:
+        return cached
+    import torch
+    budget = budget or Budget(state.stop_event)
+    budget.start()
+    s = record.settings
+    ids = torch.tensor([list(record.prompt_ids)], dtype=torch.long, device=target.device)
+    result = yield from in_worker(
+        lambda: se.autoregressive_generate(target.model, ids, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
+                                           seed=s.seed, eos_token_id=reg.eos_ids(target),
+                                           should_stop=budget.should_stop),
+        budget, "plain-decoding")
+    if result.stop_reason == "cancelled":
+        return None
+    state.add_baseline(record.baseline_key, result, run_id=record.run_id)
     return result

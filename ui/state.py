@@ -1,13 +1,18 @@
 """Per-session state: kept in a `gr.State`, one object per browser session (never a module global).
 
 It holds the finished runs (the comparison history), the measured plain-decoding baselines (cached per
-target, prompt, sampling, seed and max_new_tokens), the run in progress, and the Stop flag that the engine
-polls between rounds.
+target, prompt, sampling, seed and max_new_tokens, with when and by which run each was measured), the run in
+progress, and the Stop flag that the engine polls between rounds.
+
+Speed is reported like with like: a run's tokens per second and speedup come from its `Timing` (the engine
+timed with nothing drawn, as plain decoding is), never from the live, drawn run, whose rate is kept apart as
+`live_tokens_per_second`.
 """
 from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import dataclass, field
 
 from . import metrics
@@ -51,6 +56,21 @@ class RunSettings:
         return (self.target, prompt_ids, self.temperature, self.top_k, self.top_p, self.seed, self.max_new_tokens)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How fast the engine made a run, measured the way plain decoding is measured: nothing drawn meanwhile."""
+
+    seconds: float          # engine time: prefill + every round
+    tokens: int
+    rounds: tuple           # the timed RoundEvents (the same rounds as the live run; their clocks differ)
+    at: float               # time.time() when measured
+    how: str                # "decoded again without drawing" | "run without drawing"
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
 @dataclass
 class RunRecord:
     run_id: int
@@ -61,6 +81,7 @@ class RunRecord:
     fragments: list[str] = field(default_factory=list)  # rendered HTML of each round (rendered once)
     stop_reason: str | None = None
     recorded: bool = False
+    timing: Timing | None = None                        # the speed measurement behind tokens/s and the speedup
 
     @property
     def baseline_key(self) -> tuple:
@@ -76,13 +97,20 @@ class RunRecord:
         return times[-1] if times else 0.0
 
 
-def summarize(record: RunRecord, baseline=None) -> dict:
-    """Headline numbers of a run; speedup only from a measured baseline with the same key."""
+def clock(at: float | None) -> str:
+    return "" if at is None else time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = None) -> dict:
+    """Headline numbers of a run. Tokens per second come from the run's Timing once it has one (else from the
+    live run, marked `timed: False`); the speedup only from a Timing and a measured baseline with the same key."""
     rounds = record.rounds
     drafted = sum(len(r.drafted) for r in rounds)
     accepted = sum(r.accepted for r in rounds)
     tokens = record.tokens
-    seconds = record.engine_seconds
+    live_seconds = record.engine_seconds
+    timing = record.timing
+    seconds = timing.seconds if timing is not None else live_seconds
     acceptance = accepted / drafted if drafted else 0.0
     out = {
         "run_id": record.run_id,
@@ -100,6 +128,10 @@ def summarize(record: RunRecord, baseline=None) -> dict:
         "expected_tokens_per_forward": metrics.expected_tokens_per_round(judged_acceptance(rounds), record.settings.k),
         "seconds": seconds,
         "tokens_per_second": len(tokens) / seconds if seconds > 0 else 0.0,
+        "live_tokens_per_second": len(tokens) / live_seconds if live_seconds > 0 else 0.0,
+        "timed": timing is not None,
+        "timing": None if timing is None else f"{timing.how} at {clock(timing.at)}",
+        "baseline_timing": None,
         "stop_reason": record.stop_reason,
         "tokens": tokens,
         "baseline_tokens_per_second": None,
@@ -111,8 +143,13 @@ def summarize(record: RunRecord, baseline=None) -> dict:
     if baseline is not None and baseline.tokens_per_second > 0 and out["tokens_per_second"] > 0:
         out["baseline_tokens_per_second"] = baseline.tokens_per_second
         out["baseline_seconds"] = baseline.total_seconds
-        out["speedup"] = out["tokens_per_second"] / baseline.tokens_per_second
-        out.update(metrics.cost_fields(rounds, baseline))       # draft / verify cost, predicted speedup
+        info = baseline_info or {}
+        if info:
+            by = "this run" if info.get("run_id") == record.run_id else f"run {info.get('run_id')}"
+            out["baseline_timing"] = f"decoded without drawing at {clock(info.get('at'))} ({by})"
+        if timing is not None:      # the live rounds' clocks ran while the view was drawn: only timed ones count
+            out["speedup"] = out["tokens_per_second"] / baseline.tokens_per_second
+            out.update(metrics.cost_fields(list(timing.rounds), baseline))   # draft / verify cost, predicted speedup
         if record.settings.greedy and record.settings.rule == "exact":
             n = min(len(tokens), len(baseline.tokens))
             diff = next((i for i in range(n) if tokens[i] != baseline.tokens[i]), None)
@@ -138,6 +175,7 @@ class SessionState:
     def __init__(self):
         self.history: list[RunRecord] = []
         self.baselines: dict[tuple, object] = {}      # baseline key -> spec_engine.BaselineResult
+        self.baseline_info: dict[tuple, dict] = {}    # baseline key -> {"at": time.time(), "run_id": measured by}
         self.current: RunRecord | None = None
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
@@ -150,6 +188,7 @@ class SessionState:
         fresh = SessionState()
         fresh.history = copy.deepcopy(self.history, memo)
         fresh.baselines = dict(self.baselines)
+        fresh.baseline_info = dict(self.baseline_info)
         fresh.current = self.current
         fresh._next_id = self._next_id
         fresh.target, fresh.compare_axis = self.target, self.compare_axis
@@ -174,18 +213,25 @@ class SessionState:
             del self.history[:-MAX_HISTORY]
             return True
 
-    def add_baseline(self, key: tuple, result) -> None:
+    def add_baseline(self, key: tuple, result, run_id: int | None = None) -> None:
         with self.lock:
             self.baselines.pop(key, None)
             self.baselines[key] = result
+            self.baseline_info[key] = {"at": time.time(), "run_id": run_id}
             for old in list(self.baselines)[:-MAX_BASELINES]:
                 del self.baselines[old]
+                self.baseline_info.pop(old, None)
+
+    def summary(self, record: RunRecord) -> dict:
+        """`summarize` with this session's baseline for the record and its provenance."""
+        key = record.baseline_key
+        return summarize(record, self.baselines.get(key), self.baseline_info.get(key))
 
     def baseline_for(self, record: RunRecord | None):
         return None if record is None else self.baselines.get(record.baseline_key)
 
     def summaries(self) -> list[tuple[dict, RunSettings]]:
-        return [(summarize(r, self.baselines.get(r.baseline_key)), r.settings) for r in self.history]
+        return [(self.summary(r), r.settings) for r in self.history]
 
     def history_rows(self) -> list[list]:
         return [history_row(s, settings) for s, settings in self.summaries()][::-1]   # newest first
