@@ -230,6 +230,12 @@ def test_tokenizer_mismatch_demo(playground_registry, gemma, monkeypatch):
     assert views.count('class="spec-view"') == 4
     assert "SmolLM2" in tokenization and "Gemma" in tokenization
     assert len(history) == 4 and len(state.history) == 4
+    # Every draft runs to its end (each run of the demo has its own budget: releasing one run cancelled the
+    # budget the next ones shared, and they stopped after one round), and the naive ids are the lowest.
+    assert [r.stop_reason for r in state.history] != ["cancelled"] * 4
+    assert all(r.stop_reason in ("max_new_tokens", "eos") for r in state.history)
+    assert all(len(r.tokens) == 8 or r.stop_reason == "eos" for r in state.history)
+    assert naive == min(table["acceptance"]) and naive < max(table["acceptance"])
 
 
 @pytest.mark.slow
@@ -239,6 +245,9 @@ def test_sweep_k_fills_the_history_with_one_baseline(playground_registry, monkey
     outputs = list(handlers.sweep_k(*run_args(draft="prompt-lookup", max_new_tokens=6, auto_baseline=True), state))
     assert [r.settings.k for r in state.history] == [1, 3]
     assert len(state.baselines) == 1                         # k and the draft do not change plain decoding
+    # each k runs to its end: the sweep's runs share one deadline, but releasing one must not cancel the next
+    assert [r.stop_reason for r in state.history] == ["max_new_tokens"] * 2
+    assert all(len(r.tokens) == 6 and r.timing is not None for r in state.history)
     history = outputs[-1][RUN_OUTPUTS.index("history")]
     assert list(history["k"]) == [3, 1] and history["speedup"].notna().all()
 
@@ -263,3 +272,40 @@ def test_a_draft_that_does_not_fit_the_target_is_a_readable_error():
     with pytest.raises(gr.Error) as err:
         list(handlers.run(*run_args(target="gemma-3-270m", draft="eagle"), SessionState()))
     assert "not available for Gemma" in str(err.value.message) and "trained for smollm2" in str(err.value.message)
+
+
+@pytest.mark.slow
+def test_the_speedup_comes_from_runs_timed_without_drawing(playground_registry, every_round):
+    """The live run is drawn round by round; its clocks never reach the speedup. The speculative run is decoded
+    again with nothing drawn (same rounds) and plain decoding too, and tokens/s, costs and speedup use those."""
+    state = SessionState()
+    outputs = list(handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=10, auto_baseline=True), state))
+    record = state.active.record
+    final = outputs[-1][SUMMARY]
+    timing = record.timing
+    assert timing is not None and final["timed"] and timing.how == "decoded again without drawing"
+    assert [r.emitted for r in timing.rounds] == [r.emitted for r in record.rounds]   # the same rounds...
+    assert timing.rounds[0] is not record.rounds[0]                                      # ...decoded again
+    baseline = state.baseline_for(record)
+    assert final["tokens_per_second"] == pytest.approx(len(record.tokens) / timing.seconds)
+    assert final["speedup"] == pytest.approx(final["tokens_per_second"] / baseline.tokens_per_second)
+    assert final["baseline_timing"].endswith("(this run)") and "without drawing" in final["timing"]
+    stats = outputs[-1][RUN_OUTPUTS.index("stats")]
+    assert "Speed: speculative decoded again without drawing" in stats
+    # While the run streamed, the explanation was blank (it never describes another run); the final one is set.
+    explains = [out[RUN_OUTPUTS.index("explain")] for out in outputs if is_summary(out[SUMMARY])]
+    assert all(text == "" for text in explains[:-1]) and explains[-1].startswith("**What happened.**")
+
+
+@pytest.mark.slow
+def test_export_takes_the_run_on_screen_not_the_newest_in_the_history(playground_registry, gemma, monkeypatch):
+    from ui import replay
+    playground_registry.put(gemma)
+    monkeypatch.setattr(handlers, "MISMATCH_MAX_NEW_TOKENS", 4)
+    state = SessionState()
+    list(handlers.run(*run_args(max_new_tokens=6), state))
+    shown = state.active.record
+    list(handlers.mismatch_demo(PROMPT, TARGET, 64, True, state))       # adds four runs to the history
+    assert state.history[-1] is not shown
+    trace = replay.export_latest(state)
+    assert trace.display["run_id"] == shown.run_id and trace.tokens == shown.tokens
