@@ -149,14 +149,14 @@ def test_step_handlers_on_smollm2_follow_the_main_run(playground_registry, monke
 
     main = SessionState()
     run_values = dict(controls, auto_baseline=False)
-    list(handlers.run(*[run_values[name] for name in handlers.RUN_INPUTS], main))
+    main_outputs = list(handlers.run(*[run_values[name] for name in handlers.RUN_INPUTS], main))
     timing = ("draft_seconds", "verify_seconds", "round_seconds", "prefill_seconds")
     strip = lambda ev: {k: v for k, v in ev.to_dict().items() if k not in timing}   # noqa: E731
     assert [strip(e) for e in session.stepper.events] == [strip(e) for e in main.active.record.rounds]
     assert main.history == [main.active.record]                      # stepping never touched the main history
 
-    text = classroom.explain_latest(main)
-    summary = handlers.summarize(main.active.record)
+    text = main_outputs[-1][handlers.RUN_OUTPUTS.index("explain")]
+    summary = main.summary(main.active.record)
     assert f"{summary['rounds']} rounds (one target forward each) produced {summary['new_tokens']} new tokens" in text
     assert f"({summary['acceptance_rate']:.0%} acceptance)" in text
     assert f"{summary['tokens_per_forward']:.2f} tokens per target forward" in text

@@ -11,7 +11,6 @@ import gradio as gr
 
 import spec_engine as se
 from spec_engine import trace as tr
-from spec_engine.explain import explain
 
 from . import handlers, plots, render, replay, stepper
 from . import registry as reg
@@ -29,21 +28,6 @@ TRACE_CAPTION = ("**Trace export and replay.** Download a run (settings, model n
 RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }"
 PRIVATE = {"api_visibility": "private"}
 COMPUTE = {"concurrency_id": "compute", "concurrency_limit": None}   # shares the main run's limit
-
-
-# ------------------------------------------------------------------------------------------ explanations
-
-def explanation_md(rounds, settings) -> str:
-    sentences = explain(rounds, settings.k, settings.greedy, settings.rule)
-    return f"**What happened.** {' '.join(sentences)}" if sentences else ""
-
-
-def explain_latest(state: SessionState) -> str:
-    """The main view's explanation: the run the main view shows (the session's active run)."""
-    prep = getattr(state, "active", None)
-    if prep is None or not prep.record.rounds:
-        return ""
-    return explanation_md(list(prep.record.rounds), prep.record.settings)
 
 
 # ------------------------------------------------------------------------------------------ step-through
@@ -229,7 +213,7 @@ def replay_outputs(trace: tr.Trace) -> tuple:
     status = (f"Replaying a trace ({trace.source}{created}): {trace.models.get('target', settings.target)} with "
               f"{trace.models.get('draft', settings.draft)}, k={settings.k}, "
               f"{'greedy' if settings.greedy else f'T={settings.temperature}'}, {len(trace.rounds)} rounds. No model used.")
-    values = dict(view, status=status, explain=explanation_md(trace.rounds, settings))
+    values = dict(view, status=status)
     return (trace,) + tuple(values[name] for name in REPLAY_OUTPUTS)
 
 
@@ -338,12 +322,3 @@ def build_tabs(c: dict, state: gr.State) -> dict:
         tab.select(None, None, None, js=RESIZE_JS, **PRIVATE)
     return {**{f"step_{k}": v for k, v in s.items()}, **{f"trace_{k}": v for k, v in r.items()},
             "step_state": step_state, "trace_file": trace_file, "timer": timer}
-
-
-def explain_after(events, state: gr.State, target: gr.Markdown, clear_on=()) -> None:
-    """Chain the main view's explanation after each event that finishes a run view; the buttons in `clear_on`
-    blank it (in the browser) as a new run starts, so it never describes a run that is no longer shown."""
-    for event in events:
-        event.then(explain_latest, [state], [target], **PRIVATE)
-    for button in clear_on:
-        button.click(None, None, [target], js="() => ''", **PRIVATE)

@@ -180,15 +180,9 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
         history_frame(state) if final else gr.skip(),
         compare_figure(state) if final else gr.skip(),
         detail,
-        explanation(record) if final else "",
+        render.explanation_md(record.rounds, record.settings.k, record.settings.greedy, record.settings.rule)
+        if final else "",
     )
-
-
-def explanation(record) -> str:
-    """The "What happened" paragraph of a finished run (spec_engine.explain)."""
-    from spec_engine.explain import explain
-    sentences = explain(list(record.rounds), record.settings.k, record.settings.greedy, record.settings.rule)
-    return f"**What happened.** {' '.join(sentences)}" if sentences else ""
 
 
 def message_view(message: str) -> tuple:

@@ -370,3 +370,12 @@ def tokenization_html(text: str, rows: list[tuple[str, list[tuple[int, Piece]]]]
         out.append(f'<div class="row"><span class="lbl">{esc(name)} ({len(pieces)} tokens)</span>{boxes}</div>')
     out.append("</div>")
     return "".join(out)
+
+
+def explanation_md(rounds, k: int, greedy: bool, rule: str, heading: bool = True) -> str:
+    """The "What happened" paragraph of a run's rounds (the sentences come from spec_engine.explain)."""
+    from spec_engine.explain import explain
+    sentences = explain(list(rounds), k, greedy, rule)
+    if not sentences:
+        return ""
+    return ("**What happened.** " if heading else "") + " ".join(sentences)

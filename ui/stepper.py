@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import spec_engine as se
-from spec_engine.explain import explain
 
 from . import plots, render
 from .render import RenderOptions, esc, fmt_prob, show_text
@@ -355,11 +354,6 @@ def tokens_html(session: StepSession) -> str:
     return render.view_html(session.fragments[:session.stepper.position], prompt, status_text(session), legend=False)
 
 
-def explanation_md(rounds, k: int, greedy: bool, rule: str) -> str:
-    sentences = explain(rounds, k, greedy, rule)
-    return " ".join(sentences) if sentences else ""
-
-
 def view(session: StepSession | None) -> dict:
     """Everything the Step-through tab shows, keyed by output name."""
     if session is None:
@@ -374,8 +368,8 @@ def view(session: StepSession | None) -> dict:
         "residual": residual_figure(ev, session.labeler, session.options),
         "kv": kv_section(session),
         "tokens": tokens_html(session),
-        "explain": explanation_md(session.stepper.shown, session.settings.k, session.settings.greedy,
-                                  session.settings.rule),
+        "explain": render.explanation_md(session.stepper.shown, session.settings.k, session.settings.greedy,
+                                         session.settings.rule, heading=False),
     }
 
 
