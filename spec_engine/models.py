@@ -737,8 +737,11 @@ def _dequantize(gguf: Path, report):
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    estimate = max(10, round(gguf.stat().st_size / 1e6 * 0.2 / 5) * 5)
-    report(f"dequantizing GGUF {gguf.name} (first start, ~{estimate} s)")
+    # Measured on two shared cores: 0.2-0.3 s per MB of GGUF (SmolLM2's 100 MB in 20-40 s, Gemma's 250 MB in
+    # 50-75 s): a range, since a busy machine takes the longer end.
+    megabytes = gguf.stat().st_size / 1e6
+    low, high = (max(10, round(megabytes * rate / 5) * 5) for rate in (0.2, 0.35))
+    report(f"dequantizing GGUF {gguf.name} (first start only, {low}-{high} s on two cores; later starts read a cache)")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent,
