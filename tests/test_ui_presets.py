@@ -122,3 +122,102 @@ def test_parse_layers(spec, n, expected):
 def test_parse_layers_errors(spec, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
         reg.parse_layers(spec, 30)
+
+
+def scenario_text(n: int, **changes) -> str:
+    """A scenario entry numbered n (ids s1, s2, ...), GOOD_SCENARIO's settings with `changes`."""
+    fields = {"id": f"s{n}", "label": f'"{n}. Scenario"', "prompt": "p1", "draft": "layer-skip", "k": 4,
+              "temperature": 0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 16, "rule": "exact",
+              "caption": "A caption."} | changes
+    return "  - " + "\n    ".join(f"{key}: {value}" for key, value in fields.items()) + "\n"
+
+
+def test_a_compared_scenario_differs_in_one_setting(tmp_path):
+    one_change = scenario_text(1) + scenario_text(2, k=8, caption="Compare with scenario 1, where only k differs.")
+    presets = load_presets(write(tmp_path, one_change))
+    assert presets.scenario("s2").k == 8
+    two_changes = scenario_text(1) + scenario_text(2, k=8, temperature=0.7, caption="Compare with scenario 1.")
+    with pytest.raises(ValueError, match=r"scenarios\[1\] \('s2'\): field 'caption' compares with scenario 1 "
+                                         r"\('s1'\), but a comparison must change exactly one setting; they differ "
+                                         r"in: k, temperature"):
+        load_presets(write(tmp_path, two_changes))
+    identical = scenario_text(1) + scenario_text(2, caption="Scenarios 1 and 3 differ.") + scenario_text(3, k=2)
+    with pytest.raises(ValueError, match="differ in: none: the runs are identical"):
+        load_presets(write(tmp_path, identical))
+    with pytest.raises(ValueError, match="names scenario 7, which is not another scenario"):
+        load_presets(write(tmp_path, scenario_text(1, caption="See scenario 7.")))
+
+
+def test_a_numbered_label_carries_its_position(tmp_path):
+    with pytest.raises(ValueError, match=r"scenarios\[1\] \('s2'\): field 'label' starts with number 3"):
+        load_presets(write(tmp_path, scenario_text(1) + scenario_text(2, label='"3. Misnumbered"')))
+
+
+def test_shipped_comparisons_change_one_thing():
+    from ui.presets import differing_settings, mentioned_scenarios
+    scenarios = load_presets().scenarios
+    by_id = {s.id: s for s in scenarios}
+    pairs = {("wrong-topp", "sampling-exact"): ["rule"], ("wrong-no-residual", "sampling-exact"): ["rule"],
+             ("large-k", "greedy-layer-skip"): ["k"], ("cross-tokenizer", "naive-ids"): ["draft"],
+             ("eagle-head", "early-exit-lesson"): ["draft"], ("eagle-head", "greedy-layer-skip"): ["draft"]}
+    for (a, b), fields in pairs.items():
+        assert differing_settings(by_id[a], by_id[b]) == fields, (a, b)
+    named = {(s.id, scenarios[n - 1].id) for s in scenarios for n in mentioned_scenarios(s.caption)}
+    assert set(pairs) <= named                                     # each caption names the scenario it differs from
+    assert mentioned_scenarios("Scenarios 6 and 7 change only the rule; scenario 2's head") == [6, 7, 2]
+
+
+def test_captions_say_what_to_look_for_and_how_fast_it_is_here():
+    for s in load_presets().scenarios:
+        caption = s.caption.lower()
+        assert "look for:" in caption, s.id
+        assert "slower than plain decoding" in caption or "faster than plain decoding" in caption, s.id
+        assert "history tab" not in caption, s.id
+    slow = {"layer-skip", "early-exit", "gemma-3-270m:naive-ids", "gemma-3-270m:cross-tokenizer"}
+    for s in load_presets().scenarios:      # self-drafts and the offline Gemma draft (twice the target's size)
+        if s.draft in slow:
+            assert "slower than plain decoding" in s.caption.lower(), s.id
+        if s.draft.startswith("gemma-3-270m"):
+            assert "twice the size of the target" in s.caption, s.id
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from ui.layout import build_demo
+    return build_demo(preload=False)
+
+
+def test_tabs_named_in_captions_exist(demo):
+    import re
+
+    import gradio as gr
+    tabs = {block.label for block in demo.blocks.values() if isinstance(block, gr.Tab)}
+    assert "Compare runs" in tabs
+    for s in load_presets().scenarios:
+        for name in re.findall(r'"([^"]+)" tab', s.caption):
+            assert name in tabs, (s.id, name)
+
+
+def test_choosing_a_scenario_runs_it_like_the_run_button(demo):
+    from ui import handlers
+    runs = {fn.api_name: (fn_id, fn) for fn_id, fn in demo.fns.items() if fn.fn is handlers.run}
+    button = runs.pop("run")[1]
+    (chained_id, chained), = runs.values()
+    scenario_id = demo.spec_components["scenario"]._id
+    setter = demo.fns[chained.trigger_after]
+    assert setter.targets == [(scenario_id, "input")] and chained.trigger_only_on_success
+    assert [b._id for b in chained.inputs] == [b._id for b in button.inputs]
+    assert [b._id for b in chained.outputs] == [b._id for b in button.outputs]
+    assert (chained.validator, chained.concurrency_id, chained.preprocess) == (button.validator, "compute", False)
+    assert chained.api_visibility == "private"
+    stop = next(fn for fn in demo.fns.values() if fn.fn is handlers.stop)
+    cancel = next(fn for fn in demo.fns.values() if fn.is_cancel_function and fn.targets == stop.targets)
+    assert chained_id in cancel.cancels                                  # Stop ends a scenario's run too
+
+
+def test_presentation_mode_is_a_browser_side_toggle(demo):
+    from ui import render
+    checkbox = demo.spec_components["present"]
+    toggles = [fn for fn in demo.fns.values() if fn.targets == [(checkbox._id, "change")]]
+    assert len(toggles) == 1 and toggles[0].fn is None and toggles[0].js == render.PRESENTATION_JS
+    assert "spec-present" in render.PRESENTATION_JS and "line-through" in render.PRESENTATION_CSS

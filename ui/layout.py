@@ -32,6 +32,8 @@ the same text, cut at different token boundaries, now arrives as SmolLM2's own i
 All runs: the prompt above, greedy, k = 4, at most 40 new tokens."""
 
 TOKEN_VIEW_HEIGHT = 430      # px; longer outputs scroll (and follow the newest round) so the plots stay in view
+SCENARIO_CONTROLS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
+                     "rule", "chat")   # what handlers.apply_scenario sets, in its order (then the caption)
 RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }"
 THEME = gr.themes.Soft(primary_hue="emerald", secondary_hue="blue")
 
@@ -56,9 +58,14 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         c: dict[str, gr.components.Component] = {}
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=340):
+                present = gr.Checkbox(False, label="Presentation mode (large type, high contrast)",
+                                      elem_id="spec-present")
                 scenario = gr.Dropdown([(s.label, s.id) for s in presets.scenarios], value=None,
-                                       label="Classroom scenario", info="Sets every control below",
+                                       label="Classroom scenario", info="Sets every control below and runs it",
                                        elem_id="spec-scenario")
+                with gr.Row():   # beside the scenario picker, so Run and the results share the first screen
+                    run_btn = gr.Button("Run", variant="primary", elem_id="spec-run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="spec-stop")
                 caption = gr.Markdown("", elem_id="spec-caption")
                 example = gr.Dropdown([(p.label, p.id) for p in presets.prompts], value=None, label="Example prompt")
                 c["prompt"] = gr.Textbox(presets.prompts[0].text, lines=5, max_lines=14, label="Prompt", elem_id="spec-prompt")
@@ -88,9 +95,6 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                                                   info="e.g. 21, 23, 25-27; empty = the default set")
                     c["exit_after"] = gr.Slider(0, 64, value=0, step=1, label="Early exit: after this many layers",
                                                 info="0 = half of the target's layers")
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="spec-run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="spec-stop")
                 with gr.Row():
                     baseline_btn = gr.Button("Measure plain decoding", size="sm", elem_id="spec-baseline")
                     sweep_btn = gr.Button(f"Sweep k {list(handlers.SWEEP_K)}", size="sm", elem_id="spec-sweep")
@@ -161,6 +165,11 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         compute = {"concurrency_id": "compute", "concurrency_limit": limits.current().concurrency}
         checked = {"preprocess": False, "validator": handlers.validate_run}
         run_event = run_btn.click(handlers.run, run_inputs, run_outputs, api_name="run", **compute, **checked)
+        # One click per lesson: choosing a scenario sets the controls, then runs them as the Run button would.
+        scenario_event = scenario.input(
+            functools.partial(handlers.apply_scenario, presets=presets, default_target=default_target), [scenario],
+            [c[n] for n in SCENARIO_CONTROLS] + [caption], api_visibility="private",
+        ).success(handlers.run, run_inputs, run_outputs, api_visibility="private", **compute, **checked)
         sweep_event = sweep_btn.click(handlers.sweep_k, run_inputs, run_outputs, api_name="sweep_k", **compute,
                                       **checked)
         base_event = baseline_btn.click(handlers.measure_baseline, [state], run_outputs, api_name="baseline", **compute)
@@ -168,18 +177,13 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         mm_event = mm_btn.click(handlers.mismatch_demo, [c["prompt"], c["target"], c["max_new_tokens"], c["chat"], state],
                                 mm_outputs, api_name="mismatch", **compute, preprocess=False,
                                 validator=handlers.validate_mismatch)
-        stop_event = stop_btn.click(handlers.stop, [state], run_outputs, api_name="stop", concurrency_limit=None,
-                                    cancels=[run_event, sweep_event, base_event, mm_event, *lab_events])
+        stop_btn.click(handlers.stop, [state], run_outputs, api_name="stop", concurrency_limit=None,
+                       cancels=[run_event, scenario_event, sweep_event, base_event, mm_event, *lab_events])
 
-        classroom.explain_after([run_event, sweep_event, base_event, stop_event], state, out["explain"],
-                                clear_on=[run_btn, sweep_btn])
         private = {"api_visibility": "private"}
         c["target"].input(handlers.on_target, [c["target"], c["draft"], state], [c["target"], c["draft"]], **private)
         c["draft"].change(handlers.on_draft, [c["draft"], c["target"]], [draft_info], **private)
-        scenario.input(functools.partial(handlers.apply_scenario, presets=presets, default_target=default_target),
-                       [scenario],
-                       [c[n] for n in ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k",
-                                       "max_new_tokens", "seed", "rule", "chat")] + [caption], **private)
+        present.change(None, [present], None, js=render.PRESENTATION_JS, **private)
         example.input(functools.partial(handlers.apply_prompt, presets=presets), [example], [c["prompt"], c["chat"]],
                       **private)
         c["show_spaces"].change(handlers.rerender, [c["show_spaces"], state], [out["tokens"]], **private)
@@ -188,7 +192,8 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         demo.load(functools.partial(handlers.model_status, default_target), None, [model_md], **private)
         for tab in (compare_tab, kv_tab, mm_tab):   # plots drawn while their tab was hidden get their width now
             tab.select(None, None, None, js=RESIZE_JS, **private)
-    demo.spec_components = {**c, **out, **mm, **lab, "scenario": scenario, "example": example}   # for tests
+    demo.spec_components = {**c, **out, **mm, **lab, "scenario": scenario, "example": example,
+                            "present": present}   # for tests
     return demo
 
 

@@ -2,10 +2,15 @@
 
 Every error names the file, the entry and the field, e.g.
 `presets/scenarios.yaml: scenarios[2] ('big-k'): field 'k' must be an integer in [1, 16], got 40`.
+
+Scenarios are numbered by position from 1 (a label starting "N." must carry its own number). A caption that names
+another scenario ("compare with scenario 5", "scenarios 6 and 7 change only the rule") must name one that differs
+from it in exactly one setting: a classroom comparison changes one thing at a time.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +99,41 @@ def load_presets(path: str | Path | None = None, draft_check=None, target_check=
     scenarios = [parse_scenario(entry, f"{label}: scenarios[{i}]", by_id, draft_check, target_check)
                  for i, entry in enumerate(as_list(data, "scenarios", label))]
     unique([s.id for s in scenarios], f"{label}: scenarios")
+    check_comparisons(scenarios, label)
     return Presets(prompts, scenarios)
+
+
+# What a run depends on (the label and caption do not); "prompt" is the resolved text.
+SETTINGS = ("prompt", "chat", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "rule", "seed")
+SCENARIO_MENTION = re.compile(r"\bscenarios? (\d+(?:(?:, | and | or )\d+)*)", re.IGNORECASE)
+LABEL_NUMBER = re.compile(r"^\s*(\d+)\.")
+
+
+def differing_settings(a: Scenario, b: Scenario) -> list[str]:
+    return [name for name in SETTINGS if getattr(a, name) != getattr(b, name)]
+
+
+def mentioned_scenarios(caption: str) -> list[int]:
+    """The scenario numbers a caption names: "scenario 5", "scenarios 6 and 7", "Scenario 2's"."""
+    return [int(n) for match in SCENARIO_MENTION.finditer(caption) for n in re.findall(r"\d+", match.group(1))]
+
+
+def check_comparisons(scenarios: list[Scenario], label: str) -> None:
+    for i, s in enumerate(scenarios):
+        where = f"{label}: scenarios[{i}] ({s.id!r})"
+        number = LABEL_NUMBER.match(s.label)
+        if number and int(number.group(1)) != i + 1:
+            raise ValueError(f"{where}: field 'label' starts with number {number.group(1)}, but this is scenario "
+                             f"{i + 1} (scenarios are numbered by their position in the file)")
+        for n in mentioned_scenarios(s.caption):
+            if not 1 <= n <= len(scenarios) or n == i + 1:
+                raise ValueError(f"{where}: field 'caption' names scenario {n}, which is not another scenario "
+                                 f"(there are {len(scenarios)})")
+            differ = differing_settings(s, scenarios[n - 1])
+            if len(differ) != 1:
+                what = ", ".join(differ) if differ else "none: the runs are identical"
+                raise ValueError(f"{where}: field 'caption' compares with scenario {n} ({scenarios[n - 1].id!r}), "
+                                 f"but a comparison must change exactly one setting; they differ in: {what}")
 
 
 def as_list(data: dict, key: str, label: str) -> list:

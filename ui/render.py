@@ -77,6 +77,64 @@ CSS = """
 .spec-tokcmp .tok.alt { background: #eef2ff; }
 """
 
+# Presentation mode, for a projector: large type and fills that survive a washed-out image (saturated mid-tones
+# with dark 2 px borders instead of pastels). The redundant coding stays: rejected struck through, corrections and
+# bonuses bold, discarded dashed. Every rule sits under `html.spec-present`, a class PRESENTATION_JS toggles in the
+# browser (no server round-trip); !important outranks the inline font sizes Plotly writes on its SVG text, so the
+# plots follow without being redrawn. Gradio nests each component's css_template under the component's id, so every
+# selector below gets an id's weight from `:not(#spec-id-weight)` (which matches every element).
+PRESENTATION_CSS = """
+html.spec-present { --body-text-color: #000; --body-text-color-subdued: #1f2937; --block-label-text-color: #111827;
+  --block-info-text-color: #1f2937; --block-label-text-size: 16px; --block-info-text-size: 15px;
+  --text-md: 17px; --text-lg: 19px; --input-text-size: 17px; }
+html.spec-present #spec-caption p, html.spec-present #spec-explain p { font-size: 18px; line-height: 1.45; color: #000; }
+html.spec-present .spec-view { font-size: 24px; line-height: 2.0; color: #000; }
+html.spec-present .spec-view .legend { font-size: 15px; line-height: 1.7; }
+html.spec-present .spec-view .legend > span:last-child { display: none; }   /* the hover hint: room for tokens */
+html.spec-present .spec-view .tok, html.spec-present .spec-view .lg { color: #000; border-width: 2px; }
+html.spec-present .spec-view .accepted { background: #4ade80; border-color: #14532d; }
+html.spec-present .spec-view .rejected { background: #f87171; border-color: #7f1d1d; color: #000;
+  text-decoration: line-through; text-decoration-color: #000; text-decoration-thickness: 3px; }
+html.spec-present .spec-view .discarded { background: #d1d5db; color: #1f2937; opacity: 0.8; border-style: dashed;
+  border-color: #111827; }
+html.spec-present .spec-view .correction { background: #fb923c; border-color: #7c2d12; font-weight: 700; }
+html.spec-present .spec-view .bonus { background: #60a5fa; border-color: #1e3a8a; font-weight: 700; }
+html.spec-present .spec-view .ws { color: #374151; }
+html.spec-present .spec-view .round { border-left: 3px solid #111827; }
+html.spec-present .spec-view .round::before { font-size: 15px; color: #111827; font-weight: 600; }
+html.spec-present .spec-view .note, html.spec-present .spec-view details.prompt,
+html.spec-present .spec-view .status-line, html.spec-present .spec-view .empty-msg { font-size: 17px; color: #111827; }
+html.spec-present .spec-stats .chip { border: 2px solid #374151; padding: 1px 7px; min-width: 72px; }
+html.spec-present .spec-stats .chip .k { font-size: 16px; color: #111827; }
+html.spec-present .spec-stats .chip .v { font-size: 21px; font-weight: 700; line-height: 1.2; }
+html.spec-present .spec-stats .chip.pending .v { color: #374151; font-size: 18px; }
+html.spec-present .spec-stats .chip.good .v { color: #14532d; }
+html.spec-present .spec-stats .chip.bad .v { color: #7f1d1d; }
+html.spec-present .spec-stats .msg { font-size: 16px; color: #111827; }
+html.spec-present .spec-tokcmp { font-size: 20px; }
+html.spec-present .spec-tokcmp .lbl { font-size: 16px; color: #111827; }
+html.spec-present #spec-tip { font-size: 17px; max-width: 520px; }
+html.spec-present .js-plotly-plot .xtick text, html.spec-present .js-plotly-plot .ytick text,
+html.spec-present .js-plotly-plot .legendtext { font-size: 16px !important; fill: #000 !important; }
+html.spec-present .js-plotly-plot .g-xtitle text, html.spec-present .js-plotly-plot .g-ytitle text,
+html.spec-present .js-plotly-plot .annotation-text { font-size: 17px !important; fill: #000 !important; }
+html.spec-present .js-plotly-plot .gtitle { font-size: 19px !important; fill: #000 !important; }
+""".replace("html.spec-present", "html.spec-present:not(#spec-id-weight)")
+
+# The presentation-mode checkbox's js= handler: installs PRESENTATION_CSS once, toggles the class on <html>, and
+# lets Plotly re-measure its plots.
+PRESENTATION_JS = """(on) => {
+  if (!document.getElementById("spec-present-css")) {
+    const style = document.createElement("STYLE");
+    style.id = "spec-present-css";
+    style.textContent = %s;
+    document.head.appendChild(style);
+  }
+  document.documentElement.classList.toggle("spec-present", Boolean(on));
+  setTimeout(() => window.dispatchEvent(new Event("resize")), 50);
+  return [];
+}""" % json.dumps(PRESENTATION_CSS)
+
 # A floating tooltip for every `.spec-view .tok[data-tip]` on the page, installed once by the token views'
 # js_on_load. It is position: fixed, so it is never clipped by the scrolling token view; its text is set with
 # textContent (never parsed as HTML). Without JavaScript the CSS ::after tooltip above still works.

@@ -1,0 +1,98 @@
+"""The classroom in a real browser (issue #22): choosing a scenario runs it with the results in view, and
+presentation mode enlarges what a projector shows. Headless Chromium at /usr/bin/chromium, as test_app_browser.py."""
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
+
+# Prompt lookup needs no draft model: the quickest lesson, and one that runs faster than plain decoding.
+SCENARIO = "4. Prompt lookup on a code edit"
+FINISHED = "document.querySelector('#spec-stats').innerText.includes('finished')"
+TOKEN = "#spec-tokens .tokens .tok"
+
+
+def open_page(chromium, url: str, width: int, height: int):
+    page = chromium.new_page(viewport={"width": width, "height": height})
+    page.goto(url)
+    page.wait_for_selector("#spec-run", timeout=60_000)
+    return page
+
+
+def choose_scenario(page, label: str) -> None:
+    page.click("#spec-scenario input")
+    page.locator("[role=option]", has_text=label).first.click()
+
+
+# Seen: the page is not scrolled and, for each selector, some matching element's centre lies in the window and
+# hit-tests to the element itself (not clipped by the token view's own scrolling, not covered).
+IN_VIEW = """(selectors) => window.scrollY === 0 && selectors.every((sel) =>
+    [...document.querySelectorAll(sel)].some((e) => {
+        const box = e.getBoundingClientRect();
+        const x = box.left + box.width / 2, y = box.top + box.height / 2;
+        if (box.height === 0 || y < 0 || y > window.innerHeight || x < 0 || x > window.innerWidth) return false;
+        const hit = document.elementFromPoint(x, y);
+        return hit !== null && (e === hit || e.contains(hit));
+    }))"""
+
+
+def in_view(page, *selectors: str) -> bool:
+    """Each selector has an element on the first screen of the page, visible without scrolling."""
+    return page.evaluate(IN_VIEW, list(selectors))
+
+
+def font_px(page, selector: str, pseudo: str | None = None) -> float:
+    return page.evaluate("([sel, pseudo]) => parseFloat(getComputedStyle(document.querySelector(sel), pseudo).fontSize)",
+                         [selector, pseudo])
+
+
+def test_choosing_a_scenario_runs_it_with_the_results_in_view(playground, chromium):
+    page = open_page(chromium, playground, 1024, 768)
+    try:
+        assert in_view(page, "#spec-present", "#spec-scenario", "#spec-run")
+        choose_scenario(page, SCENARIO)          # one click: no Run press
+        page.wait_for_selector(TOKEN, timeout=180_000)
+        assert "running_sum" in page.input_value("#spec-prompt textarea")           # the scenario set the controls
+        assert "Rename the variable" in page.locator("#spec-tokens .ptext").text_content()   # and ran them
+        assert "4. Prompt lookup on a code edit. Look for:" in page.locator("#spec-caption").inner_text()
+        # While it runs, the numbers and the tokens are on the first screen (a re-render may replace them between
+        # two reads, hence the short wait rather than one read).
+        page.wait_for_function(IN_VIEW, arg=["#spec-stats .spec-stats", TOKEN], timeout=10_000)
+        page.wait_for_function(FINISHED, timeout=180_000)
+        assert in_view(page, "#spec-stats .chip", TOKEN)
+    finally:
+        page.close()
+
+
+def test_presentation_mode_enlarges_tokens_stats_and_plots(playground, chromium, tmp_path):
+    page = open_page(chromium, playground, 1440, 1000)
+    try:
+        choose_scenario(page, SCENARIO)
+        page.wait_for_function(FINISHED, timeout=180_000)
+        page.wait_for_selector("#plot-acceptance .xtick text", timeout=60_000)
+        sizes = {"token": (TOKEN, None), "stat label": ("#spec-stats .chip .k", None),
+                 "round number": ("#spec-tokens .round", "::before"), "plot tick": ("#plot-acceptance .xtick text", None),
+                 "axis title": ("#plot-acceptance .g-xtitle text", None)}
+        before = {name: font_px(page, *where) for name, where in sizes.items()}
+        assert before["token"] == 14 and before["stat label"] == 11 and before["round number"] == 9
+
+        page.click("#spec-present input")
+        page.wait_for_function("document.documentElement.classList.contains('spec-present')", timeout=10_000)
+        after = {name: font_px(page, *where) for name, where in sizes.items()}
+        assert after["token"] >= 22 and after["stat label"] >= 16 and after["round number"] >= 14, after
+        assert after["plot tick"] >= 16 and after["axis title"] >= 16, after
+        # High contrast that keeps the redundant coding: dark 2 px borders, struck-through rejections, bold
+        # corrections and bonuses, dashed discarded drafts (the legend shows every kind).
+        legend = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#spec-legend .lg')].map(e => {
+            const s = getComputedStyle(e);
+            return [e.className.replace('lg', '').trim(), {border: s.borderTopWidth, style: s.borderTopStyle,
+                    line: s.textDecorationLine, weight: s.fontWeight, bg: s.backgroundColor}]; }))""")
+        assert legend["rejected"]["line"] == "line-through" and legend["discarded"]["style"] == "dashed"
+        assert int(legend["correction"]["weight"]) >= 700 and int(legend["bonus"]["weight"]) >= 700
+        assert all(style["border"] == "2px" for style in legend.values() if style["bg"] != "rgba(0, 0, 0, 0)")
+        assert legend["accepted"]["bg"] == "rgb(74, 222, 128)"                  # saturated, not the pastel
+        page.screenshot(path=str(tmp_path / "presentation-mode.png"))
+
+        page.click("#spec-present input")                                       # and back
+        page.wait_for_function("!document.documentElement.classList.contains('spec-present')", timeout=10_000)
+        assert font_px(page, TOKEN) == 14 and font_px(page, "#plot-acceptance .xtick text") == before["plot tick"]
+    finally:
+        page.close()
