@@ -42,7 +42,7 @@ def fresh_app(tmp_path_factory):
         proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
-        while "ui.registry: smollm2-135m-instruct: ready" not in log.read_text():
+        while not all(line in log.read_text() for line in ("Running on local URL", "smollm2-135m-instruct: ready")):
             assert proc.poll() is None, f"app.py exited: {log.read_text()[-2000:]}"
             assert time.monotonic() < deadline, f"app.py did not get ready: {log.read_text()[-2000:]}"
             time.sleep(1)
