@@ -208,7 +208,7 @@ def cut_text(rows: list[SweepRow], axis: str, sized: bool = True) -> str:
         if group is not None:
             n = min(r.point.k for r in group)
             if all(r in group for r in rows if r.point.k >= n):
-                why = "the draft cut its drafts to what pays" if sized else "the drafter never drafted more"
+                why = "The draft cut its drafts to what pays" if sized else "The drafter never drafted more"
                 return (f"{why}: k above {n} changes nothing (k = {values_text(group)} gave identical rounds; the "
                         f"longest draft was {top.longest_draft} tokens).")
     return " ".join(f"{axis} = {values_text(g)} gave identical rounds." for g in groups)

@@ -67,13 +67,13 @@ def test_identical_rounds_are_one_setting_and_are_named():
                                         for k in range(2, 9)]
     verdict = sweep.verdict(rows, "k")
     assert [[r.value for r in g] for g in sweep.identical_groups(rows)] == [list(range(2, 9))]
-    assert ("the draft cut its drafts to what pays: k above 2 changes nothing (k = 2, 3, 4, 5, 6, 7, 8 gave "
+    assert ("The draft cut its drafts to what pays: k above 2 changes nothing (k = 2, 3, 4, 5, 6, 7, 8 gave "
             "identical rounds; the longest draft was 2 tokens)") in verdict.text
     assert verdict.best is rows[1] and "Best k = 2 (same rounds as k = 3, 4, 5, 6, 7, 8)" in verdict.text
     overlapping = [row(1, 1.25, 1.1, 1.3)] + rows[1:]
     verdict = sweep.verdict(overlapping, "k")
     assert verdict.best is None and "within noise" in verdict.text and "k above 2 changes nothing" in verdict.text
-    assert "the drafter never drafted more: k above 2" in sweep.verdict(rows, "k", sized=False).text
+    assert "The drafter never drafted more: k above 2" in sweep.verdict(rows, "k", sized=False).text
     all_same = [row(k, 1.3 + 0.01 * k, 1.2, 1.45, signature=same) for k in (3, 4)]
     assert "every run gave identical rounds" in sweep.verdict(all_same, "k").text
 
