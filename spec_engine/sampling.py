@@ -343,19 +343,31 @@ def sample(probs: torch.Tensor, generator: torch.Generator, support: np.ndarray 
     """One token id from probs [vocab] (need not sum to 1) with the run's generator, by inverting the CDF.
 
     Written by hand because torch.multinomial costs ~4 ms per call over a 49k vocabulary on this CPU
-    (measured), against ~0.1 ms here. The CDF is accumulated in float64; a token of probability zero
-    is never returned (its CDF step is empty). `support`: ids (any order) holding every nonzero entry of probs (a
-    top-p row's members, see warp); the CDF is then accumulated over them alone, in id order, which draws the very
-    token the whole row would (the zeros between add nothing, and torch's CPU cumsum adds in order) without two
-    passes over the vocabulary.
+    (measured), against ~0.1 ms here. One draw of the generator (`unit_draw`), then `sample_at`.
+    """
+    return sample_at(probs, unit_draw(generator, probs.device), support)
+
+
+def unit_draw(generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """The uniform [0, 1) float64 draw that `sample` inverts the CDF at (0-d, on `device`)."""
+    return torch.rand((), generator=generator, device=device, dtype=torch.float64)
+
+
+def sample_at(probs: torch.Tensor, unit, support: np.ndarray | None = None) -> int:
+    """The token whose CDF step holds `unit` [0, 1) (a float or a 0-d float64 tensor) times the total of probs
+    [vocab]: `sample` with its draw given, so tests can enumerate the draw. The CDF is accumulated in float64; a
+    token of probability zero is never returned (its CDF step is empty). `support`: ids (any order) holding every
+    nonzero entry of probs (a top-p row's members, see warp); the CDF is then accumulated over them alone, in id
+    order, which gives the very token the whole row would (the zeros between add nothing, and torch's CPU cumsum
+    adds in order) without two passes over the vocabulary.
     """
     if support is not None and on_cpu_as_numpy(probs):
         ids = np.sort(support)
         cdf = np.cumsum(probs.numpy()[ids], dtype=np.float64)
-        point = float(torch.rand((), generator=generator, device=probs.device, dtype=torch.float64)) * cdf[-1]
+        point = float(unit) * cdf[-1]
         return int(ids[min(int(np.searchsorted(cdf, point, side="right")), ids.shape[0] - 1)])
     cdf = torch.cumsum(probs.to(torch.float64), dim=-1)                                  # [vocab]
-    point = torch.rand((), generator=generator, device=probs.device, dtype=torch.float64) * cdf[-1]
+    point = unit * cdf[-1]
     return min(int(torch.searchsorted(cdf, point, right=True)), probs.shape[-1] - 1)
 
 

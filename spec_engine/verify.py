@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .sampling import SamplingParams, on_cpu_as_numpy, sample, top_entries, top_p_members, warp
+from .sampling import SamplingParams, on_cpu_as_numpy, sample_at, top_entries, top_p_members, unit_draw, warp
 
 RULES = ("exact", "topp_membership", "no_residual")
 WRONG_RULES = ("topp_membership", "no_residual")
@@ -166,12 +166,44 @@ def verify_sampled(
     rule: str = "exact",
     members: list | None = None,        # per target row, its top-p members (warp's record), or None
 ) -> Verdict:
+    """The sampled round: a uniform per draft token, then one draw for the token after them (sampling.unit_draw),
+    in that order from the run's generator; the rule itself is `settle`."""
     n = drafted.shape[0]
     assert target_probs.shape[0] == n + 1, (target_probs.shape, n)
     assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), (draft_probs.shape, target_probs.shape)
     target_p, draft_q, uniform_list, drafted_ids = decision_inputs(drafted, draft_probs, target_probs, generator)
+    point = unit_draw(generator, target_probs.device)
+    return settle(rule, drafted_ids, draft_probs, target_probs, target_p, draft_q, uniform_list, point, members)
+
+
+def verify_with_draws(
+    drafted: torch.Tensor,              # [n]
+    draft_probs: torch.Tensor | None,   # [n, vocab] or None (one-hot)
+    target_probs: torch.Tensor,         # [n + 1, vocab], warped
+    uniforms: list[float],              # [n], each in [0, 1): draft token i is accepted when uniforms[i] < its min(1, p/q)
+    point: float,                       # in [0, 1): where the next token's CDF is inverted (sampling.sample_at)
+    rule: str = "exact",
+    members: list | None = None,
+) -> Verdict:
+    """verify_sampled with its random draws given instead of drawn: the same `settle`, so the exactness proof
+    (tests/test_verify_enumeration.py) can enumerate the draws through the engine's own code."""
+    n = drafted.shape[0]
+    assert target_probs.shape[0] == n + 1 and len(uniforms) == n, (target_probs.shape, n, len(uniforms))
+    assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), (draft_probs.shape, target_probs.shape)
+    target_p = drafted_probs(target_probs, drafted).tolist()
+    draft_q = [1.0] * n if draft_probs is None else drafted_probs(draft_probs, drafted).tolist()
+    return settle(rule, drafted.tolist(), draft_probs, target_probs, target_p, draft_q, list(uniforms), point, members)
+
+
+def settle(rule: str, drafted_ids: list[int], draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+           target_p: list[float], draft_q: list[float], uniforms: list[float], point, members: list | None) -> Verdict:
+    """The rule with its draws given. Draft token i (p(x_i) = target_p[i], q(x_i) = draft_q[i]) is accepted while
+    uniforms[i] < min(1, p/q); at the first rejection the correction comes from the residual of that row (the
+    wrong rules: from p), after k acceptances the bonus from target row k; either is the token whose CDF step holds
+    `point`."""
+    n = len(drafted_ids)
     accept_list = [rule_acceptance(rule, p, q) for p, q in zip(target_p, draft_q)]
-    accepted = count_accepted_host(accept_list, uniform_list)
+    accepted = count_accepted_host(accept_list, uniforms)
     decided = min(accepted + 1, n)
     # the residual's and the bonus row's nonzero entries lie among that target row's top-p members
     support = members[accepted] if members else None
@@ -180,8 +212,8 @@ def verify_sampled(
         next_dist = rule_correction_distribution(rule, target_probs[accepted], q_row, support)
     else:
         next_dist = target_probs[n]
-    next_token = sample(next_dist, generator, support)
-    return Verdict(accepted, next_token, accept_list[:decided], uniform_list[:decided],
+    next_token = sample_at(next_dist, point, support)
+    return Verdict(accepted, next_token, accept_list[:decided], uniforms[:decided],
                    top_candidates(next_dist, support=support), target_p, draft_q)
 
 

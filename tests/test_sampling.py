@@ -8,8 +8,8 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from spec_engine import sampling
-from spec_engine.sampling import (SamplingParams, choose_token, make_generator, sample, top_entries, top_p_filter,
-                                   topk_top_p, warp)
+from spec_engine.sampling import (SamplingParams, choose_token, make_generator, native_warp_rows, sample, top_entries,
+                                   top_p_filter, topk_top_p, warp)
 
 SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (2.0, 3, 0.5), (1.0, 0, 0.05)]
 
@@ -30,6 +30,43 @@ def test_warp_matches_transformers_processors(temperature, top_k, top_p):
     theirs = hf_probs(logits, temperature, top_k, top_p)
     assert torch.allclose(ours, theirs, atol=1e-12)
     assert torch.allclose(ours.sum(-1), torch.ones(6, dtype=torch.float64))
+
+
+FLOAT32_SETTINGS = SETTINGS + [(0.5, 0, 0.9), (1.7, 0, 0.8), (0.3, 0, 0.95), (0.8, 40, 0.9)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", FLOAT32_SETTINGS)
+def test_warp_of_float32_logits_matches_transformers_processors(temperature, top_k, top_p, cpu_search):
+    """The app's dtype: float32 logits take the compiled warp_rows (csrc/sampling.cpp: temperature, softmax, then
+    top-p) where it builds, else numpy's top-p search; both against Hugging Face's processors on the same float32
+    logits and against the float64 definition: the same members, numbers within float32 rounding (total variation
+    < 1e-4; top-p applied before the temperature moves it by 0.04-0.1 here)."""
+    generator = torch.Generator().manual_seed(21)
+    for vocab, scale in ((50, 3.0), (3000, 2.0), (49152, 1.0)):
+        logits = torch.randn(4, vocab, generator=generator) * scale                     # float32 [rows, vocab]
+        params = SamplingParams(temperature, top_k, top_p)
+        ours = warp(logits, params)
+        assert ours.dtype == torch.float32
+        for reference in (hf_probs(logits, temperature, top_k, top_p), warp(logits.double(), params).float()):
+            # float32 mass accumulated over tens of thousands of near-equal tokens may move the top-p boundary by a
+            # token or two (each ~1e-5) in the big flat rows; the sets are otherwise the same
+            differ = int(((ours > 0) != (reference > 0)).sum())
+            assert differ == 0 if vocab <= 3000 else differ <= 4, (vocab, params, differ)
+            assert 0.5 * float((ours - reference).abs().sum(-1).max()) < 1e-4, (vocab, params)   # total variation
+            both = (ours > 0) & (reference > 0)
+            torch.testing.assert_close(ours[both], reference[both], rtol=1e-4, atol=1e-7)
+        assert torch.allclose(ours.sum(-1), torch.ones(4), atol=1e-5)
+
+
+def test_the_compiled_warp_is_the_one_float32_logits_take(monkeypatch):
+    """warp_rows really runs for float32 CPU logits without top-k (so the comparisons above test it)."""
+    library = sampling.native_searches()
+    if library is None:
+        pytest.skip("no compiled searches here")
+    calls = []
+    monkeypatch.setattr(sampling, "native_warp_rows", lambda *a: calls.append(1) or native_warp_rows(*a))
+    warp(torch.randn(2, 100), SamplingParams(0.7, top_p=0.9))
+    assert calls == [1]
 
 
 def test_top_p_keeps_the_crossing_token_and_never_empties():

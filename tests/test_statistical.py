@@ -2,22 +2,28 @@
 speculative sampling, for every drafter kind and several temperature / top-k / top-p settings, follow the
 exact target distribution computed by enumeration from the model.
 
-Each test draws N sequences (seeds 0..N-1), pools cells with expected count < 5, and runs a chi-square test.
-A correct sampler fails a test with probability ALPHA = 1e-4 (the p-value is uniform under the null), so the
-whole file (about 15 tests) fails falsely with probability below 2e-3 for a random choice of seeds; the
-seeds are fixed, so a pass is reproducible. The same test rejects the two deliberately wrong rules.
+Each test draws N sequences (seeds 0..N-1), pools cells with expected count < 5, and runs a chi-square test; a
+sequence the exact distribution gives probability 0 fails the test outright (no pooling can hide it). A correct
+sampler fails a test with probability ALPHA = 1e-4 (the p-value is uniform under the null), so the whole file
+(about 15 tests) fails falsely with probability below 2e-3 for a random choice of seeds; the seeds are fixed, so a
+pass is reproducible. The same test rejects the two deliberately wrong rules: their sample size is computed from
+each wrong rule's exact distribution (enumerated from the same models) for power POWER = 0.999, i.e. a wrong rule
+passes unnoticed with probability at most 1e-3 for a random choice of seeds (noncentral chi-square approximation).
+The exactness of the rule itself is proved deterministically in test_verify_enumeration.py; these tests cover the
+drafters' and the engine's sampling plumbing end to end.
 """
 import itertools
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chi2, chisquare, ncx2
 
 import spec_engine as se
 from spec_engine.sampling import warp
 from tiny import DRAFT_PIECES, TARGET_PIECES, ToyTokenizer, tiny_llama
 
 ALPHA = 1e-4
+POWER = 0.999
 N = 1500
 LENGTH = 3
 K = 2
@@ -40,22 +46,101 @@ def exact_joint(model, prompt: torch.Tensor, params: se.SamplingParams) -> dict[
     return joint
 
 
+def pooled_cells(joint: dict[tuple, float], n: int) -> list[list[tuple]]:
+    """The chi-square cells for n samples: each sequence with expected count >= 5 alone, the rest pooled into one
+    cell (if any of them is possible). Impossible sequences are in no cell."""
+    alone = [[seq] for seq, prob in joint.items() if prob * n >= 5]
+    pooled = [seq for seq, prob in joint.items() if 0 < prob * n < 5]
+    return alone + ([pooled] if pooled else [])
+
+
 def chi_square_pvalue(samples: list[tuple], joint: dict[tuple, float]) -> float:
+    """p-value of `samples` under the exact `joint`; 0.0 when any sample is impossible under it (probability 0 or
+    not in it): one such draw refutes the distribution, whatever the counts of the others."""
     counts: dict[tuple, int] = {}
     for s in samples:
         counts[s] = counts.get(s, 0) + 1
-    observed, expected, pooled_obs, pooled_exp = [], [], 0, 0.0
-    for seq, prob in joint.items():
-        if prob * len(samples) >= 5:
-            observed.append(counts.get(seq, 0))
-            expected.append(prob * len(samples))
-        else:
-            pooled_obs += counts.get(seq, 0)
-            pooled_exp += prob * len(samples)
-    if pooled_exp > 0:
-        observed.append(pooled_obs)
-        expected.append(pooled_exp)
+    if any(joint.get(seq, 0.0) == 0.0 for seq in counts):
+        return 0.0
+    cells = pooled_cells(joint, len(samples))
+    observed = [sum(counts.get(seq, 0) for seq in cell) for cell in cells]
+    expected = [sum(joint[seq] for seq in cell) * len(samples) for cell in cells]
     return float(chisquare(observed, expected).pvalue)
+
+
+def test_chi_square_fails_an_impossible_draw_outright():
+    joint = {(0,): 0.5, (1,): 0.5, (2,): 0.0}
+    fair = [(0,)] * 500 + [(1,)] * 500
+    assert chi_square_pvalue(fair, joint) > 0.5
+    assert chi_square_pvalue(fair + [(2,)], joint) == 0.0          # one impossible draw among 1,001
+    assert chi_square_pvalue(fair + [(3,)], joint) == 0.0          # a sequence the distribution does not know
+
+
+def power_against(wrong: dict[tuple, float], joint: dict[tuple, float], n: int) -> float:
+    """Chance that the chi-square test at ALPHA rejects `joint` when n samples come from `wrong`: noncentral
+    chi-square with noncentrality n * sum((wrong - joint)^2 / joint) over the pooled cells (Cohen's w^2 * n).
+    Impossible draws (wrong puts mass where joint has none) only add power; they are left out."""
+    cells = pooled_cells(joint, n)
+    w2 = sum((sum(wrong.get(s, 0.0) for s in cell) - sum(joint[s] for s in cell)) ** 2 / sum(joint[s] for s in cell)
+             for cell in cells)
+    df = len(cells) - 1
+    return float(ncx2.sf(chi2.isf(ALPHA, df), df, n * w2))
+
+
+def samples_for_power(wrong: dict[tuple, float], joint: dict[tuple, float], power: float = POWER) -> int:
+    """The smallest n from N up (in steps of 250) whose test rejects `joint` with probability >= power under
+    `wrong`. Not below N: with fewer samples more cells are pooled, and the power of a pooled test is not monotone
+    in n (no_residual at T = 1: >= 0.999 at 250 samples, 0.65 at 1,500, ~1 at 3,000)."""
+    n = N
+    while power_against(wrong, joint, n) < power:
+        n += 250
+        assert n <= 40_000, "this wrong rule is too close to the target to test by sampling"
+    return n
+
+
+@torch.inference_mode()
+def wrong_rule_joint(target, draft, prompt: torch.Tensor, params: se.SamplingParams, rule: str) -> dict[tuple, float]:
+    """Exact P(first LENGTH tokens) of speculative sampling with rounds of K model drafts under `rule`, enumerated
+    from the models' warped distributions with the rule's own pieces (verify.rule_acceptance and
+    rule_correction_distribution); rounds draft min(K, tokens left - 1), as the engine does."""
+    from spec_engine.verify import rule_acceptance, rule_correction_distribution
+    vocab = target.config.vocab_size
+    contexts = [c for length in range(LENGTH) for c in itertools.product(range(vocab), repeat=length)]
+
+    def rows(model) -> dict[tuple, torch.Tensor]:
+        out = {}
+        for context in contexts:
+            ids = torch.cat([prompt, torch.tensor([context], dtype=torch.long)], dim=1)
+            out[context] = warp(model(input_ids=ids).logits[0, -1].double(), params)
+        return out
+    p, q = rows(target), rows(draft)
+    joint: dict[tuple, float] = {}
+
+    def run(context: tuple, prob: float) -> None:
+        if len(context) >= LENGTH or prob == 0:
+            joint[context[:LENGTH]] = joint.get(context[:LENGTH], 0.0) + prob
+            return
+        n = min(K, LENGTH - len(context) - 1)
+        for drafts in itertools.product(range(vocab), repeat=n):
+            draft_prob = prob * float(torch.prod(torch.tensor([float(q[context + drafts[:i]][x])
+                                                                for i, x in enumerate(drafts)], dtype=torch.float64)))
+            if draft_prob > 0:
+                settle(context, drafts, 0, draft_prob)
+
+    def settle(context: tuple, drafts: tuple, i: int, prob: float) -> None:
+        prefix = context + drafts[:i]
+        if i == len(drafts):
+            for y in range(vocab):
+                run(prefix + (y,), prob * float(p[prefix][y]))
+            return
+        accept = rule_acceptance(rule, float(p[prefix][drafts[i]]), float(q[prefix][drafts[i]]))
+        settle(context, drafts, i + 1, prob * accept)
+        correction = rule_correction_distribution(rule, p[prefix], q[prefix])
+        for y in range(vocab):
+            run(prefix + (y,), prob * (1 - accept) * float(correction[y]))
+
+    run((), 1.0)
+    return joint
 
 
 def speculative_samples(target_model, make_drafter, params, rule="exact", prompt=PROMPT, n=N) -> list[tuple]:
@@ -111,9 +196,17 @@ def test_plain_baseline(target):
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 
-@pytest.mark.parametrize("rule,params", [("topp_membership", SAMPLED[1]), ("no_residual", SAMPLED[0])])
+WRONG = [("topp_membership", SAMPLED[1]), ("no_residual", SAMPLED[0])]
+
+
+@pytest.mark.parametrize("rule,params", WRONG)
 def test_the_same_test_rejects_wrong_rules(target, draft, rule, params):
-    """Power: skipping the residual shifts this joint distribution only slightly (p ~ 1e-3 at N = 1500 in
-    one seeded run), so these two tests draw 2N sequences; the chi-square excess grows linearly with N."""
-    samples = speculative_samples(target, lambda: se.ModelDrafter(draft), params, rule=rule, n=2 * N)
-    assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) < ALPHA
+    """Power: each wrong rule's exact distribution gives the sample size at which this test rejects it with
+    probability POWER (skipping the residual shifts this joint only slightly: at N = 1500 one seeded run gave
+    p ~ 9e-4, which a 1e-4 test would pass)."""
+    joint = exact_joint(target, PROMPT, params)
+    wrong = wrong_rule_joint(target, draft, PROMPT, params, rule)
+    assert sum(wrong.values()) == pytest.approx(1.0, abs=1e-9)
+    n = samples_for_power(wrong, joint)
+    samples = speculative_samples(target, lambda: se.ModelDrafter(draft), params, rule=rule, n=n)
+    assert chi_square_pvalue(samples, joint) < ALPHA, n

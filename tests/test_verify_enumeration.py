@@ -2,8 +2,12 @@
 warped probabilities (to 1e-9 in float64), for random p and q that depend on the context, several warping
 settings, k = 1..3, stochastic and deterministic drafts. The same enumeration shows the wrong rules drift.
 
-The enumerator composes the rule's own pure functions (`rule_acceptance`, `rule_correction_distribution`)
-exactly as `verify_sampled` does; the seeded statistical tests check the sampling plumbing end to end.
+The enumerator runs the engine's own rule, `verify_with_draws` (the `settle` that `verify_sampled` runs once it has
+drawn), over every drafted sequence and every cell of its random draws: the uniforms compared with min(1, p/q) and
+the point where the next token's CDF is inverted. A wiring bug (the correction drawn from p, the bonus from the
+wrong row, the draws compared the wrong way) therefore fails here deterministically; `verify_sampled`'s own draws
+are tied to `verify_with_draws` by replay (same generator, same verdict), and greedy verification is enumerated
+over every draft against plain greedy decoding.
 """
 import itertools
 import zlib
@@ -13,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from spec_engine.sampling import SamplingParams, warp
-from spec_engine.verify import (acceptance_prob, count_accepted_host, residual_distribution, rule_acceptance,
-                                rule_correction_distribution, verify_greedy)
+from spec_engine.sampling import SamplingParams, make_generator, unit_draw, warp
+from spec_engine.verify import (acceptance_prob, count_accepted_host, residual_distribution, verify, verify_greedy,
+                                verify_sampled, verify_with_draws)
 
 VOCAB = 4
 LENGTH = 3     # compare the joint distribution of the first 3 emitted tokens
@@ -48,9 +52,51 @@ def add(dist: dict, seq: tuple, prob: float) -> None:
     dist[seq[:LENGTH]] = dist.get(seq[:LENGTH], 0.0) + prob
 
 
+def members_of(row: torch.Tensor) -> np.ndarray:
+    """A warped row's nonzero ids, most likely first: what warp records as the row's top-p members."""
+    values = row.numpy()
+    ids = np.flatnonzero(values)
+    return ids[np.argsort(-values[ids], kind="stable")]
+
+
+def cells(breaks: list[float]) -> list[tuple[float, float]]:
+    """[0, 1) cut at `breaks`: (midpoint, width) of every nonempty cell."""
+    edges = sorted({0.0, 1.0, *(min(max(b, 0.0), 1.0) for b in breaks)})
+    return [((lo + hi) / 2, hi - lo) for lo, hi in zip(edges, edges[1:]) if hi > lo]
+
+
+def round_outcomes(drafted: tuple, draft_probs, target_probs: torch.Tensor, rule: str, members) -> dict:
+    """{(accepted, next token): probability} of one verified round, over the uniforms and the CDF point, from
+    verify_with_draws alone. Its outcome is piecewise constant in the draws: uniform i matters only through
+    `uniform < accept_probs[i]`, the point only through the CDF of the distribution the next token comes from. The
+    cells are cut where the verdict itself says (its accept_probs and the distribution it reports) and each is
+    evaluated at its midpoint, so a rule that reports one distribution and samples another shows."""
+    n = len(drafted)
+    drafted_t = torch.tensor(drafted, dtype=torch.long)
+    call = lambda uniforms, point: verify_with_draws(drafted_t, draft_probs, target_probs, uniforms, point, rule, members)
+    outcomes: dict = {}
+
+    def visit(uniforms: list[float], weight: float) -> None:
+        i = len(uniforms)
+        probe = call(uniforms + [0.0] * (n - i), 0.5)
+        if probe.accepted > i:                           # uniform i decides position i: cut at its accept prob
+            for middle, width in cells([probe.accept_probs[i]]):
+                visit(uniforms + [middle], weight * width)
+            return
+        full = uniforms + [0.0] * (n - i)                # later uniforms are never read after a rejection
+        reported = dict(probe.next_probs_top)            # the whole next-token distribution: VOCAB <= RESIDUAL_TOP
+        total = sum(reported.values())
+        for middle, width in cells(list(np.cumsum([reported.get(y, 0.0) for y in range(VOCAB)]) / total)):
+            verdict = call(full, middle)
+            key = (verdict.accepted, verdict.next_token)
+            outcomes[key] = outcomes.get(key, 0.0) + weight * width
+    visit([], 1.0)
+    return outcomes
+
+
 def emitted_distribution(toy: Toy, k: int, rule: str, on_support: bool = False) -> dict:
-    """Exact distribution of the first LENGTH tokens emitted by speculative rounds of k drafts; `on_support`: the
-    residual computed over the target row's nonzero entries only, as verify_sampled does with top-p members."""
+    """Exact distribution of the first LENGTH tokens emitted by speculative rounds of k drafts, each verified by
+    verify_with_draws; `on_support`: each target row's top-p members handed to it, as verify() does from warp."""
     dist: dict = {}
 
     def run(context: tuple, prob: float) -> None:
@@ -62,24 +108,15 @@ def emitted_distribution(toy: Toy, k: int, rule: str, on_support: bool = False) 
             draft_prob = prob
             for i, x in enumerate(drafts):
                 draft_prob *= float(toy.q(context + drafts[:i])[x])
-            if draft_prob > 0:
-                settle(context, drafts, 0, draft_prob)
-
-    def settle(context: tuple, drafts: tuple, i: int, prob: float) -> None:
-        prefix = context + drafts[:i]
-        p_row = toy.p(prefix)
-        if i == len(drafts):                                     # all accepted: bonus from p
-            for y in range(VOCAB):
-                run(prefix + (y,), prob * float(p_row[y]))
-            return
-        q_row = toy.q(prefix)
-        x = drafts[i]
-        accept = rule_acceptance(rule, float(p_row[x]), float(q_row[x]))
-        settle(context, drafts, i + 1, prob * accept)
-        support = np.flatnonzero(p_row.numpy()) if on_support else None
-        correction = rule_correction_distribution(rule, p_row, q_row, support)
-        for y in range(VOCAB):
-            run(prefix + (y,), prob * (1 - accept) * float(correction[y]))
+            if draft_prob == 0:
+                continue
+            target_probs = torch.stack([toy.p(context + drafts[:i]) for i in range(n + 1)])     # [n + 1, vocab]
+            draft_rows = [toy.q(context + drafts[:i]) for i in range(n)]                          # [n, vocab]
+            draft_probs = None if toy.deterministic else \
+                torch.stack(draft_rows) if draft_rows else torch.zeros(0, VOCAB, dtype=torch.float64)
+            members = [members_of(row) for row in target_probs] if on_support else None
+            for (accepted, token), weight in round_outcomes(drafts, draft_probs, target_probs, rule, members).items():
+                run(context + drafts[:accepted] + (token,), draft_prob * weight)
 
     run((), 1.0)
     return dist
@@ -213,3 +250,71 @@ def test_decision_inputs_read_in_place_equal_the_one_transfer_path(monkeypatch):
         assert in_place == transferred
         assert in_place[0] == [float(target_probs[i, t]) for i, t in enumerate([5, 299, 0])]
         assert in_place[3] == [5, 299, 0] and (draft is not None or in_place[1] == [1.0] * 3)
+        assert in_place[1] == ([1.0] * 3 if draft is None else [float(draft[i, t]) for i, t in enumerate([5, 299, 0])])
+
+
+def test_verify_sampled_is_verify_with_draws_fed_the_generators_draws():
+    """verify_sampled draws a uniform per draft token, then the CDF point, and settles exactly as
+    verify_with_draws does with those numbers: the enumeration above is the engine's sampled path, draw for draw."""
+    generator = torch.Generator().manual_seed(11)
+    for trial in range(60):
+        n, vocab = trial % 4, 6
+        target_probs = warp(torch.randn(n + 1, vocab, generator=generator) * 2, SamplingParams(0.9, top_p=0.9))
+        draft_probs = torch.softmax(torch.randn(n, vocab, generator=generator) * 2, -1)
+        drafted = torch.multinomial(draft_probs, 1, generator=generator)[:, 0] if n else torch.zeros(0, dtype=torch.long)
+        for draft in (draft_probs, None):
+            seed = 1000 + trial
+            replay = make_generator("cpu", seed)
+            uniforms = torch.rand(n, generator=replay, dtype=target_probs.dtype).tolist()
+            point = float(unit_draw(replay, target_probs.device))
+            for rule in ("exact", "no_residual"):
+                drawn = verify_sampled(drafted, draft, target_probs, make_generator("cpu", seed), rule)
+                assert drawn == verify_with_draws(drafted, draft, target_probs, uniforms, point, rule), (trial, rule)
+
+
+def test_a_forced_rejection_draws_the_correction_from_the_residual_every_time():
+    """p = [0.6, 0.4, 0, 0]; q = [0.6, 0, 0.4, 0] drafted token 2 (p = 0: rejected for sure). The residual
+    max(0, p - q) is one-hot on token 1, so every seed must correct to 1 (drawing from p would give 0 in ~60%)."""
+    target_logits = torch.log(torch.tensor([[0.6, 0.4, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]]))     # [n + 1, vocab]
+    draft_probs = torch.tensor([[0.6, 0.0, 0.4, 0.0]])
+    for params in (SamplingParams(1.0), SamplingParams(1.0, top_p=0.99)):       # whole-row and members paths
+        for seed in range(30):
+            verdict, _, _ = verify("exact", params, torch.tensor([2]), draft_probs, target_logits,
+                                   make_generator("cpu", seed))
+            assert (verdict.accepted, verdict.next_token, verdict.is_bonus) == (0, 1, False), seed
+            assert [t for t, _ in verdict.next_probs_top] == [1]
+
+
+def test_a_forced_acceptance_draws_the_bonus_from_the_last_row():
+    """Drafts that the target certainly keeps (p = q one-hot); the bonus must come from row n, which puts all its
+    mass on a token no other row allows."""
+    rows = torch.full((4, 5), -1e9)                                       # [n + 1, vocab]
+    for i, token in enumerate([2, 0, 3, 4]):
+        rows[i, token] = 0.0
+    drafted = torch.tensor([2, 0, 3])
+    draft_probs = torch.nn.functional.one_hot(drafted, 5).float()
+    for draft in (draft_probs, None):
+        for seed in range(10):
+            verdict, _, _ = verify("exact", SamplingParams(1.0), drafted, draft, rows, make_generator("cpu", seed))
+            assert (verdict.accepted, verdict.next_token, verdict.is_bonus) == (3, 4, True)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("salt", [0, 1, 2])
+def test_greedy_verification_of_every_draft_emits_plain_greedy_decoding(k, salt):
+    """Greedy through verify(): for every possible draft of k tokens after every context, the emitted tokens
+    (accepted drafts, then the correction or bonus) are exactly the next tokens of plain greedy decoding, and the
+    accepted count is the length of the draft's agreement with it."""
+    greedy = SamplingParams(0.0)
+    argmax = lambda context: int(toy_logits("target", context, salt).argmax())
+    for context in itertools.product(range(VOCAB), repeat=2):
+        plain = list(context)
+        for _ in range(k + 1):
+            plain.append(argmax(tuple(plain)))
+        expected = plain[len(context):]                                          # k + 1 greedy tokens
+        for drafts in itertools.product(range(VOCAB), repeat=k):
+            logits = torch.stack([toy_logits("target", context + drafts[:i], salt) for i in range(k + 1)]).float()
+            verdict, _, _ = verify("exact", greedy, torch.tensor(drafts), None, logits, make_generator("cpu", 0))
+            agree = next((i for i in range(k) if drafts[i] != expected[i]), k)
+            assert verdict.accepted == agree and verdict.is_bonus == (agree == k)
+            assert list(drafts[:verdict.accepted]) + [verdict.next_token] == expected[:agree + 1], (context, drafts)
