@@ -248,10 +248,11 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
 SETTLE_SECONDS = 0.3    # lets the browser finish drawing the last live update before the engine is timed
 
 
-def measure(prep: runner.Prepared, state: SessionState, budget: runner.Budget, force_baseline: bool = False):
-    """Both sides of the speedup, measured the same way: the speculative run decoded again and plain decoding
-    (once per baseline key, or again with `force_baseline`), each in a worker thread with nothing drawn meanwhile:
-    only a one-line progress message goes to the page."""
+def measure(prep: runner.Prepared, state: SessionState, budget: runner.Budget):
+    """Both sides of the speedup, measured the same way and back to back: the speculative run decoded again, then
+    plain decoding, each in a worker thread with nothing drawn meanwhile (only a one-line progress message goes to
+    the page). Plain decoding is measured anew every time, never taken from the session's cache: on a shared
+    machine the load drifts between runs, and only measurements made back to back compare."""
     record = prep.record
     label = "Measuring the speed without drawing: speculative decoding"
     yield message_view(f"{label}…")
@@ -259,11 +260,10 @@ def measure(prep: runner.Prepared, state: SessionState, budget: runner.Budget, f
     timing = yield from relay(runner.timed(prep, state, budget), lambda m: message_view(f"{label}… {m}"))
     if timing is None or budget.timed_out:
         return
-    if force_baseline or state.baseline_for(record) is None:
-        label = "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"
-        yield message_view(f"{label}…")
-        yield from relay(runner.baseline(prep.target, record, state, force=force_baseline, budget=budget),
-                         lambda m: message_view(f"{label}… {m}"))
+    label = "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"
+    yield message_view(f"{label}…")
+    yield from relay(runner.baseline(prep.target, record, state, force=True, budget=budget),
+                     lambda m: message_view(f"{label}… {m}"))
 
 
 @gpu
@@ -309,7 +309,7 @@ def measure_baseline(state: SessionState):
             if record.stop_reason in ("cancelled", runner.TIME_LIMIT):
                 raise gr.Error("The latest run was stopped before its end: run it to the end, then measure.",
                                print_exception=False)
-            yield from measure(prep, state, budget, force_baseline=True)
+            yield from measure(prep, state, budget)
             if record.timing is None or state.baseline_for(record) is None:
                 yield message_view("Measurement stopped.")
                 return

@@ -208,10 +208,13 @@ drafts after it, never judged (faded). *Correction*: the token drawn at the reje
 token drawn when all k drafts were accepted (blue). A thin bar with a small number starts each round.
 
 **Numbers.** Acceptance = accepted / drafted. Tokens per target forward = tokens per round; the theory line is
-(1 − a^(k+1)) / (1 − a) from the measured acceptance a. Speedup is measured: the same prompt, settings and seed are
-decoded plainly (one target forward per token) in this session, and tokens per second are compared (engine time,
-prefill included, UI rendering excluded). It is never estimated. Timings are wall-clock: on a shared machine they
-vary from run to run, so press "Measure plain decoding" to measure the baseline again.
+(1 − a^(k+1)) / (1 − a) from the measured acceptance a. Speedup is measured, never estimated, and both sides
+the same way: after the live run, its speculative decoding is run again and then plain decoding (one target forward
+per token) with the same prompt, settings and seed, back to back, each with nothing drawn meanwhile (engine time,
+prefill included). Drawing the live view shares the cores with the engine, so the live tokens/s is kept apart. The
+draft cost c and verify cost v (seconds per round over one plain step) give the predicted speedup next to the
+measured one. The line under the numbers says when each side was measured; timings on a shared machine vary from run
+to run, so "Measure plain decoding" measures both again.
 
 **Models.** The default target is {reg.display_name(default_target)}, which runs offline on a CPU. Layer-skip
 default: {skip_default}. The UI only renders the engine's per-round events; it never computes a probability.
