@@ -19,12 +19,53 @@ try:   # ZeroGPU on Hugging Face Spaces wants `spaces` imported before torch; el
 except ImportError:
     pass
 
+from gradio import queueing
+from gradio.server_messages import ProcessCompletedMessage
+
 from spec_engine.trace import MAX_BYTES as MAX_TRACE_BYTES
 from ui import limits
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
 # Uploads are traces (spec_engine.trace caps them at 20 MiB): Gradio refuses larger files before they are stored.
 LAUNCH_OPTIONS = {"max_file_size": MAX_TRACE_BYTES}
+HIDDEN_ERROR = ("The server could not use this request: an input is not a value this endpoint takes (a file must "
+                "be one uploaded to this server). Nothing ran.")
+
+
+class AdmissionQueue(queueing.Queue):
+    """Gradio's queue with `max_size` enforced at admission, and no silent errors.
+
+    Gradio's `Queue.push` checks the size, then awaits the endpoint's validator, and only then appends the
+    event: requests that arrive together all pass the check (50 at once against max_size 8 had 13 to 37
+    accepted). Here a request holds a place from before its first await until it is appended (then the queue
+    counts it) or refused. Errors Gradio hides from users (show_error is off: a file that was never uploaded, a
+    malformed value) reached them as `{"error": null}`; they get HIDDEN_ERROR instead."""
+
+    joining = 0          # requests between the size check and their place in the queue
+
+    async def push(self, body, request, username):
+        if self.max_size is not None and len(self) + self.joining >= self.max_size:
+            return False, f"Queue is full: {self.max_size} requests are waiting. Try again shortly.", "queue_full"
+        self.joining += 1
+        try:
+            return await super().push(body, request, username)
+        finally:
+            self.joining -= 1
+
+    def send_message(self, event, event_message):
+        if isinstance(event_message, ProcessCompletedMessage) and not event_message.success \
+                and event_message.output.get("error") is None:
+            event_message.output = {**event_message.output, "error": HIDDEN_ERROR, "visible": True}
+        super().send_message(event, event_message)
+
+
+def queue(demo):
+    """The app's queue: `concurrency` runs decode, at most `queue_size` wait (see AdmissionQueue), and no
+    endpoint is open to direct POSTs that skip the queue, its size and its validators (Gradio opens them
+    unless on a Space)."""
+    demo.queue(default_concurrency_limit=4, max_size=limits.current().queue_size, api_open=False)
+    demo._queue.__class__ = AdmissionQueue          # the queue demo.queue built, with the two changes above
+    return demo
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -44,8 +85,7 @@ logging.getLogger("ui").setLevel(logging.INFO)      # model loading progress on 
 
 # Flags only when run as a script: tests import this module under pytest's own argv.
 limits.configure(limits.from_env(**vars(parse_args(sys.argv[1:] if __name__ == "__main__" else []))))
-demo = build_demo()
-demo.queue(default_concurrency_limit=4, max_size=limits.current().queue_size)
+demo = queue(build_demo())
 
 if __name__ == "__main__":
     demo.launch(theme=THEME, css=LAYOUT_CSS, **LAUNCH_OPTIONS)

@@ -12,7 +12,7 @@ import gradio as gr
 import spec_engine as se
 from spec_engine import trace as tr
 
-from . import handlers, plots, render, replay, stepper
+from . import handlers, plots, render, replay, stepper, validate
 from . import registry as reg
 from .state import SessionState
 
@@ -34,8 +34,9 @@ COMPUTE = {"concurrency_id": "compute", "concurrency_limit": None}   # shares th
 
 def step_view(session, timer=None, note: str | None = None) -> tuple:
     v = stepper.view(session)
+    v["status"] = replay.plain_markdown(v["status"])       # names a trace's models: anyone's text
     if note:
-        v["status"] = f"**{note}** {v['status']}"
+        v["status"] = f"**{replay.plain_markdown(note)}** {v['status']}"
     return (session, *[v[name] for name in STEP_OUTPUTS], gr.skip() if timer is None else timer)
 
 
@@ -96,7 +97,7 @@ def draft_position(value) -> int:
     """The finder's i, checked: a whole number from 1 to the largest k."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
             or not 1 <= value <= se.MAX_K:
-        raise gr.Error(f"Draft position i must be a whole number from 1 to {se.MAX_K}, got {value!r}.")
+        raise validate.refusal(f"Draft position i must be a whole number from 1 to {se.MAX_K}, got {value!r}.")
     return int(value)
 
 
@@ -132,7 +133,7 @@ def step_find_rejection(prompt, target, draft, k, temperature, top_p, top_k, max
         i = draft_position(position)
         k = session.settings.k if session is not None else settings_from(values).k
         if i > k:
-            raise gr.Error(f"Draft position {i} is past k = {k}: a round drafts at most k tokens.")
+            raise validate.refusal(f"Draft position {i} is past k = {k}: a round drafts at most k tokens.")
         yield from find_round(values, session, stepper.rejects_at(i), f"round rejecting draft {i}")
 
 
@@ -185,7 +186,7 @@ def export_run(state: SessionState):
         trace = replay.export_latest(state)
         path = replay.write_temp(trace)
     except ValueError as exc:
-        raise gr.Error(str(exc)) from None
+        raise validate.refusal(exc) from None
     return str(path), (f"Exported run {trace.display.get('run_id')}: {len(trace.rounds)} rounds, "
                        f"{len(trace.tokens)} tokens ({path.stat().st_size / 1024:.0f} KiB).")
 
@@ -193,7 +194,7 @@ def export_run(state: SessionState):
 def export_steps(session):
     """Export the step-through's recorded rounds (without models this is a replay of a replay)."""
     if session is None or not session.stepper.events:
-        raise gr.Error("Nothing to export yet: step at least one round in the Step-through tab.")
+        raise validate.refusal("Nothing to export yet: step at least one round in the Step-through tab.")
     with session.lock:
         rounds = list(session.stepper.events)
         try:
@@ -202,7 +203,7 @@ def export_steps(session):
                                 {"status": f"Step-through: {len(rounds)} rounds"}, source="step-through")
             path = replay.write_temp(trace)
         except ValueError as exc:
-            raise gr.Error(str(exc)) from None
+            raise validate.refusal(exc) from None
     return str(path), f"Exported the step-through: {len(rounds)} rounds, {len(trace.tokens)} tokens."
 
 
@@ -210,9 +211,10 @@ def replay_outputs(trace: tr.Trace) -> tuple:
     view = replay.replay_view(trace)
     settings = replay.settings_of(trace)
     created = f", recorded {trace.created}" if trace.created else ""
-    status = (f"Replaying a trace ({trace.source}{created}): {trace.models.get('target', settings.target)} with "
-              f"{trace.models.get('draft', settings.draft)}, k={settings.k}, "
-              f"{'greedy' if settings.greedy else f'T={settings.temperature}'}, {len(trace.rounds)} rounds. No model used.")
+    status = replay.plain_markdown(
+        f"Replaying a trace ({trace.source}{created}): {trace.models.get('target', settings.target)} with "
+        f"{trace.models.get('draft', settings.draft)}, k={settings.k}, "
+        f"{'greedy' if settings.greedy else f'T={settings.temperature}'}, {len(trace.rounds)} rounds. No model used.")
     values = dict(view, status=status)
     return (trace,) + tuple(values[name] for name in REPLAY_OUTPUTS)
 
@@ -220,11 +222,11 @@ def replay_outputs(trace: tr.Trace) -> tuple:
 def replay_file(path):
     """Upload / api_name="trace_replay": load a trace file and render it as the live run rendered it."""
     if not path:
-        raise gr.Error("Choose a trace file (.json) first.")
+        raise validate.refusal("Choose a trace file (.json) first.")
     try:
         trace = tr.load(path)
     except tr.TraceError as exc:
-        raise gr.Error(f"Cannot replay this file: {exc}") from None
+        raise validate.refusal(f"Cannot replay this file: {exc}") from None
     return replay_outputs(trace)
 
 
@@ -235,7 +237,7 @@ def replay_example():
 def step_trace(trace):
     """'Step through this trace': the loaded trace becomes the step-through session (no models)."""
     if trace is None:
-        raise gr.Error("Load a trace first (upload one, or load the example).")
+        raise validate.refusal("Load a trace first (upload one, or load the example).")
     return step_view(stepper.from_trace(trace), gr.Timer(active=False))
 
 
@@ -301,13 +303,16 @@ def build_tabs(c: dict, state: gr.State) -> dict:
 
     controls = [c[name] for name in STEP_INPUTS] + [step_state]
     step_outputs = [step_state] + [s[name] for name in STEP_OUTPUTS] + [timer]
-    forward_btn.click(step_forward, controls, step_outputs, api_name="step", **COMPUTE)
-    reset_btn.click(step_reset, controls, step_outputs, api_name="step_reset", **COMPUTE)
+    # The validators are /run's checks: a bad value is refused by field name before it takes a place in the queue
+    # (preprocess=False, as for /run: Gradio's own range checks would answer first, without the field's name).
+    checked = {**COMPUTE, "validator": validate.step_validator, "preprocess": False}
+    forward_btn.click(step_forward, controls, step_outputs, api_name="step", **checked)
+    reset_btn.click(step_reset, controls, step_outputs, api_name="step_reset", **checked)
     back_btn.click(step_back, [step_state], step_outputs, **PRIVATE)
     find_rejection_btn.click(step_find_rejection, controls[:-1] + [position, step_state], step_outputs, **COMPUTE,
-                             **PRIVATE)
-    find_accepted_btn.click(step_find_accepted, controls, step_outputs, **COMPUTE, **PRIVATE)
-    timer.tick(step_tick, controls, step_outputs, trigger_mode="once", **COMPUTE, **PRIVATE)
+                             validator=validate.find_validator, preprocess=False, **PRIVATE)
+    find_accepted_btn.click(step_find_accepted, controls, step_outputs, **checked, **PRIVATE)
+    timer.tick(step_tick, controls, step_outputs, trigger_mode="once", **checked, **PRIVATE)
     play_btn.click(play, [speed], [timer], **PRIVATE)
     pause_btn.click(pause, None, [timer], **PRIVATE)
     speed.change(set_speed, [speed], [timer], **PRIVATE)

@@ -62,7 +62,8 @@ def default_skip_layers() -> list[int]:
 
 
 def parse_layers(spec: str, n_layers: int) -> list[int]:
-    """'3, 5-9' -> [3, 5, 6, 7, 8, 9]; ValueError with the reason otherwise."""
+    """'3, 5-9' -> [3, 5, 6, 7, 8, 9]; ValueError with the reason otherwise. Each number is checked against the
+    model's `n_layers` before a range is expanded, so '1-99999999' costs no more than '1-9'."""
     layers: set[int] = set()
     for part in spec.replace(";", ",").split(","):
         part = part.strip()
@@ -72,13 +73,14 @@ def parse_layers(spec: str, n_layers: int) -> list[int]:
         try:
             start, stop = int(lo), int(hi) if sep else int(lo)
         except ValueError:
-            raise ValueError(f"layers to skip: {part!r} is not a layer number or a range like 5-9") from None
+            raise ValueError(f"layers to skip: {part[:20]!r} is not a layer number or a range like 5-9") from None
         if start > stop:
-            raise ValueError(f"layers to skip: range {part!r} runs backwards")
+            raise ValueError(f"layers to skip: range {part[:20]!r} runs backwards")
+        if not 0 < start <= stop < n_layers:
+            bad = start if not 0 < start < n_layers else stop
+            raise ValueError(f"layers to skip must lie in [1, {n_layers - 1}] (layer 0 always runs); "
+                             f"got {str(bad)[:20]} in {part[:20]!r}")
         layers.update(range(start, stop + 1))
-    bad = sorted(i for i in layers if not 0 < i < n_layers)
-    if bad:
-        raise ValueError(f"layers to skip must lie in [1, {n_layers - 1}] (layer 0 always runs); got {bad}")
     if len(layers) >= n_layers - 1:
         raise ValueError(f"layers to skip: keep at least two of the {n_layers} layers")
     return sorted(layers)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import html
 import re
 import shutil
 import tempfile
@@ -66,6 +67,18 @@ def piece_table(labeler, token_ids) -> tr.Pieces:
         piece = labeler(token)
         table[int(token)] = (piece.text, piece.special, piece.partial)
     return table
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~$-])")
+
+
+def plain_markdown(text, limit: int = 2000) -> str:
+    """`text` shown literally by a gr.Markdown: one line, Markdown's punctuation backslash-escaped and HTML's
+    '<', '>' and '&' as entities. A trace file is anyone's: its models, dates and status lines must not become
+    links, images or tags (Gradio's sanitizer strips <script> and onerror, not <img src=...> or ![](url))."""
+    text = " ".join(str(text).split())
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return html.escape(_MARKDOWN_SPECIAL.sub(r"\\\1", text), quote=False)
 
 
 def render_options(trace: tr.Trace) -> RenderOptions:

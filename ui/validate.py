@@ -10,13 +10,16 @@ whose message names the field, the allowed range and what was received. The same
 - inside the handlers (`check_settings`), for direct calls and for what only a loaded model can tell (the
   prompt's length in tokens against the context, the layer count, the draft's vocabulary).
 
-`public_message` removes local file paths from any message before a user sees it.
+`public_message` removes local file paths from any message before a user sees it and caps its length;
+`refusal` makes such a message a gr.Error that is inert as HTML and logs no traceback.
 
 For lab tabs: `check_lab_n`, `check_k`, `check_temperature`, `check_top_p`, `check_top_k`, `check_seed`,
 `check_max_new_tokens`, `check_int`, `check_number`, `check_prompt`, `check_target`, `check_draft`, `verdicts`.
 """
 from __future__ import annotations
 
+import html
+import logging
 import math
 import re
 from typing import Callable
@@ -35,6 +38,8 @@ MAX_SEED = 2**63 - 1
 MAX_NAME_CHARS = 200           # model and draft names, layer lists
 MAX_PROMPT_LOOKUP_N = 16
 MAX_EXIT_AFTER = 1000
+MAX_MESSAGE_CHARS = 1000       # any message shown to a user (a value echoed back must not make it megabytes)
+log = logging.getLogger(__name__)
 
 # A Hub repository id: owner/name, letters, digits, '-', '_', '.' (no '..', no path, nothing HTML can read).
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
@@ -46,14 +51,23 @@ class InputError(gr.Error):
     """A request the app refuses. `field` names the input; the message says what would be accepted."""
 
     def __init__(self, field: str, message: str):
-        super().__init__(message, print_exception=False)
+        super().__init__(capped(message), print_exception=False)
         self.field = field
 
 
-def public_message(text: str) -> str:
-    """`text` without local file paths: '/home/u/.cache/x/model.safetensors is missing' -> 'model.safetensors
-    is missing'. Users learn which file, not where this server keeps it."""
-    return _ABS_PATH.sub(lambda m: m.group(1) or "…", str(text))
+def capped(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def public_message(text) -> str:
+    """`text` without local file paths and at most MAX_MESSAGE_CHARS long: '/home/u/.cache/x/model.safetensors is
+    missing' -> 'model.safetensors is missing'. Users learn which file, not where this server keeps it."""
+    return capped(_ABS_PATH.sub(lambda m: m.group(1) or "…", str(text)[:4 * MAX_MESSAGE_CHARS]))
+
+
+def unexpected(field: str, exc: BaseException) -> str:
+    log.warning("validating %s raised %s: %s", field, type(exc).__name__, shown(exc, 200))
+    return f"{field}: this value cannot be checked ({type(exc).__name__}); send a plain value of the field's type."
 
 
 def message_of(exc: BaseException) -> str:
@@ -61,9 +75,16 @@ def message_of(exc: BaseException) -> str:
 
 
 def shown(value, limit: int = 40) -> str:
-    """A received value for a message: repr, cut short (a caller may send a megabyte where a number goes)."""
+    """A received value for a message: repr, cut short (a caller may send a megabyte where a number goes), with
+    '<', '>' and '&' as entities (Gradio renders error messages as HTML: '<img src=...>' would load)."""
     text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
+    return html.escape(text if len(text) <= limit else text[:limit] + "…", quote=False)
+
+
+def refusal(text) -> gr.Error:
+    """A gr.Error for a refusal: a sentence for the user (no local paths, capped, inert as HTML) and no
+    traceback in the server's log."""
+    return gr.Error(html.escape(public_message(text), quote=False), print_exception=False)
 
 
 # ------------------------------------------------------------------------------------------- numbers
@@ -183,6 +204,11 @@ def check_prompt(value) -> str:
     if len(value) > cap:
         raise InputError("prompt", f"The prompt has {len(value):,} characters; this server takes at most {cap:,}: "
                                    "shorten it.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:       # a lone surrogate ('\ud800' in raw JSON): no tokenizer can take it
+        raise InputError("prompt", f"The prompt is not valid text: character {exc.start + 1:,} is a lone UTF-16 "
+                                   f"surrogate ({value[exc.start]!r}); send UTF-8 text.") from None
     return value
 
 
@@ -320,6 +346,8 @@ def _run_checks(prompt, target, draft, k, temperature, top_p, top_k, max_new_tok
             clean[field] = check()
         except (gr.Error, ValueError) as exc:
             problems.setdefault(field, message_of(exc))
+        except Exception as exc:          # a check's own bug must still name the field, not leak its internals
+            problems.setdefault(field, unexpected(field, exc))
 
     attempt("prompt", lambda: check_prompt(prompt))
     attempt("target", lambda: check_target(target))
@@ -372,6 +400,8 @@ def verdicts(*checks: Callable[[], object] | None) -> list[dict]:
             out.append(gr.validate(True, ""))
         except (gr.Error, ValueError) as exc:
             out.append(gr.validate(False, message_of(exc)))
+        except Exception as exc:
+            out.append(gr.validate(False, unexpected("this input", exc)))
     return out
 
 
@@ -390,6 +420,34 @@ def run_validator(prompt, target, draft, k, temperature, top_p, top_k, max_new_t
         except InputError as exc:
             problems[field] = exc.message
     return _verdicts_for(RUN_FIELDS + ("auto_baseline", "show_spaces", "state"), problems)
+
+
+STEP_FIELDS = RUN_FIELDS + ("show_spaces",)
+
+
+def step_validator(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
+                   skip_layers, exit_after, show_spaces, session=None) -> list[dict]:
+    """`validator=` of the step-through's events (classroom.STEP_INPUTS plus its session): the checks of /run."""
+    _, problems = _run_checks(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
+                              skip_layers, exit_after)
+    try:
+        check_bool("show_spaces", show_spaces)
+    except InputError as exc:
+        problems["show_spaces"] = exc.message
+    return _verdicts_for(STEP_FIELDS + ("session",), problems)
+
+
+def check_position(value) -> int:
+    """The step-through finder's draft position i: 1 to the largest k."""
+    return check_int("position", value, 1, se.MAX_K, label="draft position i")
+
+
+def find_validator(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
+                   skip_layers, exit_after, show_spaces, position, session=None) -> list[dict]:
+    """`validator=` of 'Next round rejecting draft i': the step inputs, then the position."""
+    verdicts_ = step_validator(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
+                               skip_layers, exit_after, show_spaces)
+    return verdicts_[:-1] + verdicts(lambda: check_position(position)) + verdicts_[-1:]
 
 
 def check_mismatch(prompt, target, max_new_tokens, chat) -> tuple[dict, dict]:

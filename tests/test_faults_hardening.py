@@ -1,0 +1,331 @@
+"""Fault tests, second pass (issue #25): what a scripted or hostile client still got through.
+
+1. a layer range is bounded by the model's layer count before it is expanded, and messages are capped;
+2. a prompt with a lone surrogate is refused by name (it reached the tokenizer's TypeError);
+3. the step-through's endpoints are validated like /run, and every endpoint is either validated or listed here
+   with the reason it needs no validator;
+4. strings from a trace file (models, created, status, settings) are inert where they are shown;
+5. the queue's size holds under a burst of simultaneous joins (Gradio checked it before awaiting the validator);
+6. errors Gradio hides reach the user as a sentence, never `error: None`, a local path or a traceback.
+
+Figures are collected in FIGURES and printed at the end: `pytest tests/test_faults_hardening.py -s`.
+"""
+import asyncio
+import json
+import re
+import sys
+import time
+import uuid
+from collections import Counter
+
+import httpx
+import pytest
+
+from spec_engine import trace as tr
+from ui import classroom, limits, registry as reg, replay, validate
+from ui.handlers import RUN_OUTPUTS
+from test_app_faults import free_port
+from test_ui_handlers import run_args
+
+TARGET = "smollm2-135m-instruct"
+PROMPT = "Write one sentence about the sea."
+SUMMARY = RUN_OUTPUTS.index("summary")
+FIGURES: Counter = Counter()
+LOCAL_PATH = re.compile(r"(?<![\w.~/-])~?/(?:[\w.@+-]+/)+")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_figures():
+    yield
+    if FIGURES:
+        print("\nHardening figures (second pass):", dict(FIGURES), file=sys.stderr)
+
+
+def args(**kw):
+    return run_args(**{"prompt": PROMPT, "target": TARGET, "draft": "prompt-lookup", "k": 4, "max_new_tokens": 4, **kw})
+
+
+def step_args(**kw):
+    """The step-through's inputs (classroom.STEP_INPUTS): the run's controls without auto_baseline."""
+    values = dict(zip(("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
+                       "rule", "chat", "skip_layers", "exit_after", "auto_baseline", "show_spaces"), args(**kw)))
+    return [values[name] for name in classroom.STEP_INPUTS]
+
+
+def says_something(message: str) -> bool:
+    """A message a user can act on: words, no local path, no traceback, not 'None'."""
+    return (len(message) > 20 and "None" not in message and "Traceback" not in message
+            and not LOCAL_PATH.search(message) and len(message) <= validate.MAX_MESSAGE_CHARS + 200)
+
+
+def refused(callable_, field: str, words: str) -> str:
+    with pytest.raises(Exception) as err:
+        callable_()
+    message = str(err.value)
+    FIGURES["cases tried"] += 1
+    assert f"- {field}: " in message and words in message, message[:500]
+    FIGURES["refused with the field named"] += 1
+    return message
+
+
+@pytest.fixture(scope="module")
+def client(playground):
+    from gradio_client import Client
+    return Client(playground, verbose=False)
+
+
+# ------------------------------------------------------------------------------ 1. layer ranges, message caps
+
+def test_a_huge_layer_range_is_refused_before_it_is_expanded():
+    for spec in ("1-2000000", "1-99999999", "3, 5-" + "9" * 150):
+        start = time.perf_counter()
+        with pytest.raises(ValueError, match=r"must lie in \[1, 29\]") as err:
+            reg.parse_layers(spec, 30)
+        assert time.perf_counter() - start < 0.05 and len(str(err.value)) < 200
+        FIGURES["cases tried"] += 1
+
+
+def test_every_message_shown_to_a_user_is_capped():
+    huge = "got [" + ", ".join(map(str, range(30, 2_000_000))) + "]"
+    assert len(validate.public_message(huge)) <= validate.MAX_MESSAGE_CHARS
+    assert len(validate.InputError("skip_layers", huge).message) <= validate.MAX_MESSAGE_CHARS
+    FIGURES["cases tried"] += 1
+
+
+def test_a_huge_layer_range_over_the_api_is_refused_by_name_at_once(client):
+    start = time.perf_counter()
+    message = refused(lambda: client.predict(*args(draft="layer-skip", skip_layers="1-2000000"), api_name="/run"),
+                      "skip_layers", "layers to skip must lie in [1, 29]")
+    assert time.perf_counter() - start < 5 and len(message) < 2000
+
+
+# ---------------------------------------------------------------------------------- 2. lone surrogates
+
+def test_a_prompt_with_a_lone_surrogate_is_refused_by_name():
+    with pytest.raises(validate.InputError) as err:
+        validate.check_prompt("Say hi \ud800")
+    assert err.value.field == "prompt" and "surrogate" in err.value.message
+    FIGURES["cases tried"] += 1
+    FIGURES["refused with the field named"] += 1
+
+
+@pytest.mark.parametrize("endpoint", ["run", "step_reset", "mismatch"])
+def test_a_lone_surrogate_sent_as_raw_json_is_refused_by_name(playground, endpoint):
+    """As the issue sent it: JSON text with '\\ud800' (gradio_client cannot even encode such a string)."""
+    import app
+    data = {"run": args, "step_reset": step_args}.get(endpoint, lambda prompt: [prompt, TARGET, 8, True, None])(
+        prompt="Say hi \ud800")
+    if endpoint != "mismatch":
+        data = data + [None]                                    # the session's state
+    body = json.dumps(join_body(app.demo, endpoint, data, uuid.uuid4().hex))
+    assert "\\ud800" in body
+    answer = httpx.post(playground + "gradio_api/queue/join", content=body,
+                        headers={"content-type": "application/json"}, timeout=60)
+    FIGURES["cases tried"] += 1
+    assert answer.status_code == 422, answer.text[:300]
+    detail = json.dumps(answer.json())
+    assert "prompt" in detail and "not valid text" in detail and "TypeError" not in detail
+    FIGURES["refused with the field named"] += 1
+
+
+# ------------------------------------------------------------------- 3. the step-through, every endpoint
+
+@pytest.mark.parametrize("endpoint, change, field, words", [
+    ("/step", dict(k=0), "k", "k must be between 1 and 16, got 0"),
+    ("/step", dict(seed=-1), "seed", "seed must be between 0 and"),
+    ("/step", dict(draft="layer-skip", skip_layers="1-99999999"), "skip_layers", "must lie in [1, 29]"),
+    ("/step_reset", dict(k=0), "k", "k must be between 1 and 16, got 0"),
+    ("/step_reset", dict(seed=-1), "seed", "seed must be between 0 and"),
+    ("/step_reset", dict(temperature="hot"), "temperature", "temperature must be a finite number"),
+])
+def test_the_step_endpoints_validate_like_run(client, endpoint, change, field, words):
+    refused(lambda: client.predict(*step_args(**change), api_name=endpoint), field, words)
+
+
+# Endpoints without a validator, each with the reason it needs none (a new endpoint must be added to one side).
+NO_VALIDATOR = {
+    "step_back": "its only input is the session's own state",
+    "play": "the speed slider's value goes to gr.Timer, which clamps nothing it runs",
+    "pause": "no inputs",
+    "set_speed": "as play",
+    "trace_export": "its only input is the session's own state",
+    "export_steps": "its only input is the session's own state",
+    "trace_replay": "a file Gradio accepted as uploaded here; spec_engine.trace.load validates every field",
+    "replay_example": "no inputs",
+    "step_trace": "its only input is the session's own state (a trace validated when loaded)",
+    "relevel": "a radio choice and the session's state; the handler reads the choice from a fixed table",
+    "copy_main": "copies the main controls into the lab's; the lab's own run validates them",
+    "on_axis": "re-labels the sweep's fields; the sweep validates what it runs",
+    "apply_scenario": "looks a preset up by name; unknown names change nothing",
+    "baseline": "its only input is the session's state (the latest run, validated when it ran)",
+    "stop": "its only input is the session's state",
+    "on_target": "updates the draft choices; every run validates target and draft",
+    "on_draft": "updates the draft's options; every run validates them",
+    "apply_prompt": "looks a preset prompt up by name",
+    "rerender": "redraws the session's runs with a show-spaces flag",
+    "set_compare_axis": "redraws the comparison of the session's runs",
+    "clear_history": "its only input is the session's state",
+    "model_status": "no inputs",
+    "SessionState": "no inputs (creates the session's state)",
+    "step_lesson": "fixed settings; the target it takes is checked by the handler (validate.check_settings)",
+}
+
+
+def handler_name(fn) -> str:
+    return getattr(getattr(fn, "func", fn), "__name__", repr(fn))
+
+
+def test_every_endpoint_is_validated_or_listed_with_a_reason(playground):
+    """Every event a client can call (public endpoints through gradio_client; private ones through the raw
+    queue, as the page calls them) has a validator, or appears in NO_VALIDATOR with why it needs none."""
+    import app
+    from gradio_client import Client
+    public = set(Client(playground, verbose=False).view_api(print_info=False, return_format="dict")["named_endpoints"])
+    unchecked = []
+    for block_fn in app.demo.fns.values():
+        if block_fn.fn is None:
+            continue
+        names = {block_fn.api_name, handler_name(block_fn.fn)}
+        if block_fn.validator is None and names.isdisjoint(NO_VALIDATOR):
+            unchecked.append(block_fn.api_name)
+        if f"/{block_fn.api_name}" in public:
+            FIGURES["public endpoints checked"] += 1
+    assert not unchecked, f"endpoints without a validator and not in NO_VALIDATOR: {unchecked}"
+    assert {"/run", "/step", "/step_reset", "/mismatch", "/sweep_k"} <= public
+
+
+# --------------------------------------------------------------------------------------- 4. trace strings
+
+HOSTILE = '<img src=x onerror="alert(1)">'
+
+
+def hostile_trace() -> tr.Trace:
+    doc = json.loads(replay.EXAMPLE_PATH.read_text())
+    doc["models"] = {"target": f"T{HOSTILE}", "draft": f"![x](http://example.invalid/a.png){HOSTILE}"}
+    doc["created"] = f"2026{HOSTILE}"
+    doc["display"]["status"] = f"done {HOSTILE} [link](http://example.invalid)"
+    doc["stop_reason"] = f"eos{HOSTILE}"
+    doc["rounds"][-1]["stop_reason"] = f"eos{HOSTILE}"
+    return tr.loads(json.dumps(doc))
+
+
+MARKDOWN_OUTPUTS = {"status", "explain"}          # gr.Markdown: links and images are markup too; the rest is gr.HTML
+
+
+def no_markup_from(name: str, text) -> bool:
+    text = str(text)
+    return "<img" not in text and (name not in MARKDOWN_OUTPUTS or not re.search(r"(?<!\\)\]\(", text))
+
+
+def test_a_hostile_trace_replays_as_text():
+    outputs = dict(zip(("state",) + classroom.REPLAY_OUTPUTS, classroom.replay_outputs(hostile_trace())))
+    assert "&lt;img" in outputs["status"]                     # shown, as text
+    for name in ("status", "tokens", "stats", "explain"):
+        assert no_markup_from(name, outputs[name]), (name, str(outputs[name])[:300])
+    FIGURES["cases tried"] += 1
+
+
+def test_a_hostile_trace_steps_through_as_text():
+    session, *outputs = classroom.step_trace(hostile_trace())[:-1]
+    view = dict(zip(classroom.STEP_OUTPUTS, outputs))
+    for _ in range(len(session.stepper.events)):            # to the end: the status then names the stop reason
+        classroom.advance(session)
+    view = dict(zip(classroom.STEP_OUTPUTS, classroom.step_view(session)[1:-1]))
+    for name in ("status", "round", "kv", "tokens", "explain"):
+        assert no_markup_from(name, view[name]), (name, str(view[name])[:300])
+    FIGURES["cases tried"] += 1
+
+
+# ------------------------------------------------------------------------------------------ 5. the queue
+
+def join_body(demo, api_name: str, data: list, session_hash: str) -> dict:
+    fn_index = next(i for i, fn in demo.fns.items() if fn.api_name == api_name)
+    return {"data": data, "fn_index": fn_index, "session_hash": session_hash, "event_data": None, "trigger_id": None}
+
+
+async def burst(url: str, bodies: list[dict]) -> list[int]:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        answers = await asyncio.gather(*(http.post("gradio_api/queue/join", json=body) for body in bodies))
+    return [answer.status_code for answer in answers]
+
+
+def test_a_burst_of_joins_cannot_pass_the_queue_size(playground_registry):
+    """50 sessions join /run at once against queue size 8 and one run decoding: at most 8 + 1 are accepted
+    (before: every join that arrived while others awaited the validator passed the size check)."""
+    import app
+    from ui.layout import build_demo
+    size, concurrency, n = 8, 1, 50
+    # the first run holds the decoding slot past the burst (its 300 tokens stop at 10 s after the test, too)
+    previous = limits.configure(queue_size=size, concurrency=concurrency, max_run_seconds=10.0)
+    demo = app.queue(build_demo(preload=False))
+    try:
+        port = free_port()
+        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+        url = f"http://127.0.0.1:{port}/"
+        codes = asyncio.run(burst(url, [join_body(demo, "run", args(max_new_tokens=300) + [None], uuid.uuid4().hex)
+                                        for _ in range(n)]))
+        direct = httpx.post(url + "gradio_api/run/run", json={"data": args(k=0)}, timeout=60)
+    finally:
+        demo.close()
+        limits.configure(previous)
+    accepted = codes.count(200)
+    FIGURES["burst joins"] = n
+    FIGURES["burst accepted"] = accepted
+    FIGURES["burst limit (queue size + decoding)"] = size + concurrency
+    assert set(codes) <= {200, 503} and codes.count(503) == n - accepted
+    assert 1 <= accepted <= size + concurrency
+    assert direct.status_code == 404          # no direct POST around the queue, its size and its validators
+
+
+# -------------------------------------------------------------------------------- 6. errors say something
+
+def queue_call(url: str, body: dict) -> dict:
+    """Join the queue and read the event stream until the call completes; returns that message."""
+    with httpx.Client(base_url=url, timeout=120) as http:
+        joined = http.post("gradio_api/queue/join", json=body)
+        assert joined.status_code == 200, joined.text
+        with http.stream("GET", "gradio_api/queue/data", params={"session_hash": body["session_hash"]}) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data:"):
+                    message = json.loads(line[5:])
+                    if message.get("msg") == "process_completed":
+                        return message
+    raise AssertionError("the stream ended without process_completed")
+
+
+@pytest.mark.parametrize("path", ["/etc/hostname.json", "presets/traces/example.json", "/tmp/gradio/never/x.json",
+                                  None, "x"])
+def test_a_file_that_was_never_uploaded_gets_a_sentence(playground, path, capfd):
+    import app
+    value = path if path in (None, "x") else {"path": path, "meta": {"_type": "gradio.FileData"}}
+    done = queue_call(playground, join_body(app.demo, "trace_replay", [value], uuid.uuid4().hex))
+    error = done["output"].get("error")
+    FIGURES["cases tried"] += 1
+    assert done["success"] is False and isinstance(error, str) and says_something(error), error
+    FIGURES["hidden errors that now say something"] += 1
+    if path is None:                                       # an ordinary refusal: no traceback in the log
+        assert "Traceback" not in capfd.readouterr().err
+
+
+def test_refusals_are_plain_text_without_paths():
+    error = validate.refusal("cannot read /home/someone/.cache/spec/trace.json: <img src=x>")
+    assert error.message == "cannot read trace.json: &lt;img src=x&gt;" and error.print_exception is False
+    assert "&lt;img" in validate.shown("<img src=x>")
+
+
+# ------------------------------------------------------------------------- 7. custom models, hostile names
+
+@pytest.mark.parametrize("name, words", [
+    ("../../etc/passwd", "looks like a file path"),
+    ("owner/..", "looks like a file path"),
+    ("https://evil.example/x", "looks like a file path"),
+    ('<img src=x onerror="alert(1)">/x', "Unknown target model '&lt;img"),
+    ("owner/" + "a" * 300, "names are at most 200"),
+])
+def test_hostile_model_names_are_refused_even_with_custom_models_allowed(client, name, words):
+    previous = limits.configure(allow_custom_models=True)
+    try:
+        message = refused(lambda: client.predict(*args(target=name), api_name="/run"), "target", words)
+    finally:
+        limits.configure(previous)
+    assert "<img" not in message and says_something(message)
