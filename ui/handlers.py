@@ -141,7 +141,7 @@ def speed_note(summary: dict) -> str:
     """Where the speed figures come from, in one line under the numbers (the baseline's provenance too)."""
     if not summary.get("timed"):
         return (f"Tokens/s as drawn live ({summary['live_tokens_per_second']:.1f}); drawing the view shares the "
-                "cores, so the speedup is measured only without drawing (press 'Measure plain decoding').")
+                "cores, so the speedup is measured only without drawing (press 'Measure the speedup again').")
     parts = [f"Speed: speculative {summary['timing']}"]
     if summary.get("baseline_timing"):
         parts.append(f"plain decoding {summary['baseline_timing']}")
@@ -288,7 +288,7 @@ def stop(state: SessionState):
 
 @gpu
 def measure_baseline(state: SessionState):
-    """'Measure plain decoding' button: measure the latest run's speed again, both sides without drawing (its
+    """'Measure the speedup again' button: measure the latest run's speed again, both sides without drawing (its
     speculative decoding with a fresh drafter, and plain decoding with the same prompt, settings and seed), then
     show the speedup everywhere (every run in the history with the same baseline key uses the new baseline)."""
     shown = getattr(state, "active", None)

@@ -96,10 +96,10 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                     c["exit_after"] = gr.Slider(0, 64, value=0, step=1, label="Early exit: after this many layers",
                                                 info="0 = half of the target's layers")
                 with gr.Row():
-                    baseline_btn = gr.Button("Measure plain decoding", size="sm", elem_id="spec-baseline")
+                    baseline_btn = gr.Button("Measure the speedup again", size="sm", elem_id="spec-baseline")
                     sweep_btn = gr.Button(f"Sweep k {list(handlers.SWEEP_K)}", size="sm", elem_id="spec-sweep")
                 with gr.Row():
-                    c["auto_baseline"] = gr.Checkbox(True, label="Measure plain decoding after each run")
+                    c["auto_baseline"] = gr.Checkbox(True, label="Measure the speedup after each run (nothing drawn)")
                     c["show_spaces"] = gr.Checkbox(False, label="Show spaces as ·")
 
             with gr.Column(scale=7, min_width=480):
@@ -214,7 +214,7 @@ per token) with the same prompt, settings and seed, back to back, each with noth
 prefill included). Drawing the live view shares the cores with the engine, so the live tokens/s is kept apart. The
 draft cost c and verify cost v (seconds per round over one plain step) give the predicted speedup next to the
 measured one. The line under the numbers says when each side was measured; timings on a shared machine vary from run
-to run, so "Measure plain decoding" measures both again.
+to run, so "Measure the speedup again" measures both again.
 
 **Models.** The default target is {reg.display_name(default_target)}, which runs offline on a CPU. Layer-skip
 default: {skip_default}. The UI only renders the engine's per-round events; it never computes a probability.
