@@ -1,0 +1,35 @@
+"""What a Hugging Face Space needs of the repository itself (issue #24): binaries under LFS patterns, the front
+matter's Python version."""
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tracked_files() -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [name for name in out.decode().split("\0") if name]
+
+
+def is_binary(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return b"\0" in f.read(8192)
+
+
+def test_every_binary_tracked_file_matches_an_lfs_pattern():
+    binaries = [name for name in tracked_files() if (ROOT / name).is_file() and is_binary(ROOT / name)]
+    assert binaries, "the repository ships binaries (the EAGLE head, screenshots): the check would be empty"
+    out = subprocess.run(["git", "check-attr", "filter", "--", *binaries], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    outside = [line.split(":")[0] for line in out.splitlines() if not line.endswith(": filter: lfs")]
+    assert not outside, f"binary files a Space push would refuse (add a pattern to .gitattributes): {outside}"
+
+
+def test_the_space_front_matter_pins_the_tested_python():
+    front = (ROOT / "README.md").read_text(encoding="utf-8").split("---")[1]
+    assert 'python_version: "3.11"' in front and "app_file: app.py" in front
