@@ -11,7 +11,8 @@ only = sys.argv[3:] or None
 def fresh(browser):
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     page.goto(url); page.wait_for_selector("#spec-run", timeout=120_000)
-    page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.includes('ready')", timeout=600_000)
+    page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.startsWith('Models:')",
+                           timeout=600_000)
     return page
 
 def tab(page, name):

@@ -42,7 +42,7 @@ def fresh_app(tmp_path_factory):
         proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
-        while not all(line in log.read_text() for line in ("Running on local URL", "smollm2-135m-instruct: ready")):
+        while not all(line in log.read_text() for line in ("Running on local URL", "smollm2-135m-instruct: warmed up")):
             assert proc.poll() is None, f"app.py exited: {log.read_text()[-2000:]}"
             assert time.monotonic() < deadline, f"app.py did not get ready: {log.read_text()[-2000:]}"
             time.sleep(1)
@@ -68,7 +68,7 @@ def test_the_pages_speedup_is_the_engines(fresh_app, chromium):
     from conftest import open_playground
 
     page = open_playground(chromium, fresh_app)
-    page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.includes('ready')",
+    page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.startsWith('Models:')",
                            timeout=300_000)
     defaults = page.evaluate("""() => ({
         prompt: document.querySelector('#spec-prompt textarea').value,

@@ -576,6 +576,7 @@ def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message
         decoder = se.SpeculativeDecoder(loaded.model, kind.build(spec, loaded, None, DraftOptions()))
         decoder.generate(prompt, k=k, max_new_tokens=WARM_UP_TOKENS, sampling=sampling)
         se.autoregressive_generate(loaded.model, prompt, max_new_tokens=4, sampling=sampling)
+    progress("warmed up")
 
 
 def eos_ids(loaded):
