@@ -209,12 +209,12 @@ def hostile_trace() -> tr.Trace:
     return tr.loads(json.dumps(doc))
 
 
-MARKDOWN_OUTPUTS = {"status", "explain"}          # gr.Markdown: links and images are markup too; the rest is gr.HTML
+MARKDOWN_OUTPUTS = {"status", "explain"}    # gr.Markdown: links, images and bare URLs are markup too; the rest is gr.HTML
 
 
 def no_markup_from(name: str, text) -> bool:
     text = str(text)
-    return "<img" not in text and (name not in MARKDOWN_OUTPUTS or not re.search(r"(?<!\\)\]\(", text))
+    return "<img" not in text and (name not in MARKDOWN_OUTPUTS or not re.search(r"(?<!\\)\]\(|https?://", text))
 
 
 def test_a_hostile_trace_replays_as_text():
@@ -265,6 +265,7 @@ def test_a_burst_of_joins_cannot_pass_the_queue_size(playground_registry):
         codes = asyncio.run(burst(url, [join_body(demo, "run", args(max_new_tokens=300) + [None], uuid.uuid4().hex)
                                         for _ in range(n)]))
         direct = httpx.post(url + "gradio_api/run/run", json={"data": args(k=0)}, timeout=60)
+        held = demo._queue.joining                 # every place held during admission was given back
     finally:
         demo.close()
         limits.configure(previous)
@@ -273,7 +274,7 @@ def test_a_burst_of_joins_cannot_pass_the_queue_size(playground_registry):
     FIGURES["burst accepted"] = accepted
     FIGURES["burst limit (queue size + decoding)"] = size + concurrency
     assert set(codes) <= {200, 503} and codes.count(503) == n - accepted
-    assert 1 <= accepted <= size + concurrency
+    assert 1 <= accepted <= size + concurrency and held == 0
     assert direct.status_code == 404          # no direct POST around the queue, its size and its validators
 
 
@@ -329,3 +330,41 @@ def test_hostile_model_names_are_refused_even_with_custom_models_allowed(client,
     finally:
         limits.configure(previous)
     assert "<img" not in message and says_something(message)
+
+
+# --------------------------------------------------------------------- 4, in a browser: no element from a trace
+
+FROM_TRACE = ("img[src='x'], img[src*='example.invalid'], a[href*='example.invalid'], "
+              "#trace-status img, #step-status img")
+
+
+@pytest.mark.browser
+def test_a_hostile_trace_creates_no_element_in_the_replay_or_the_step_through(playground, chromium, tmp_path):
+    from conftest import open_playground
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(hostile_trace().to_dict()))
+    requests = []
+    page = open_playground(chromium, playground)
+    try:
+        page.on("request", lambda request: requests.append(request.url))
+        page.get_by_role("tab", name="Trace export / replay").click()
+        page.set_input_files("input[type=file][data-testid='Load a trace (.json)-upload-button']", str(path))
+        page.wait_for_function("document.querySelector('#trace-status').innerText.includes('Replaying a trace')",
+                               timeout=60_000)
+        assert "<img src=x" in page.inner_text("#trace-status")            # shown as text
+        replay_elements = page.evaluate(f"document.querySelectorAll({FROM_TRACE!r}).length")
+        page.click("#trace-step")
+        page.get_by_role("tab", name="Step through").click()
+        page.wait_for_function("document.querySelector('#step-status').innerText.includes('Trace replay')",
+                               timeout=60_000)
+        for _ in range(len(hostile_trace().rounds)):                     # to the end: the stop reason is shown
+            page.click("#step-forward")
+        page.wait_for_function("document.querySelector('#step-status').innerText.includes('the run ended')",
+                               timeout=60_000)
+        assert "<img src=x" in page.inner_text("#step-status")
+        step_elements = page.evaluate(f"document.querySelectorAll({FROM_TRACE!r}).length")
+    finally:
+        page.close()
+    FIGURES["cases tried"] += 1
+    assert replay_elements == 0 and step_elements == 0
+    assert not [url for url in requests if "example.invalid" in url or url.rstrip("/").endswith("/x")]

@@ -34,9 +34,12 @@ COMPUTE = {"concurrency_id": "compute", "concurrency_limit": None}   # shares th
 
 def step_view(session, timer=None, note: str | None = None) -> tuple:
     v = stepper.view(session)
-    v["status"] = replay.plain_markdown(v["status"])       # names a trace's models: anyone's text
+    # A trace's models and stop reason are anyone's text: shown literally (a live session's are presets or names
+    # validated as Hub ids).
+    literal = replay.plain_markdown if getattr(session, "origin", None) == "trace" else str
+    v["status"] = literal(v["status"])
     if note:
-        v["status"] = f"**{replay.plain_markdown(note)}** {v['status']}"
+        v["status"] = f"**{literal(note)}** {v['status']}"
     return (session, *[v[name] for name in STEP_OUTPUTS], gr.skip() if timer is None else timer)
 
 

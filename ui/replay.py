@@ -69,13 +69,14 @@ def piece_table(labeler, token_ids) -> tr.Pieces:
     return table
 
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~$-])")
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~$:.@-])")      # with : . @ no text is autolinked
 
 
 def plain_markdown(text, limit: int = 2000) -> str:
     """`text` shown literally by a gr.Markdown: one line, Markdown's punctuation backslash-escaped and HTML's
     '<', '>' and '&' as entities. A trace file is anyone's: its models, dates and status lines must not become
-    links, images or tags (Gradio's sanitizer strips <script> and onerror, not <img src=...> or ![](url))."""
+    links (autolinked URLs included), images or tags (Gradio's sanitizer strips <script> and onerror, not
+    <img src=...> or ![](url))."""
     text = " ".join(str(text).split())
     text = text if len(text) <= limit else text[:limit - 1] + "…"
     return html.escape(_MARKDOWN_SPECIAL.sub(r"\\\1", text), quote=False)
