@@ -209,7 +209,7 @@ def hostile_trace() -> tr.Trace:
     return tr.loads(json.dumps(doc))
 
 
-MARKDOWN_OUTPUTS = {"status", "explain"}    # gr.Markdown: links, images and bare URLs are markup too; the rest is gr.HTML
+MARKDOWN_OUTPUTS = {"status", "explain"}    # gr.Markdown: links, images and bare URLs are markup; the rest: gr.HTML
 
 
 def no_markup_from(name: str, text) -> bool:
@@ -368,3 +368,34 @@ def test_a_hostile_trace_creates_no_element_in_the_replay_or_the_step_through(pl
     FIGURES["cases tried"] += 1
     assert replay_elements == 0 and step_elements == 0
     assert not [url for url in requests if "example.invalid" in url or url.rstrip("/").endswith("/x")]
+
+
+# ----------------------------------------------------------------------- 7. a job cancelled while it waits
+
+def test_a_job_cancelled_while_queued_never_runs_and_gives_its_place_back(playground_registry):
+    import app
+    from gradio_client import Client
+    from test_app_faults import wait_until
+    from ui.layout import build_demo
+    previous = limits.configure(queue_size=2, concurrency=1, max_run_seconds=20.0)
+    demo = app.queue(build_demo(preload=False))
+    try:
+        port = free_port()
+        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+        clients = [Client(f"http://127.0.0.1:{port}/", verbose=False) for _ in range(4)]
+        running = clients[0].submit(*args(max_new_tokens=300), api_name="/run")
+        assert wait_until(lambda: running.status().code.name == "ITERATING", timeout=60)
+        waiting = [c.submit(*args(max_new_tokens=300), api_name="/run") for c in clients[1:3]]
+        assert wait_until(lambda: [j.status().code.name for j in waiting] == ["IN_QUEUE"] * 2)
+        waiting[0].cancel()
+        assert wait_until(lambda: len(demo._queue) == 1)                  # its place is free again
+        late = clients[3].submit(*args(max_new_tokens=300), api_name="/run")
+        assert wait_until(lambda: late.status().code.name == "IN_QUEUE")   # admitted, not "queue is full"
+        for job in (running, waiting[1], late):
+            job.cancel()
+        assert wait_until(lambda: running.done() and waiting[1].done() and late.done(), timeout=60)
+        assert not waiting[0].outputs()                                   # the cancelled job never produced output
+    finally:
+        demo.close()
+        limits.configure(previous)
+    FIGURES["cases tried"] += 1
