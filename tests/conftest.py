@@ -98,9 +98,13 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 @pytest.fixture(scope="session")
 def chromium():
     """Debian's headless Chromium driven by PyPI playwright (which cannot download its own browser here).
-    Skips, with the reason, only when /usr/bin/chromium is absent."""
+    Skips, with the reason, only when /usr/bin/chromium is absent; with SPEC_REQUIRE_BROWSER=1 (CI: .ci/run) a
+    missing browser fails the browser tests instead, so they cannot vanish from a run unnoticed."""
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)")
+        message = f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)"
+        if os.environ.get("SPEC_REQUIRE_BROWSER", "0") == "1":
+            pytest.fail(f"{message}; SPEC_REQUIRE_BROWSER=1 makes that a failure", pytrace=False)
+        pytest.skip(message)
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -371,9 +371,10 @@ def test_a_full_queue_answers_busy_and_the_server_keeps_serving(playground_regis
 
 # ------------------------------------------------------------------------------------ cancellation
 
-def running_session(client, demo, min_rounds=3):
+def running_session(client, demo, min_rounds=3, max_new_tokens=None):
     """Submit a long run and wait until it has streamed `min_rounds` rounds; returns (job, server-side state)."""
-    job = client.submit(*args(max_new_tokens=600), api_name="/run")
+    max_new_tokens = max_new_tokens or limits.current().max_new_tokens
+    job = client.submit(*args(max_new_tokens=max_new_tokens), api_name="/run")
     for out in job:
         summary = out[SUMMARY]
         if isinstance(summary, dict) and summary.get("rounds", 0) >= min_rounds:
@@ -387,7 +388,36 @@ def ended_and_freed(state, registry) -> bool:
     return state.active.decoder is None and registry.holds(TARGET) == 0
 
 
-def test_cancel_mid_run_ends_it_frees_it_and_the_session_runs_again(client, playground, smollm2, playground_registry):
+@pytest.fixture
+def endless(monkeypatch):
+    """Runs that cannot end on their own within a test: the app gets no EOS id (ui.registry.eos_ids -> None), so
+    only max_new_tokens (the limit, 1,024 tokens: many seconds) could end them; the prompt alone ends at EOS after
+    32 tokens, which let these tests pass with the cancel removed. Returns how each engine stream of the test
+    ended, in order: its own stop_reason ("cancelled", "max_new_tokens", ...) or "closed" when the caller closed it
+    mid-run (a cancelled or abandoned handler closes the engine's stream: it never reaches an end of its own)."""
+    from ui import registry
+    monkeypatch.setattr(registry, "eos_ids", lambda loaded: None)
+    ends: list[str] = []
+    stream = se.SpeculativeDecoder.stream
+
+    def watched(self, *a, **kw):
+        inner = stream(self, *a, **kw)                     # validates and prefills now, as the real one does
+
+        def rounds():
+            reason = "closed"
+            try:
+                for event in inner:
+                    reason = event.stop_reason or reason
+                    yield event
+            finally:
+                ends.append(reason)
+        return rounds()
+    monkeypatch.setattr(se.SpeculativeDecoder, "stream", watched)
+    return ends
+
+
+def test_cancel_mid_run_ends_it_frees_it_and_the_session_runs_again(client, playground, smollm2, playground_registry,
+                                                                    endless):
     """A cancelled API job. How many ~30 ms rounds run before the server sees the cancel depends on its load, so
     that count is only reported; that no round runs once the handler is closed is tested without a server
     (test_ui_handlers.py::test_closing_the_run_generator_ends_the_run_at_once_and_frees_it)."""
@@ -398,24 +428,26 @@ def test_cancel_mid_run_ends_it_frees_it_and_the_session_runs_again(client, play
     job.cancel()
     assert wait_until(lambda: ended_and_freed(state, playground_registry))
     extra = len(state.active.record.rounds) - rounds_at_cancel
-    assert state.active.record.tokens and len(state.active.record.tokens) < 600
+    assert endless and endless[0] in ("cancelled", "closed"), endless       # ended from outside, not by itself
+    assert state.active.record.stop_reason in (None, "cancelled"), state.active.record.stop_reason
+    assert state.active.record.tokens and len(state.active.record.tokens) < limits.current().max_new_tokens
     assert live_run_objects() <= before                            # its caches are gone
     FIGURES["cancellations"] += 1
     FIGURES["most rounds after a cancel"] = max(FIGURES["most rounds after a cancel"], extra)
 
     final = client.predict(*args(), api_name="/run")[SUMMARY]      # the same session, at once
-    assert final["tokens"] == engine_tokens(smollm2)
+    assert final["tokens"] == engine_tokens(smollm2)                # (8 tokens: EOS comes later for this prompt)
 
 
-def test_a_closed_stream_ends_the_run_and_frees_it(playground, playground_registry):
+def test_a_closed_stream_ends_the_run_and_frees_it(playground, playground_registry, endless):
     """What a closed tab does to the server: the event stream disconnects mid-run."""
     import app
     config = httpx.get(f"{playground}config").json()
     fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "run")
     session = uuid.uuid4().hex[:12]
     before = live_run_objects()
-    body = {"data": args(max_new_tokens=600) + [None], "fn_index": fn_index, "session_hash": session,
-            "event_data": None, "trigger_id": None}
+    body = {"data": args(max_new_tokens=limits.current().max_new_tokens) + [None], "fn_index": fn_index,
+            "session_hash": session, "event_data": None, "trigger_id": None}
     assert httpx.post(f"{playground}gradio_api/queue/join", json=body).status_code == 200
     seen = 0
     with httpx.stream("GET", f"{playground}gradio_api/queue/data", params={"session_hash": session},
@@ -429,23 +461,46 @@ def test_a_closed_stream_ends_the_run_and_frees_it(playground, playground_regist
     rounds_at_close = len(state.active.record.rounds)
     assert wait_until(lambda: ended_and_freed(state, playground_registry))
     extra = len(state.active.record.rounds) - rounds_at_close
-    assert len(state.active.record.tokens) < 600          # extra: reported only (see the cancel test above)
+    assert endless == ["closed"] or endless == ["cancelled"], endless       # ended from outside, not by itself
+    assert state.active.record.stop_reason in (None, "cancelled"), state.active.record.stop_reason
+    assert len(state.active.record.tokens) < limits.current().max_new_tokens   # extra: reported only (see above)
     assert live_run_objects() <= before
     FIGURES["cancellations"] += 1
     FIGURES["most rounds after a cancel"] = max(FIGURES["most rounds after a cancel"], extra)
 
 
-def test_stop_during_plain_decoding_ends_it_too(client, playground_registry):
-    """The baseline runs in a worker thread; Stop (its cancels=) ends it within one token."""
-    job = client.submit(*args(draft="prompt-lookup", max_new_tokens=600, auto_baseline=True), api_name="/run")
+PLAIN_TOKENS = 60
+PLAIN_TOKEN_SECONDS = 0.25      # added to each plain decoding step: 60 tokens take >= 15 s, so Stop must end them
+
+
+def test_stop_during_plain_decoding_ends_it_too(client, playground_registry, endless, monkeypatch):
+    """The baseline runs in a worker thread; Stop (its cancels=) ends it within one token: plain decoding reports
+    stop_reason "cancelled". It cannot end first: no EOS (`endless`) and each of its 60 steps slowed by 0.25 s
+    (its should_stop poll, once a token); the test stays well inside the handler's time limit, so the limit cannot
+    be what ended it."""
+    began = time.monotonic()
+    plain = []
+    generate = se.autoregressive_generate
+
+    def slow_plain(*a, should_stop, **kw):
+        plain.append(generate(*a, should_stop=lambda: time.sleep(PLAIN_TOKEN_SECONDS) or should_stop(), **kw))
+        return plain[-1]
+    monkeypatch.setattr(se, "autoregressive_generate", slow_plain)
+    job = client.submit(*args(draft="prompt-lookup", max_new_tokens=PLAIN_TOKENS, auto_baseline=True), api_name="/run")
+    seen = []
     for out in job:
         stats = out[RUN_OUTPUTS.index("stats")]
-        if isinstance(stats, str) and "Measuring plain decoding" in stats:
+        seen.append(stats)
+        if isinstance(stats, str) and "without drawing: plain decoding" in stats:
             break
+    else:
+        pytest.fail(f"plain decoding never started; the last status lines: {seen[-3:]}")
     client.predict(api_name="/stop")
     assert wait_until(job.done)
     assert wait_until(lambda: playground_registry.holds(TARGET) == 0)
     assert not any(t.name == "plain-decoding" for t in threading.enumerate())
+    assert [r.stop_reason for r in plain] == ["cancelled"] and len(plain[0].tokens) < PLAIN_TOKENS, plain
+    assert time.monotonic() - began < 0.8 * limits.current().max_run_seconds
     FIGURES["cancellations"] += 1
     assert answers_a_valid_run(client)
 
