@@ -28,8 +28,8 @@ from ui.layout import LAYOUT_CSS, THEME, build_demo
 
 # Uploads are traces (spec_engine.trace caps them at 20 MiB): Gradio refuses larger files before they are stored.
 LAUNCH_OPTIONS = {"max_file_size": MAX_TRACE_BYTES}
-HIDDEN_ERROR = ("The server could not use this request: an input is not a value this endpoint takes (a file must "
-                "be one uploaded to this server). Nothing ran.")
+HIDDEN_ERROR = ("The server could not handle this request: an input it cannot use (a file must be one uploaded "
+                "to this server) or an error on its side, which it logged.")
 
 
 class AdmissionQueue(queueing.Queue):
