@@ -285,3 +285,18 @@ def test_finder_buttons_are_private_and_queue_with_the_engine():
         assert fns[name].api_visibility == "private"
         assert (fns[name].concurrency_id, fns[name].concurrency_limit) == (fns["step_forward"].concurrency_id,
                                                                           fns["step_forward"].concurrency_limit)
+
+
+@pytest.mark.slow
+def test_show_me_finds_the_4th_of_5_drafts_rejected_in_one_click(playground_registry):
+    """The step-through's lesson button: the controls are set to the lesson's settings and the view shows a round
+    that drafted 5 tokens, accepted the first 3 and rejected the 4th (a correction drawn in its place)."""
+    from ui import classroom
+    outputs = list(classroom.step_lesson("smollm2-135m-instruct", False))
+    session = outputs[-1][0]
+    shown = session.stepper.current
+    assert len(shown.drafted) == 5 and shown.accepted == 3 and shown.correction is not None
+    assert shown.rejected == shown.drafted[3]
+    controls = dict(zip(classroom.LESSON_CONTROLS + ("position",), outputs[0][-len(classroom.LESSON_CONTROLS) - 1:]))
+    assert controls["k"] == 5 and controls["draft"] == "layer-skip" and controls["position"] == 4
+    assert session.settings.k == 5 and session.settings.prompt == controls["prompt"]

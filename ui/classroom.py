@@ -150,6 +150,33 @@ def step_find_accepted(prompt, target, draft, k, temperature, top_p, top_k, max_
         yield from find_round(values, session, stepper.all_accepted, "round with every draft accepted")
 
 
+# "Show me" for the step-through's lesson: one click from the tab to a round that rejects the 4th of 5 drafts.
+# Layer-skip drafts all k tokens every round (no cost sizing), greedy, the chat-sky prompt: on SmolLM2-135M the first
+# round already rejects draft 4 of 5 (rounds 1, 17 and 24 of 35 do); another target finds its own or says so.
+LESSON = dict(prompt_id="chat-sky", draft="layer-skip", k=5, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=128,
+              seed=0, rule="exact", chat=True, skip_layers="", exit_after=0)
+LESSON_CONTROLS = ("prompt", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule", "chat",
+                   "skip_layers", "exit_after")
+LESSON_POSITION = 4
+
+
+@handlers.gpu
+def step_lesson(target, show_spaces):
+    """'Show me: draft 4 of 5 rejected': sets the controls to the lesson's settings (visibly, on the left), starts
+    a step-through with them and goes to the first round whose 4th draft is the rejected one."""
+    from .presets import load_presets
+    lesson = {name: value for name, value in LESSON.items() if name != "prompt_id"}
+    lesson["prompt"] = load_presets().prompt(LESSON["prompt_id"]).text
+    values = dict(lesson, target=target, show_spaces=show_spaces)
+    controls = tuple(lesson[name] for name in LESSON_CONTROLS) + (LESSON_POSITION,)
+    first = True
+    with handlers.friendly_errors():
+        for out in find_round(values, None, stepper.rejects_at(LESSON_POSITION),
+                              f"round rejecting draft {LESSON_POSITION}"):
+            yield out + (controls if first else (gr.skip(),) * len(controls))
+            first = False
+
+
 def step_back(session):
     if session is None:
         return step_view(None)
@@ -270,6 +297,8 @@ def build_tabs(c: dict, state: gr.State) -> dict:
                                  elem_id="step-position", min_width=220, scale=0)
             find_rejection_btn = gr.Button("Next round rejecting draft i ▶▶", size="sm", elem_id="step-find-rejection")
             find_accepted_btn = gr.Button("Next all-accepted round ▶▶", size="sm", elem_id="step-find-accepted")
+            lesson_btn = gr.Button(f"Show me: draft {LESSON_POSITION} of {LESSON['k']} rejected", size="sm",
+                                   variant="secondary", elem_id="step-lesson")
         timer = gr.Timer(SPEEDS[2], active=False)
         initial = stepper.view(None)
         s["status"] = gr.Markdown(initial["status"], elem_id="step-status")
@@ -315,6 +344,8 @@ def build_tabs(c: dict, state: gr.State) -> dict:
     find_rejection_btn.click(step_find_rejection, controls[:-1] + [position, step_state], step_outputs, **COMPUTE,
                              validator=validate.find_validator, preprocess=False, **PRIVATE)
     find_accepted_btn.click(step_find_accepted, controls, step_outputs, **checked, **PRIVATE)
+    lesson_btn.click(step_lesson, [c["target"], c["show_spaces"]],
+                     step_outputs + [c[name] for name in LESSON_CONTROLS] + [position], **COMPUTE, **PRIVATE)
     timer.tick(step_tick, controls, step_outputs, trigger_mode="once", **checked, **PRIVATE)
     play_btn.click(play, [speed], [timer], **PRIVATE)
     pause_btn.click(pause, None, [timer], **PRIVATE)
