@@ -259,8 +259,9 @@ def test_verify_sampled_is_verify_with_draws_fed_the_generators_draws():
     generator = torch.Generator().manual_seed(11)
     for trial in range(60):
         n, vocab = trial % 4, 6
-        target_probs = warp(torch.randn(n + 1, vocab, generator=generator) * 2, SamplingParams(0.9, top_p=0.9))
-        draft_probs = torch.softmax(torch.randn(n, vocab, generator=generator) * 2, -1)
+        dtype = torch.float64 if trial % 2 else torch.float32       # the uniforms are drawn in the rows' dtype
+        target_probs = warp(torch.randn(n + 1, vocab, generator=generator, dtype=dtype) * 2, SamplingParams(0.9, top_p=0.9))
+        draft_probs = torch.softmax(torch.randn(n, vocab, generator=generator, dtype=dtype) * 2, -1)
         drafted = torch.multinomial(draft_probs, 1, generator=generator)[:, 0] if n else torch.zeros(0, dtype=torch.long)
         for draft in (draft_probs, None):
             seed = 1000 + trial
@@ -270,6 +271,10 @@ def test_verify_sampled_is_verify_with_draws_fed_the_generators_draws():
             for rule in ("exact", "no_residual"):
                 drawn = verify_sampled(drafted, draft, target_probs, make_generator("cpu", seed), rule)
                 assert drawn == verify_with_draws(drafted, draft, target_probs, uniforms, point, rule), (trial, rule)
+            assert verify_sampled(drafted, draft, target_probs, make_generator("cpu", seed)) == \
+                verify_sampled(drafted, draft, target_probs, make_generator("cpu", seed), "exact")      # the default
+            assert verify_with_draws(drafted, draft, target_probs, uniforms, point) == \
+                verify_with_draws(drafted, draft, target_probs, uniforms, point, "exact")
 
 
 def test_a_forced_rejection_draws_the_correction_from_the_residual_every_time():
@@ -317,4 +322,18 @@ def test_greedy_verification_of_every_draft_emits_plain_greedy_decoding(k, salt)
             verdict, _, _ = verify("exact", greedy, torch.tensor(drafts), None, logits, make_generator("cpu", 0))
             agree = next((i for i in range(k) if drafts[i] != expected[i]), k)
             assert verdict.accepted == agree and verdict.is_bonus == (agree == k)
+            assert verdict.accept_probs == [1.0] * agree + [0.0] * (min(agree + 1, k) - agree)   # decided ones only
+            assert verdict.uniforms == [] and verdict.next_probs_top == [(verdict.next_token, 1.0)]
             assert list(drafts[:verdict.accepted]) + [verdict.next_token] == expected[:agree + 1], (context, drafts)
+
+
+def test_the_wrong_rule_under_greedy_keeps_drafts_inside_the_top_p_set_then_takes_the_argmax():
+    """topp_membership with greedy params: drafts inside each row's temperature-1 top-p set are kept, up to the first
+    one outside; the next token is that row's argmax. Every row's top-0.9 set here is {0, 1}, its argmax 0."""
+    logits = torch.log(torch.tensor([[0.6, 0.35, 0.03, 0.01, 0.01]] * 4))                      # [n + 1, vocab]
+    params = SamplingParams(0.0, top_p=0.9)
+    cases = {(1, 0, 3): (2, [1.0, 1.0, 0.0]), (1, 1, 0): (3, [1.0, 1.0, 1.0]), (4, 0, 0): (0, [0.0])}
+    for drafts, (accepted, accept_probs) in cases.items():
+        verdict, _, _ = verify("topp_membership", params, torch.tensor(drafts), None, logits, make_generator("cpu", 0))
+        assert (verdict.accepted, verdict.next_token, verdict.accept_probs) == (accepted, 0, accept_probs), drafts
+        assert verdict.uniforms == [] and verdict.next_probs_top == [(0, 1.0)]
