@@ -172,3 +172,31 @@ def test_the_validators_name_every_bad_input_at_once(playground_registry):
     verdicts = sweeps.sweep_validator(*values.values(), None, 0, "yes")
     assert [i for i, v in enumerate(verdicts) if not v["is_valid"]] == [1, 10, 16, 17]   # + repeats, fixed length
     assert "between 1 and 16" in verdicts[1]["message"]
+
+
+def test_toy_draws_run_on_one_intra_op_thread_and_restore_the_count(monkeypatch):
+    """Two threads made each toy draw ~10x slower on two shared cores (a barrier per tiny op): the toy lab draws
+    with one, and the process's count comes back afterwards, also when the run is stopped half-way."""
+    import torch
+    seen = []
+    real_draw = lab.draw
+
+    def recording_draw(*args, **kwargs):
+        for draws in real_draw(*args, **kwargs):
+            seen.append(torch.get_num_threads())
+            yield draws
+
+    monkeypatch.setattr(lab, "draw", recording_draw)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        list(lab_ui.run_lab(*lab_args(n=50), SessionState()))
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+        seen.clear()
+        gen = lab_ui.run_lab(*lab_args(n=50), SessionState())
+        while not seen:
+            next(gen)
+        gen.close()                                      # Stop / a closed tab closes the generator mid-draws
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
