@@ -56,3 +56,25 @@ def test_every_lower_tab_keeps_its_label_and_shows_its_own_content(page):
             for other, other_content in LOWER_TABS.items():
                 if other != label:
                     assert not page.locator(other_content).first.is_visible(), f"{other!r} shown with {label!r}"
+
+
+def test_the_mismatch_tab_runs_all_four_drafts_and_naive_ids_come_lowest(page, playground_registry, gemma,
+                                                                         monkeypatch):
+    """The Tokenizer-mismatch tab's four runs each run to their end (they shared one budget that the first run's
+    release cancelled, so three stopped after one round) and the chart's lowest bar is the naive ids."""
+    from ui import handlers
+    playground_registry.put(gemma)
+    monkeypatch.setattr(handlers, "MISMATCH_MAX_NEW_TOKENS", 12)
+    page.get_by_role("tab", name="Tokenizer mismatch", exact=True).click()
+    page.click("#spec-mismatch")
+    page.wait_for_function("document.body.innerText.includes('Done: hover the tokens')", timeout=600_000)
+    heads = page.evaluate("[...document.querySelectorAll('.mm-head')].map(e => e.innerText)")
+    assert len(heads) == 4
+    acceptance = [float(h.split("acceptance ")[1].split("%")[0]) for h in heads]
+    assert acceptance[0] == min(acceptance) and acceptance[0] < max(acceptance), heads
+    rounds = page.evaluate("[...document.querySelectorAll('.mm-box')].map(b => b.querySelectorAll('.round').length)")
+    assert all(n >= 2 for n in rounds), f"a draft stopped after one round: {rounds}"
+    bars = page.evaluate("""() => { const plot = [...document.querySelectorAll('.js-plotly-plot')]
+        .find(p => (p.data || []).some(t => (t.x || []).some(x => String(x).includes('naive'))));
+        return plot ? plot.data[0].y : null; }""")
+    assert bars is not None and bars[0] == min(bars), bars
