@@ -337,3 +337,14 @@ def test_the_wrong_rule_under_greedy_keeps_drafts_inside_the_top_p_set_then_take
         verdict, _, _ = verify("topp_membership", params, torch.tensor(drafts), None, logits, make_generator("cpu", 0))
         assert (verdict.accepted, verdict.next_token, verdict.accept_probs) == (accepted, 0, accept_probs), drafts
         assert verdict.uniforms == [] and verdict.next_probs_top == [(0, 1.0)]
+    top1 = SamplingParams(0.0, top_k=1, top_p=0.9)                              # top-k narrows the set to {0}
+    verdict, _, _ = verify("topp_membership", top1, torch.tensor([1, 0, 0]), None, logits, make_generator("cpu", 0))
+    assert (verdict.accepted, verdict.accept_probs) == (0, [0.0])
+
+
+def test_verify_names_an_unknown_rule_and_verify_with_draws_checks_its_draws():
+    logits = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match=r"rule must be one of .*got 'residual'"):
+        verify("residual", SamplingParams(1.0), torch.tensor([1]), None, logits, make_generator("cpu", 0))
+    with pytest.raises(AssertionError):
+        verify_with_draws(torch.tensor([1]), None, torch.softmax(logits, -1), [], 0.5)          # one uniform per draft
