@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import spec_engine as se
-from ui import handlers
+from ui import handlers, runner
 from ui.handlers import RUN_OUTPUTS
 from ui.presets import load_presets
 from ui.state import SessionState
@@ -309,3 +309,18 @@ def test_export_takes_the_run_on_screen_not_the_newest_in_the_history(playground
     assert state.history[-1] is not shown
     trace = replay.export_latest(state)
     assert trace.display["run_id"] == shown.run_id and trace.tokens == shown.tokens
+
+
+def test_a_child_budget_with_a_share_stops_at_its_share_within_the_handlers_deadline():
+    import threading
+    parent = runner.Budget(threading.Event(), seconds=100.0)
+    slow, fast = parent.child(0.05), parent.child()
+    slow.start()
+    assert fast.deadline == parent.deadline and slow.deadline < parent.deadline
+    time.sleep(0.06)
+    assert slow.timed_out and slow.should_stop() and not fast.timed_out and not parent.timed_out
+    slow.cancel.set()                                    # release() of the slow run cancels it alone
+    assert not fast.should_stop() and not parent.should_stop()
+    later = parent.child(1000.0)
+    later.start()
+    assert later.deadline == parent.deadline             # a share never outlasts the handler's own deadline

@@ -404,14 +404,18 @@ def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
         return (gr.skip(),) + skip if message is None else (message,) + skip
 
     with friendly_errors():
-        for draft, label, receives in mismatch_drafts(clean["target"]):
+        drafts = mismatch_drafts(clean["target"])
+        for draft, label, receives in drafts:
             if state.stop_event.is_set() or budget.timed_out:
                 break
             settings = RunSettings(target=clean["target"], draft=draft, k=4, temperature=0.0, top_p=1.0, top_k=0,
                                    max_new_tokens=n_tokens, seed=0, rule="exact", chat=clean["chat"],
                                    prompt=clean["prompt"])
-            prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, budget=budget, hold=True),
-                                    lambda m: (f"{label}: {m}",) + skip, state.stop_event)
+            # Each draft gets an equal share of the server's time limit: a slow first draft (Gemma's naive ids on a
+            # busy CPU) must not leave the others no time, or the chart would compare one run with nothing.
+            share = budget.seconds / len(drafts)
+            prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, budget=budget, hold=True,
+                                                   share=share), lambda m: (f"{label}: {m}",) + skip, state.stop_event)
             if prep is None:
                 break
             try:
@@ -423,6 +427,8 @@ def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
                 runner.release(prep, reg.REGISTRY)
             summary = state.summary(prep.record)
             notes = sorted({r.note for r in prep.record.rounds if r.note})
+            if prep.record.stop_reason == runner.TIME_LIMIT:
+                notes.append(f"stopped at its share of the time limit ({share:g} s)")
             results.append(dict(summary, label=label, receives=receives, note="; ".join(notes)))
             views.append((label, receives, summary, prep))
         table = pd.DataFrame([[r["label"] + ": " + r["draft"], r["receives"], round(r["acceptance_rate"], 3),

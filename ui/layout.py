@@ -134,12 +134,13 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
             with gr.Tab("KV cache") as kv_tab:
                 gr.Markdown("After the verify forward the target's cache holds the committed text plus all "
                             "drafts; trimming keeps only the committed text (minus the newest token). "
-                            "Markers: before trimming; lines: after.")
-                with gr.Row():
-                    out["kv_plot"] = gr.Plot(initial["kv_plot"], show_label=False, elem_id="plot-kv", scale=3)
-                    out["kv_table"] = gr.Dataframe(initial["kv_table"], headers=plots.KV_COLUMNS,
-                                                   interactive=False, label="Per round (newest first)",
-                                                   max_height=300, elem_id="spec-kv-table", scale=2)
+                            "Markers: before trimming; lines: after. Each round the target's cache grows by the "
+                            "accepted drafts + 1 (the correction or bonus): the \"target grew\" column.")
+                # The table gets the full width: its eight columns (the growth ones last) were cut off beside the plot.
+                out["kv_table"] = gr.Dataframe(initial["kv_table"], headers=plots.KV_COLUMNS, interactive=False,
+                                               label="Per round (newest first)", max_height=300,
+                                               elem_id="spec-kv-table")
+                out["kv_plot"] = gr.Plot(initial["kv_plot"], show_label=False, elem_id="plot-kv")
             with gr.Tab("Tokenizer mismatch") as mm_tab:
                 gr.Markdown(MISMATCH_EXPLANATION)
                 mm_btn = gr.Button("Run the tokenizer-mismatch demo", variant="primary", elem_id="spec-mismatch")

@@ -46,17 +46,26 @@ class Budget:
         self.parent = parent
         self._deadline: float | None = None
 
-    def child(self) -> "Budget":
-        return Budget(self.stop_event, self.seconds, parent=self)
+    def child(self, seconds: float | None = None) -> "Budget":
+        """A budget for one run of this handler: the same Stop and deadline, its own cancel, and with `seconds`
+        also a deadline of its own (a share of the whole, so one slow run cannot starve the runs after it)."""
+        child = Budget(self.stop_event, self.seconds if seconds is None else seconds, parent=self)
+        child.own_limit = seconds is not None
+        return child
+
+    own_limit = False
 
     @property
     def deadline(self) -> float | None:
-        return self.parent.deadline if self.parent is not None else self._deadline
+        if self.parent is None:
+            return self._deadline
+        deadlines = [d for d in (self.parent.deadline, self._deadline if self.own_limit else None) if d is not None]
+        return min(deadlines) if deadlines else None
 
     def start(self) -> None:
         if self.parent is not None:
             self.parent.start()
-        elif self._deadline is None:
+        if (self.parent is None or self.own_limit) and self._deadline is None:
             self._deadline = monotonic() + self.seconds
 
     @property
@@ -119,9 +128,10 @@ def load(names: list[str], registry: reg.ModelRegistry, held: list[str] | None =
 
 def prepare(settings: RunSettings, state: SessionState, registry: reg.ModelRegistry,
             show_spaces: bool = False, budget: Budget | None = None, hold: bool = False,
-            record: RunRecord | None = None) -> Iterator[str]:
+            record: RunRecord | None = None, share: float | None = None) -> Iterator[str]:
     """Load, build and check a run. With `hold`, the models stay held until `release(prep, registry)`. With
-    `record` (a finished run), the fresh decoder belongs to that run instead of a new one (to time it again)."""
+    `record` (a finished run), the fresh decoder belongs to that run instead of a new one (to time it again). With
+    `share` (seconds), the run also stops after that long, within the handler's deadline (`Budget.child`)."""
     kind, spec = reg.split_draft(settings.draft)
     ok, reason = kind.available(settings.target)
     if not ok:
@@ -130,7 +140,7 @@ def prepare(settings: RunSettings, state: SessionState, registry: reg.ModelRegis
     models = yield from load([settings.target] + ([spec.model] if spec.model else []), registry, held)
     try:
         return build(settings, state, registry, models, kind, spec, show_spaces,
-                     None if budget is None else budget.child(), held or [], record)
+                     None if budget is None else budget.child(share), held or [], record)
     except BaseException:
         for name in held or []:
             registry.release(name)
