@@ -332,7 +332,7 @@ def test_the_wrong_rule_under_greedy_keeps_drafts_inside_the_top_p_set_then_take
     one outside; the next token is that row's argmax. Every row's top-0.9 set here is {0, 1}, its argmax 0."""
     logits = torch.log(torch.tensor([[0.6, 0.35, 0.03, 0.01, 0.01]] * 4))                      # [n + 1, vocab]
     params = SamplingParams(0.0, top_p=0.9)
-    cases = {(1, 0, 3): (2, [1.0, 1.0, 0.0]), (1, 1, 0): (3, [1.0, 1.0, 1.0]), (4, 0, 0): (0, [0.0])}
+    cases = {(1, 0, 2): (2, [1.0, 1.0, 0.0]), (1, 1, 0): (3, [1.0, 1.0, 1.0]), (4, 0, 0): (0, [0.0])}   # 2: in at T = 2
     for drafts, (accepted, accept_probs) in cases.items():
         verdict, _, _ = verify("topp_membership", params, torch.tensor(drafts), None, logits, make_generator("cpu", 0))
         assert (verdict.accepted, verdict.next_token, verdict.accept_probs) == (accepted, 0, accept_probs), drafts
