@@ -348,3 +348,15 @@ def test_verify_names_an_unknown_rule_and_verify_with_draws_checks_its_draws():
         verify("residual", SamplingParams(1.0), torch.tensor([1]), None, logits, make_generator("cpu", 0))
     with pytest.raises(AssertionError):
         verify_with_draws(torch.tensor([1]), None, torch.softmax(logits, -1), [], 0.5)          # one uniform per draft
+
+
+def test_the_membership_rule_keeps_any_draft_the_target_allows_whatever_q():
+    """The deliberately wrong rule's acceptance, pinned (the drift test only says it differs): 1 where p(x) > 0, even
+    when q(x) is far above p(x), 0 where p(x) = 0; the exact rule gives min(1, p/q) on the same draws."""
+    target_probs = torch.tensor([[0.3, 0.7, 0.0], [0.5, 0.5, 0.0]], dtype=torch.float64)   # [n + 1, vocab]
+    draft_probs = torch.tensor([[0.9, 0.1, 0.0]], dtype=torch.float64)
+    for rule, accept in (("topp_membership", 1.0), ("exact", 0.3 / 0.9)):
+        verdict = verify_with_draws(torch.tensor([0]), draft_probs, target_probs, [0.5], 0.5, rule)
+        assert verdict.accept_probs == [pytest.approx(accept)] and verdict.accepted == (1 if accept > 0.5 else 0)
+    one_hot = verify_with_draws(torch.tensor([2]), None, target_probs, [0.0], 0.5, "topp_membership")
+    assert (one_hot.accepted, one_hot.accept_probs) == (0, [0.0])
