@@ -245,7 +245,7 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         runner.release(prep, reg.REGISTRY)
 
 
-SETTLE_SECONDS = 0.3    # lets the browser finish drawing the last live update before the engine is timed
+SETTLE_SECONDS = 1.0    # lets the browser finish drawing the last live updates (Plotly included) before the engine is timed
 
 
 def measure(prep: runner.Prepared, state: SessionState, budget: runner.Budget):

@@ -28,7 +28,9 @@ from .render import RenderOptions, round_html
 from .state import RunRecord, RunSettings, SessionState, Timing
 
 TIME_LIMIT = "time limit"      # RunRecord.stop_reason when the Budget's deadline ended the run
-BASELINE_POLL = 0.25           # seconds between progress messages while plain decoding runs
+# Seconds between progress messages while a measurement runs: each one is redrawn by the browser, which on the same
+# two cores slows the engine it measures (chromium used ~0.2 cores at 4 messages a second).
+BASELINE_POLL = 2.0
 
 
 class Budget:
