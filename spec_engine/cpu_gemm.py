@@ -47,6 +47,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import functools
 import os
 import platform
 import time
@@ -75,11 +76,18 @@ def available() -> bool:
             and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"))
 
 
+@functools.lru_cache(maxsize=1)
+def bf16_hardware() -> bool:
+    """This torch and CPU have oneDNN's bf16 product on reordered weights (AVX-512 BW/VL/DQ or AVX-NE-CONVERT): an
+    AVX2-only CPU has not, and the reorder raises there."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def bf16_available() -> bool:
     """oneDNN's bf16 product on reordered weights is usable on this CPU (it has bf16 dot products), and not switched
     off by SPEC_ENGINE_PACKED_GEMM=0."""
-    return (os.environ.get("SPEC_ENGINE_PACKED_GEMM", "1") != "0" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return os.environ.get("SPEC_ENGINE_PACKED_GEMM", "1") != "0" and bf16_hardware()
 
 
 def onednn_available() -> bool:
@@ -197,8 +205,9 @@ def product(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if (_ENABLED.get() and isinstance(linear, PackedLinear) and not torch.is_grad_enabled() and x.device.type == "cpu"
             and x.dtype == linear.weight.dtype):
         if x.dtype == torch.bfloat16:
-            return onednn_product(x, linear.packed_weight("onednn"), linear.bias, linear.out_features)
-        if x.dtype == torch.float32:
+            if bf16_hardware():          # else F.linear below: an AVX2-only CPU has no oneDNN bf16 product
+                return onednn_product(x, linear.packed_weight("onednn"), linear.bias, linear.out_features)
+        elif x.dtype == torch.float32:
             rows = x.numel() // x.shape[-1]
             kernel = kernel_for(linear, rows)
             if kernel == "blocked":
