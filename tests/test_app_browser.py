@@ -8,6 +8,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from conftest import open_playground
+from ui import handlers
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
@@ -94,6 +95,10 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
     page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Decoding')", timeout=120_000)
     page.click("#spec-stop")
     page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Stopped after')", timeout=30_000)
+    # The stopped view is sent again STOP_REASSERT_SECONDS later (a live update computed before the click may land
+    # after the first one); from then on nothing changes.
+    time.sleep(handlers.STOP_REASSERT_SECONDS + 0.5)
+    assert "Stopped after" in page.evaluate("document.querySelector('#spec-stats').innerText")
     shown_at_stop, committed_at_stop = token_count(page), committed_count(page)
     time.sleep(2.0)
     assert (token_count(page), committed_count(page)) == (shown_at_stop, committed_at_stop)

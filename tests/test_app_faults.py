@@ -429,7 +429,7 @@ def test_cancel_mid_run_ends_it_frees_it_and_the_session_runs_again(client, play
     assert wait_until(lambda: ended_and_freed(state, playground_registry))
     extra = len(state.active.record.rounds) - rounds_at_cancel
     assert endless and endless[0] in ("cancelled", "closed"), endless       # ended from outside, not by itself
-    assert state.active.record.stop_reason in (None, "cancelled"), state.active.record.stop_reason
+    assert state.active.record.stop_reason == "cancelled", state.active.record.stop_reason
     assert state.active.record.tokens and len(state.active.record.tokens) < limits.current().max_new_tokens
     assert live_run_objects() <= before                            # its caches are gone
     FIGURES["cancellations"] += 1
@@ -462,7 +462,7 @@ def test_a_closed_stream_ends_the_run_and_frees_it(playground, playground_regist
     assert wait_until(lambda: ended_and_freed(state, playground_registry))
     extra = len(state.active.record.rounds) - rounds_at_close
     assert endless == ["closed"] or endless == ["cancelled"], endless       # ended from outside, not by itself
-    assert state.active.record.stop_reason in (None, "cancelled"), state.active.record.stop_reason
+    assert state.active.record.stop_reason == "cancelled", state.active.record.stop_reason
     assert len(state.active.record.tokens) < limits.current().max_new_tokens   # extra: reported only (see above)
     assert live_run_objects() <= before
     FIGURES["cancellations"] += 1

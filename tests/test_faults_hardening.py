@@ -11,6 +11,7 @@
 Figures are collected in FIGURES and printed at the end: `pytest tests/test_faults_hardening.py -s`.
 """
 import asyncio
+import concurrent.futures
 import json
 import re
 import sys
@@ -262,8 +263,10 @@ def test_a_burst_of_joins_cannot_pass_the_queue_size(playground_registry):
         port = free_port()
         demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
         url = f"http://127.0.0.1:{port}/"
-        codes = asyncio.run(burst(url, [join_body(demo, "run", args(max_new_tokens=300) + [None], uuid.uuid4().hex)
-                                        for _ in range(n)]))
+        bodies = [join_body(demo, "run", args(max_new_tokens=300) + [None], uuid.uuid4().hex) for _ in range(n)]
+        # In its own thread: Playwright's sync API (the session's Chromium) keeps an event loop running in this one.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            codes = pool.submit(asyncio.run, burst(url, bodies)).result()
         direct = httpx.post(url + "gradio_api/run/run", json={"data": args(k=0)}, timeout=60)
         held = demo._queue.joining                 # every place held during admission was given back
     finally:

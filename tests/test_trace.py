@@ -127,7 +127,7 @@ def test_a_stopped_run_replays_with_the_stop_status(target, draft):
     state.active = prep
     for ev in runner.rounds(prep, state):
         if ev.index == 2:
-            live = handlers.stop(state)                           # what the Stop button renders, mid-run
+            live = next(handlers.stop(state))                     # what the Stop button renders, mid-run
     assert record.stop_reason == "cancelled" and len(record.rounds) == 3
     replayed = replay.replay_view(tr.loads(tr.dumps(replay.export_latest(state))))
     assert "Stopped after" in live[TOKENS]

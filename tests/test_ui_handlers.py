@@ -107,7 +107,7 @@ def test_stop_ends_the_run_within_one_round_and_records_it_once(playground_regis
         if is_summary(out[SUMMARY]) and out[SUMMARY]["rounds"] >= 2:
             seen = out[SUMMARY]["rounds"]
             break
-    stopped = handlers.stop(state)
+    stopped = next(handlers.stop(state))                 # the view sent at once (and again, later)
     assert "Stopped after" in stopped[RUN_OUTPUTS.index("stats")]
     assert stopped[SUMMARY]["stop_reason"] == "cancelled"
     rest = summaries(gen)
@@ -324,3 +324,18 @@ def test_a_child_budget_with_a_share_stops_at_its_share_within_the_handlers_dead
     later = parent.child(1000.0)
     later.start()
     assert later.deadline == parent.deadline             # a share never outlasts the handler's own deadline
+
+
+@pytest.mark.slow
+def test_each_run_keeps_the_plain_decoding_measured_right_after_it(playground_registry):
+    """Plain decoding is measured again after every run (back to back with its timed run); an earlier run in the
+    history keeps its own measurement rather than taking the newest one for the same key."""
+    state = SessionState()
+    for _ in range(2):
+        list(handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=6, auto_baseline=True), state))
+    first, second = state.history
+    assert first.plain is not None and second.plain is not None and first.plain[0] is not second.plain[0]
+    assert state.baseline_for(first) is first.plain[0] and state.baseline_for(second) is second.plain[0]
+    summary = state.summary(first)
+    assert summary["speedup"] == pytest.approx(first.timing.tokens_per_second / first.plain[0].tokens_per_second)
+    assert summary["baseline_timing"].endswith("(this run)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from time import perf_counter
 
 import gradio as gr
@@ -154,7 +155,7 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
     plots and the KV table are left as they are. The explanation is blank until the run is final, so it never
     describes another run."""
     record = prep.record
-    baseline = state.baselines.get(record.baseline_key)
+    baseline = state.baseline_for(record)
     summary = state.summary(record)
     status = status or status_text(record, summary, running=not final)
     if final:
@@ -276,14 +277,25 @@ def run(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, see
         yield from decode(settings, state, bool(show_spaces), bool(auto_baseline))
 
 
+STOP_REASSERT_SECONDS = 2.0
+
+
 def stop(state: SessionState):
-    """Stop button: the engine polls this flag between rounds; the run is recorded as it stands."""
+    """Stop button: the engine polls this flag between rounds; the run is recorded as it stands. The stopped view
+    is sent twice: at once, and again STOP_REASSERT_SECONDS later, because a streamed update the run computed just
+    before the click can still be delivered after it (Gradio sends a cancelled event's last output; measured: 1.3 s
+    after the Stop's view on two busy cores) and would put "Decoding…" back on screen."""
     state.stop_event.set()
     prep = getattr(state, "active", None)
     if prep is None or prep.record.recorded or not prep.record.rounds:
-        return (gr.skip(),) * len(RUN_OUTPUTS)
+        yield (gr.skip(),) * len(RUN_OUTPUTS)
+        return
     state.finish(prep.record, "cancelled")
-    return run_view(prep, state, status=f"Stopped after {len(prep.record.rounds)} rounds", final=True)
+    view = run_view(prep, state, status=f"Stopped after {len(prep.record.rounds)} rounds", final=True)
+    yield view
+    time.sleep(STOP_REASSERT_SECONDS)
+    if state.active is prep:                   # unless a new run has started since
+        yield view
 
 
 @gpu

@@ -134,8 +134,7 @@ def export_record(record: RunRecord, labeler, options: RenderOptions, baseline=N
 
 def export_latest(state: SessionState) -> tr.Trace:
     record, labeler, options = latest_finished(state)
-    return export_record(record, labeler, options, state.baselines.get(record.baseline_key),
-                         state.baseline_info.get(record.baseline_key))
+    return export_record(record, labeler, options, *state.baseline_of(record))
 
 
 def settings_of(trace: tr.Trace) -> RunSettings:

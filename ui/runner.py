@@ -198,6 +198,15 @@ def rounds(prep: Prepared, state: SessionState) -> Iterator[se.RoundEvent]:
         prep.budget.start()
     stream = prep.decoder.stream(prep.input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
                                  seed=s.seed, eos_token_id=prep.eos, should_stop=should_stop)
+    try:
+        yield from record_rounds(prep, state, stream)
+    finally:
+        with state.lock:    # closed from outside before its last round: a cancelled API job, a closed tab
+            if prep.record.stop_reason is None and not (prep.record.rounds and prep.record.rounds[-1].finished):
+                prep.record.stop_reason = "cancelled"
+
+
+def record_rounds(prep: Prepared, state: SessionState, stream) -> Iterator[se.RoundEvent]:
     for event in stream:
         fragment = round_html(event, prep.labeler, prep.options)
         with state.lock:
@@ -294,4 +303,6 @@ def baseline(target, record: RunRecord, state: SessionState, force: bool = False
     if result.stop_reason == "cancelled":
         return None
     state.add_baseline(record.baseline_key, result, run_id=record.run_id)
+    with state.lock:
+        record.plain = (result, state.baseline_info[record.baseline_key]["at"])
     return result

@@ -82,6 +82,7 @@ class RunRecord:
     stop_reason: str | None = None
     recorded: bool = False
     timing: Timing | None = None                        # the speed measurement behind tokens/s and the speedup
+    plain: tuple | None = None                          # (BaselineResult, time.time()) measured for this run
 
     @property
     def baseline_key(self) -> tuple:
@@ -222,13 +223,21 @@ class SessionState:
                 del self.baselines[old]
                 self.baseline_info.pop(old, None)
 
-    def summary(self, record: RunRecord) -> dict:
-        """`summarize` with this session's baseline for the record and its provenance."""
+    def baseline_of(self, record: RunRecord) -> tuple[object, dict | None]:
+        """(baseline, provenance) of a run: the plain decoding measured right after it when there is one (so an
+        older run in the history keeps its own, back-to-back measurement), else this session's for its key."""
+        if record.plain is not None:
+            result, at = record.plain
+            return result, {"at": at, "run_id": record.run_id}
         key = record.baseline_key
-        return summarize(record, self.baselines.get(key), self.baseline_info.get(key))
+        return self.baselines.get(key), self.baseline_info.get(key)
+
+    def summary(self, record: RunRecord) -> dict:
+        """`summarize` with the run's baseline and its provenance (`baseline_of`)."""
+        return summarize(record, *self.baseline_of(record))
 
     def baseline_for(self, record: RunRecord | None):
-        return None if record is None else self.baselines.get(record.baseline_key)
+        return None if record is None else self.baseline_of(record)[0]
 
     def summaries(self) -> list[tuple[dict, RunSettings]]:
         return [(self.summary(r), r.settings) for r in self.history]
