@@ -41,33 +41,31 @@ class Budget:
     children share the handler's Stop event and deadline, and `release` cancels only the finished run's child,
     never the budget the next run still needs."""
 
-    def __init__(self, stop_event: threading.Event, seconds: float | None = None, parent: "Budget | None" = None):
+    def __init__(self, stop_event: threading.Event, seconds: float | None = None, parent: "Budget | None" = None,
+                 own_deadline: bool = False):
         self.stop_event = stop_event
         self.seconds = limits.current().max_run_seconds if seconds is None else seconds
         self.cancel = threading.Event()
         self.parent = parent
+        self.own_deadline = parent is None or own_deadline      # a child shares its parent's unless given a share
         self._deadline: float | None = None
 
     def child(self, seconds: float | None = None) -> "Budget":
         """A budget for one run of this handler: the same Stop and deadline, its own cancel, and with `seconds`
         also a deadline of its own (a share of the whole, so one slow run cannot starve the runs after it)."""
-        child = Budget(self.stop_event, self.seconds if seconds is None else seconds, parent=self)
-        child.own_limit = seconds is not None
-        return child
-
-    own_limit = False
+        return Budget(self.stop_event, self.seconds if seconds is None else seconds, parent=self,
+                      own_deadline=seconds is not None)
 
     @property
     def deadline(self) -> float | None:
-        if self.parent is None:
-            return self._deadline
-        deadlines = [d for d in (self.parent.deadline, self._deadline if self.own_limit else None) if d is not None]
+        deadlines = [d for d in (self.parent.deadline if self.parent is not None else None,
+                                 self._deadline if self.own_deadline else None) if d is not None]
         return min(deadlines) if deadlines else None
 
     def start(self) -> None:
         if self.parent is not None:
             self.parent.start()
-        if (self.parent is None or self.own_limit) and self._deadline is None:
+        if self.own_deadline and self._deadline is None:
             self._deadline = monotonic() + self.seconds
 
     @property
