@@ -164,10 +164,12 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         # preprocess=False: the validators and handlers check the raw values themselves (validate.py), so an
         # API caller gets the same named, readable errors as the UI, before the request takes a queue place.
         compute = {"concurrency_id": "compute", "concurrency_limit": limits.current().concurrency}
-        # show_progress="hidden": the run streams its own progress (tokens, then a one-line status while the speed
-        # is measured); Gradio's per-output timers and overlays would keep the browser redrawing on the engine's
-        # cores during the measurement.
-        checked = {"preprocess": False, "validator": handlers.validate_run, "show_progress": "hidden"}
+        # Progress on the stats box only, minimal: the run streams its own progress (tokens, then a one-line status
+        # while the speed is measured), and Gradio's overlays on every output kept the browser redrawing on the
+        # engine's cores during the measurement. The one small tracker left (on the stats box) shows a waiting visitor
+        # "queue: 2/3" before their run starts.
+        checked = {"preprocess": False, "validator": handlers.validate_run, "show_progress": "minimal",
+                   "show_progress_on": [out["stats"]]}
         run_event = run_btn.click(handlers.run, run_inputs, run_outputs, api_name="run", **compute, **checked)
         # One click per lesson: choosing a scenario sets the controls, then runs them as the Run button would.
         scenario_event = scenario.input(
