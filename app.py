@@ -22,11 +22,11 @@ except ImportError:
 from gradio import queueing
 from gradio.server_messages import ProcessCompletedMessage
 
-from spec_engine.trace import MAX_BYTES as MAX_TRACE_BYTES
+from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
 from ui import limits
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
-# Uploads are traces (spec_engine.trace caps them at 20 MiB): Gradio refuses larger files before they are stored.
+# Uploads are traces (spec_engine.classroom.trace caps them at 20 MiB): Gradio refuses larger files before they are stored.
 LAUNCH_OPTIONS = {"max_file_size": MAX_TRACE_BYTES}
 HIDDEN_ERROR = ("The server could not handle this request: an input it cannot use (a file must be one uploaded "
                 "to this server) or an error on its side, which it logged.")

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from spec_engine.cache import trim_cache
-from spec_engine.cpu_gemm import batched_gemm, prepack
-from spec_engine.eagle import EagleDrafter, load_head
+from spec_engine.core.cache import trim_cache
+from spec_engine.accel.cpu_gemm import batched_gemm, prepack
+from spec_engine.drafters.eagle import EagleDrafter, load_head
 from spec_engine.models import DEFAULT_MODEL, load_model, resolve_dtype
 
 

@@ -13,8 +13,8 @@ import torch
 
 import spec_engine as se
 from spec_engine.bench import PROMPTS
-from spec_engine.costs import verify_costs
-from spec_engine.cpu_gemm import prepack
+from spec_engine.drafters.sizing import verify_costs
+from spec_engine.accel.cpu_gemm import prepack
 from spec_engine.models import DEFAULT_MODEL, load_model
 
 

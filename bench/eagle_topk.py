@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from spec_engine.bench import held_out_prompts
-from spec_engine.cache import cache_len, trim_cache
-from spec_engine.decoder import SpeculativeDecoder
-from spec_engine.eagle import DEFAULT_WEIGHTS, EagleDrafter, head_dtype, load_head, recommended_settings
+from spec_engine.core.cache import cache_len, trim_cache
+from spec_engine.core.decoder import SpeculativeDecoder
+from spec_engine.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, head_dtype, load_head, recommended_settings
 from spec_engine.models import DEFAULT_MODEL, load_model
-from spec_engine.sampling import SamplingParams
+from spec_engine.core.sampling import SamplingParams
 
 
 TOP = 4

@@ -13,7 +13,7 @@ import torch
 
 import spec_engine as se
 from spec_engine.bench import PROMPTS, held_out_prompts
-from spec_engine.cpu_gemm import prepack
+from spec_engine.accel.cpu_gemm import prepack
 from spec_engine.models import DEFAULT_MODEL, load_model
 
 

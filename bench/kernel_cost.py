@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from spec_engine import blocked_gemm, cpu_gemm
+from spec_engine.accel import blocked_gemm, cpu_gemm
 
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]    # (out, in) per layer, lean forward's products
 

@@ -1,5 +1,5 @@
 """How long a prompt-lookup draft should be: the evidence behind `LookupOdds` and cost-aware sizing
-(spec_engine/drafters.py, spec_engine/costs.py).
+(spec_engine/drafters.py, spec_engine/drafters/sizing.py).
 
 Greedy answers of the offline default to chat, code and input-grounded prompts are generated once with plain
 decoding. Because greedy speculative decoding reproduces them token for token, every lookup round can then be
@@ -27,10 +27,10 @@ import yaml
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from spec_engine.bench import PROMPTS
-from spec_engine.decoder import autoregressive_generate
+from spec_engine.core.decoder import autoregressive_generate
 from spec_engine.drafters import PROMPT_LOOKUP_MAX_NGRAM, PromptLookupDrafter, Proposal, longest_suffix_match
 from spec_engine.models import DEFAULT_MODEL, load_model
-from spec_engine.sampling import SamplingParams
+from spec_engine.core.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 VERIFY_COST = ROOT / "bench" / "results" / "verify-cost-fp32.json"

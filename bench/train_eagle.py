@@ -266,7 +266,7 @@ def batches(samples: list[dict], batch: int, generator: torch.Generator):
 
 
 def cmd_train(args) -> None:
-    from spec_engine.eagle import EagleHead, eagle_loss, head_config
+    from spec_engine.drafters.eagle import EagleHead, eagle_loss, head_config
     from spec_engine.models import load_model
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)          # module initialisation only; data order and noise use explicit generators
@@ -288,7 +288,7 @@ def cmd_train(args) -> None:
     vocab_source = [s for s in train if s["prompt_len"] > 1] if args.revocab else answers
     layers = tuple(args.layers)
     if args.init:          # continue from a trained head (and keep its vocabulary unless --revocab)
-        from spec_engine.eagle import load_head
+        from spec_engine.drafters.eagle import load_head
         head, vocab_index = load_head(Path(args.init), dtype=torch.float32)
         if head.feature_layers != layers:        # e.g. a single-layer head learning to read lower layers too
             head = widen_head(head, layers)
@@ -342,7 +342,7 @@ def cmd_train(args) -> None:
 def widen_head(head, layers: tuple[int, ...]):
     """The same head reading `layers`: its trained weights, plus a fusion layer that starts by passing the final
     states through (so it begins exactly where the trained head is)."""
-    from spec_engine.eagle import EagleHead
+    from spec_engine.drafters.eagle import EagleHead
     config = head.config.__class__(**head.config.to_dict())
     config.eagle_feature_layers = list(layers)
     wide = EagleHead(config)
@@ -352,7 +352,7 @@ def widen_head(head, layers: tuple[int, ...]):
 
 
 def save(head, vocab_index, samples, train, val, history, start, args) -> None:
-    from spec_engine.eagle import save_head
+    from spec_engine.drafters.eagle import save_head
     record = {"target": args.model, "command": "python -m bench.train_eagle " + " ".join(args.argv),
               "prompts_sha256": hashlib.sha256(PROMPTS.read_bytes()).hexdigest(), "data_sha256": data_hash(samples),
               "train_sequences": len(train), "val_sequences": len(val),
@@ -369,7 +369,7 @@ def save(head, vocab_index, samples, train, val, history, start, args) -> None:
 
 @torch.no_grad()
 def evaluate_loss(head, samples, embed, rows, args) -> dict:
-    from spec_engine.eagle import eagle_loss
+    from spec_engine.drafters.eagle import eagle_loss
     head.eval()
     totals: dict = {}
     generator = torch.Generator().manual_seed(0)
@@ -387,7 +387,7 @@ def evaluate_loss(head, samples, embed, rows, args) -> dict:
 def cmd_evaluate(args) -> None:
     """Held-out acceptance: the real engine, greedy, on held-out prompts (topics never seen in training)."""
     import spec_engine as se
-    from spec_engine.eagle import load_eagle_drafter
+    from spec_engine.drafters.eagle import load_eagle_drafter
     torch.set_num_threads(args.threads)
     target = se.load_model(args.model, dtype="float32")
     prompts = json.loads(PROMPTS.read_text())["held_out"][:args.limit]
@@ -479,7 +479,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     args.argv = argv
     if hasattr(args, "layers"):          # before any compute: a wrong list would waste a whole data pass
-        from spec_engine.eagle import check_feature_layers
+        from spec_engine.drafters.eagle import check_feature_layers
         try:
             check_feature_layers(args.layers)
         except ValueError as error:

@@ -1,6 +1,6 @@
 """What a verify forward costs on this CPU: one target forward over n new tokens after a cached context, as a
 multiple of a one-token forward, as transformers runs it (stock `F.linear`, SDPA copying the grouped KV heads) and
-as the engine runs it (its lean forward, spec_engine/lean_llama.py, with MKL-packed weights, spec_engine/cpu_gemm.py,
+as the engine runs it (its lean forward, spec_engine/accel/lean_llama.py, with MKL-packed weights, spec_engine/accel/cpu_gemm.py,
 and grouped-query attention without the copy), interleaved in one process, medians over repeats, all in units of
 transformers' one-token forward (so the engine's one-token column shows what its lean forward saves). The JSON keeps the keys "stock"
 and "packed" (the engine's column) that bench/lookup_policy.py reads.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from spec_engine.cache import forward_logits, new_cache, trim_cache
-from spec_engine.cpu_gemm import batched_gemm, prepack
+from spec_engine.core.cache import forward_logits, new_cache, trim_cache
+from spec_engine.accel.cpu_gemm import batched_gemm, prepack
 from spec_engine.models import DEFAULT_MODEL, load_model
 
 

@@ -1,25 +1,54 @@
-"""spec_engine: exact speculative decoding on torch + transformers, with typed per-round events."""
-from .decoder import MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate, validate_request
-from .drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, LookupFirstDrafter, ModelDrafter,
+"""spec_engine: exact speculative decoding on torch + transformers, with typed per-round events.
+
+Layers (docs/architecture.md): core/ (the rule, the loop, sampling, the KV cache, events; device-generic torch),
+drafters/ (one module per drafter family and the one registry of draft names), models/ (presets and loading),
+accel/ (the optional CPU speed layer, installed here behind core/speed.py unless SPEC_ENGINE_ACCEL=0) and
+classroom/ (lab, sweeps, traces, explanations, toy models).
+"""
+from spec_engine import accel
+from spec_engine.core import speed
+
+accel.install_from_env()
+
+from spec_engine.core.decoder import MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate, validate_request
+from spec_engine.drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, LookupFirstDrafter, ModelDrafter,
                        NaiveIdDrafter, PromptLookupDrafter, Proposal, early_exit_layers)
-from .eagle import EagleDrafter, EagleHead, load_eagle_drafter
-from .factory import DraftSpec, make_drafter, parse_draft
-from .events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
-from .sampling import SamplingParams, warp
-from .verify import RULES, WRONG_RULES
+from spec_engine.drafters.eagle import EagleDrafter, EagleHead, load_eagle_drafter
+from spec_engine.drafters.registry import DraftSpec, make_drafter, parse_draft, register_draft
+from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
+from spec_engine.core.metrics import expected_tokens_per_round, judged_acceptance, speedup_model
+from spec_engine.core.sampling import SamplingParams, warp
+from spec_engine.core.verify import RULES, WRONG_RULES
 
 __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES",
     "SamplingParams", "warp", "SpeculativeDecoder", "DecodeState", "autoregressive_generate", "validate_request",
     "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "LookupFirstDrafter", "CrossTokenizerDrafter",
-    "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
-    "load_model", "LoadedModel",
+    "expected_tokens_per_round", "judged_acceptance", "speedup_model",
+    "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "register_draft", "draft_modes", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
+    "load_model", "LoadedModel", "prepare", "speed_layer",
 ]
+
+
+def draft_modes() -> dict:
+    """The registered draft modes by name (spec_engine.drafters.registry.DraftMode: builder, label, lesson, ...)."""
+    from spec_engine.drafters.registry import MODES_BY_NAME
+    return dict(MODES_BY_NAME)
+
+
+def prepare(model) -> None:
+    """Build now what the speed layer would build on first use (packed weights), so a timed run does not pay it."""
+    speed.active().warm(model)
+
+
+def speed_layer() -> str:
+    """The active speed layer's name: "cpu", or "off" (SPEC_ENGINE_ACCEL=0: the device-generic code a GPU runs)."""
+    return speed.active().name
 
 
 def __getattr__(name):
     # models.py pulls in the GGUF machinery; import it only when asked for.
     if name in ("load_model", "LoadedModel", "list_presets", "resolve_preset", "list_pairs"):
-        from . import models
+        from spec_engine import models
         return getattr(models, name)
     raise AttributeError(name)

@@ -11,12 +11,12 @@ import argparse
 import json
 import sys
 
-from .cpu_gemm import prepack
-from .decoder import MAX_K, MAX_NEW_TOKENS, SpeculativeDecoder, autoregressive_generate
-from .factory import make_drafter, parse_draft
-from .models import DEFAULT_MODEL, load_model
-from .sampling import SamplingParams
-from .verify import RULES
+from spec_engine.core import speed
+from spec_engine.core.decoder import MAX_K, MAX_NEW_TOKENS, SpeculativeDecoder, autoregressive_generate
+from spec_engine.drafters.registry import make_drafter, parse_draft
+from spec_engine.models import DEFAULT_MODEL, load_model
+from spec_engine.core.sampling import SamplingParams
+from spec_engine.core.verify import RULES
 
 COLOURS = {"accepted": "\033[32m", "correction": "\033[31m", "bonus": "\033[34m", "reset": "\033[0m"}
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         spec = parse_draft(args.draft)
         log = (lambda message: None) if args.json else (lambda message: print(f"  {message}", file=sys.stderr))
         target = load_model(args.model, args.device, args.dtype, progress=log)
-        prepack(target.model)           # packed verify weights (CPU fp32) made before the timed run
+        speed.active().warm(target.model)   # the speed layer's lazy state (packed weights) made before the timed run
         draft = load_model(spec.model, target.device, target.dtype, progress=log) if spec.needs_model else None
         prompt_ids = target.encode_prompt(args.prompt, chat=not args.no_chat)
         decoder = SpeculativeDecoder(target.model, make_drafter(spec, target, draft), rule=args.rule)

@@ -14,7 +14,7 @@ verify round's target forward, both relative to one plain-decoding step (c_targe
 textbook formula predicts from the measured acceptance a and those measured costs:
     predicted = E[tokens per round](a, n) * c_target / (mean round time),  E = (1 - a^(n+1)) / (1 - a)
 averaged over the rounds' draft lengths n, with prefill added to both sides; a is the judged acceptance
-(accepted / judged drafts, `spec_engine.metrics.judged_acceptance`). `realised / predicted` shows how
+(accepted / judged drafts, `spec_engine.core.metrics.judged_acceptance`). `realised / predicted` shows how
 far the i.i.d.-acceptance model is from the measured run (bursty drafters such as prompt lookup beat it).
 
 `--target random-llama-1b` (also random-smollm2-135m, random-llama-3b, usable as draft names too) builds a
@@ -33,16 +33,14 @@ from pathlib import Path
 
 import torch
 
-from .cpu_attention import use_engine_attention
-from .cpu_gemm import pack_linears, prepack
-from . import lean_llama
-from .lean_llama import use_lean_forward
-from .decoder import SpeculativeDecoder, autoregressive_generate
-from .drafters import PROMPT_LOOKUP_MAX_NGRAM
-from .factory import make_drafter, parse_draft
-from .metrics import expected_tokens_per_round
-from .models import DEFAULT_MODEL, LoadedModel, load_model
-from .sampling import SamplingParams
+from spec_engine.accel import lean_llama      # the harness times the CPU's lean forward apart (ForwardClock)
+from spec_engine.core import speed
+from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate
+from spec_engine.drafters import PROMPT_LOOKUP_MAX_NGRAM
+from spec_engine.drafters.registry import make_drafter, parse_draft
+from spec_engine.core.metrics import expected_tokens_per_round
+from spec_engine.models import DEFAULT_MODEL, LoadedModel, load_model
+from spec_engine.core.sampling import SamplingParams
 
 PROMPTS = {
     "chat": "Give me three practical tips for staying focused while studying.",
@@ -296,7 +294,7 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
     `--target random-smollm2-135m` is a self-draft (acceptance 1 under greedy)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from .models import resolve_device, resolve_dtype
+    from spec_engine.models import resolve_device, resolve_dtype
     size = name.removeprefix(RANDOM_PREFIX)
     if size not in RANDOM_SIZES:
         raise ValueError(f"unknown random model {name!r}; choose from {', '.join(RANDOM_PREFIX + k for k in RANDOM_SIZES)}")
@@ -308,9 +306,7 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype=dtype).eval().requires_grad_(False)
-    pack_linears(model)                  # as load_model does: fp32 CPU layers only
-    use_engine_attention(model)
-    use_lean_forward(model)
+    speed.active().adopt(model)          # as load_model does
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"random weights, {size} shape", device=device,
                        dtype=dtype, load_seconds=0.0)
 
@@ -357,13 +353,13 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_any(args.model, args.device, args.dtype)
-    prepack(target.model)                # packed CPU weights made now, not inside a measured run (cpu_gemm.py)
+    speed.active().warm(target.model)    # the speed layer's lazy state made now, not inside a measured run
     drafts = {}
     for name in args.drafts:
         spec = parse_draft(name)
         draft = load_any(spec.model, target.device, target.dtype) if spec.needs_model else None
         if draft is not None:
-            prepack(draft.model)
+            speed.active().warm(draft.model)
         drafts[name] = (spec, draft, hf_assistant_for(spec, draft))
     rows, eos = [], not args.no_eos
     for name, (spec, draft, hf_assistant) in drafts.items():

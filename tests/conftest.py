@@ -3,6 +3,7 @@
 They use the normal spec_engine cache, so only the very first session on a machine
 pays for dequantizing the GGUF files (~20 s SmolLM2, ~55 s Gemma).
 """
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -29,17 +30,42 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "measured_costs: drafts are sized by the verify-cost curve measured here")
 
 
+@contextlib.contextmanager
+def speed_layer_off():
+    """Run the core's device-generic code (what a GPU runs, what SPEC_ENGINE_ACCEL=0 gives) inside the block. Models
+    adopted by the speed layer before keep their patches; the hooks the core calls all decline."""
+    from spec_engine.core import speed
+    previous = speed.install(speed.SpeedLayer())
+    try:
+        yield
+    finally:
+        speed.install(previous)
+
+
+@pytest.fixture
+def cpu_speed_layer():
+    """The CPU speed layer installed for one test whatever SPEC_ENGINE_ACCEL says: tests of its own searches run in
+    both CI passes, while every other test runs what the environment selects."""
+    from spec_engine import accel
+    from spec_engine.core import speed
+    previous = speed.install(accel.CpuSpeedLayer())
+    try:
+        yield
+    finally:
+        speed.install(previous)
+
+
 FREE_VERIFY = (0.0,) + (1.0,) * 17      # a verify forward costs the same for 1..17 rows, as on a GPU
 
 
 @pytest.fixture(autouse=True)
 def steady_verify_costs(request, monkeypatch):
-    """Draft lengths sized by a measured cost curve (spec_engine/costs.py) would make a test's rounds depend on
+    """Draft lengths sized by a measured cost curve (spec_engine/drafters/sizing.py) would make a test's rounds depend on
     the timing of a shared machine. Tests get a fixed curve under which no draft is cut for cost, unless marked
     `measured_costs` (the real-model identity tests, which then exercise sizing as the app runs it)."""
     if request.node.get_closest_marker("measured_costs") is None:
-        import spec_engine.costs, spec_engine.drafters, spec_engine.eagle
-        for module in (spec_engine.costs, spec_engine.drafters, spec_engine.eagle):
+        import spec_engine.drafters.eagle, spec_engine.drafters.lookup, spec_engine.drafters.sizing
+        for module in (spec_engine.drafters.sizing, spec_engine.drafters.lookup, spec_engine.drafters.eagle):
             monkeypatch.setattr(module, "verify_costs", lambda model: FREE_VERIFY)   # nothing cached on the model
 
 

@@ -520,7 +520,7 @@ def test_launch_flags_override_the_environment(playground, monkeypatch):
 
 def test_an_upload_over_the_trace_limit_is_refused_before_it_is_stored(playground):
     """The only uploads are traces: Gradio itself refuses a file over their 20 MiB limit (HTTP 413)."""
-    from spec_engine.trace import MAX_BYTES
+    from spec_engine.classroom.trace import MAX_BYTES
     upload = playground + "gradio_api/upload"
     with httpx.Client(timeout=120) as http:
         small = http.post(upload, files={"files": ("trace.json", b"{}")})

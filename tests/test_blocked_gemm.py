@@ -1,11 +1,11 @@
-"""The engine's own fp32 kernel (spec_engine/blocked_gemm.py): F.linear's numbers within float rounding for every
+"""The engine's own fp32 kernel (spec_engine/accel/blocked_gemm.py): F.linear's numbers within float rounding for every
 shape and row count, each row's result bitwise independent of the other rows in the call (batch invariance), for
 both instruction-set builds and one or two threads; checked inputs; cleanly unavailable without a compiler."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from spec_engine import blocked_gemm, cpu_gemm, native
+from spec_engine.accel import blocked_gemm, cpu_gemm, native
 
 ISAS = [isa for isa in ("avx512", "avx2") if blocked_gemm.native_isa() == "avx512" or isa == blocked_gemm.native_isa()]
 pytestmark = pytest.mark.skipif(not ISAS or blocked_gemm.kernel(ISAS[0]) is None,

@@ -1,4 +1,4 @@
-"""The engine's grouped-query attention (spec_engine/cpu_attention.py): the same outputs as transformers' SDPA,
+"""The engine's grouped-query attention (spec_engine/accel/cpu_attention.py): the same outputs as transformers' SDPA,
 taken only for masked CPU forwards inside the engine's block, and never for anything else on the same model."""
 from types import SimpleNamespace
 
@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec_engine import cpu_attention
-from spec_engine.cache import forward_logits, new_cache, trim_cache
-from spec_engine.cpu_attention import ENGINE_ATTENTION, use_engine_attention
-from spec_engine.cpu_gemm import batched_gemm
+from spec_engine.accel import cpu_attention
+from spec_engine.core.cache import forward_logits, new_cache, trim_cache
+from spec_engine.accel.cpu_attention import ENGINE_ATTENTION, use_engine_attention
+from spec_engine.accel.cpu_gemm import batched_gemm
 
 
 def grouped_llama(attn_implementation: str = "sdpa") -> LlamaForCausalLM:

@@ -1,4 +1,4 @@
-"""The engine's CPU products (spec_engine/cpu_gemm.py): every kernel equal to F.linear for every row count, the
+"""The engine's CPU products (spec_engine/accel/cpu_gemm.py): every kernel equal to F.linear for every row count, the
 static rule (the blocked kernel for 1-16 rows where it is built, else MKL packed for 4-16) or a measured plan
 applied inside the engine's forwards only, never stale, off where it cannot apply; plans measured once per machine
 and kept in the cache folder."""
@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec_engine import blocked_gemm, cpu_gemm
-from spec_engine.cache import forward_logits, new_cache
-from spec_engine.cpu_gemm import PackedLinear, batched_gemm, pack_linears
+from spec_engine.accel import blocked_gemm, cpu_gemm
+from spec_engine.core.cache import forward_logits, new_cache
+from spec_engine.accel.cpu_gemm import PackedLinear, batched_gemm, pack_linears
 
 pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason="this torch has no MKL packed sgemm")
 
@@ -175,11 +175,11 @@ def test_the_offline_default_scores_the_same_packed(smollm2, static_rule, packed
 
 @pytest.mark.measured_costs
 def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
-    """The pinned target is packed and its verify-cost curve measured at warm-up (spec_engine/costs.py); a draft
+    """The pinned target is packed and its verify-cost curve measured at warm-up (spec_engine/drafters/sizing.py); a draft
     is neither."""
     from types import SimpleNamespace
 
-    from spec_engine.cpu_gemm import prepack
+    from spec_engine.accel.cpu_gemm import prepack
     from ui.registry import warm_up
     target, draft = tiny_llama(), tiny_llama()
     pack_linears(target), pack_linears(draft)
@@ -206,7 +206,7 @@ def test_a_packed_model_can_be_copied(static_rule, packed_calls):
     """The benchmark gives Hugging Face a deep copy of a cross-tokenizer draft; MKL's packed tensor cannot be copied."""
     model = tiny_llama()
     pack_linears(model)
-    from spec_engine.cpu_gemm import prepack
+    from spec_engine.accel.cpu_gemm import prepack
     prepack(model)
     twin = copy.deepcopy(model)
     assert all(m.packed is None for m in twin.modules() if isinstance(m, PackedLinear))

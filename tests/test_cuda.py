@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import spec_engine as se
-from spec_engine.eagle import random_eagle_drafter
+from spec_engine.drafters.eagle import random_eagle_drafter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import spec_engine as se
-from spec_engine.cache import cache_len
-from spec_engine.eagle import (DEFAULT_WEIGHTS, EagleDrafter, EagleHead, eagle_loss, head_config, load_head,
+from spec_engine.core.cache import cache_len
+from spec_engine.drafters.eagle import (DEFAULT_WEIGHTS, EagleDrafter, EagleHead, eagle_loss, head_config, load_head,
                                random_eagle_drafter, save_head, sha256_file)
 from test_statistical import ALPHA, exact_joint, chi_square_pvalue, speculative_samples
 from tiny import greedy_identity_runs, tiny_llama
@@ -102,7 +102,7 @@ def test_a_widened_head_starts_as_the_single_layer_head(target, trained):
 
 
 def test_forward_logits_hands_over_the_listed_layers_side_by_side(target):
-    from spec_engine.cache import forward_logits, new_cache
+    from spec_engine.core.cache import forward_logits, new_cache
     ids = PROMPT[0].tolist()
     logits, features = forward_logits(target, ids, new_cache(target), 1, LAYERS)
     assert features.shape == (len(ids), len(LAYERS) * target.config.hidden_size)
@@ -269,14 +269,14 @@ def test_reported_q_is_the_sampled_distribution_over_the_full_vocabulary(target,
 def test_q_written_from_the_heads_top_p_members_equals_the_whole_reduced_rows(target, trained, params, monkeypatch):
     """With top-p, propose writes only each draft's members into q; without, the whole reduced rows: either way
     the same q as scattering the reduced rows into the vocabulary."""
-    import spec_engine.eagle as eagle_module
+    import spec_engine.drafters.eagle as eagle_module
 
     def proposal(members_path: bool):
         drafter = EagleDrafter(trained[0], target, REDUCED)
         state = se.SpeculativeDecoder(target, drafter).start(PROMPT, k=4, max_new_tokens=10, sampling=params, seed=0)
         with monkeypatch.context() as patch:
             if not members_path:
-                patch.setattr(eagle_module, "on_cpu_as_numpy", lambda probs: False)
+                patch.setattr(eagle_module, "writes_in_place", lambda full: False)
             return drafter.propose(state.committed, 4, params, torch.Generator().manual_seed(3))
 
     fast, whole = proposal(True), proposal(False)
@@ -303,12 +303,12 @@ def test_a_bf16_head_reports_q_in_the_targets_dtype(target, trained):
 
 
 def test_head_dtype_policy(target, monkeypatch):
-    from spec_engine import cpu_gemm
-    from spec_engine.eagle import head_dtype
+    from spec_engine.accel import cpu_gemm
+    from spec_engine.drafters.eagle import head_dtype
     monkeypatch.delenv("SPEC_ENGINE_EAGLE_DTYPE", raising=False)
-    assert head_dtype(target) == (torch.bfloat16 if cpu_gemm.bf16_available() else torch.float32)
+    accelerated = se.speed_layer() == "cpu"
+    assert head_dtype(target) == (torch.bfloat16 if accelerated and cpu_gemm.bf16_available() else torch.float32)
     monkeypatch.setattr(cpu_gemm, "bf16_available", lambda: False)
-    monkeypatch.setattr(se.eagle, "bf16_available", lambda: False)
     assert head_dtype(target) == torch.float32                 # no bf16 dot products: bf16 would be slower
     assert head_dtype(copy.deepcopy(target).to(torch.bfloat16)) == torch.bfloat16     # a bf16 target's own dtype
     monkeypatch.setenv("SPEC_ENGINE_EAGLE_DTYPE", "bfloat16")
@@ -356,7 +356,7 @@ def test_greedy_identity_on_the_offline_default(smollm2, draft, k):
                                               eos_token_id=eos).tokens
         drafter = se.make_drafter(draft, smollm2)
         head = drafter if draft == "eagle" else drafter.fallback
-        assert head.dtype == se.eagle.head_dtype(smollm2.model)        # bf16 beside the fp32 target where it pays
+        assert head.dtype == se.drafters.eagle.head_dtype(smollm2.model)        # bf16 beside the fp32 target where it pays
         result = se.SpeculativeDecoder(smollm2.model, drafter).generate(
             prompt_ids, k=k, max_new_tokens=NEW_TOKENS, sampling=GREEDY, eos_token_id=eos)
         assert result.tokens == expected, smollm2.tokenizer.decode(result.tokens)

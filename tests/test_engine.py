@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import spec_engine as se
-from spec_engine.cache import cache_len, forward_logits, new_cache
+from spec_engine.core.cache import cache_len, forward_logits, new_cache
 from spec_engine.drafters import Proposal, lookup_continuation
 from tiny import DRAFT_PIECES, TARGET_PIECES, ToyTokenizer, greedy_identity_runs, tiny_llama
 
@@ -202,7 +202,7 @@ def test_longest_suffix_match():
 def test_best_draft_length_by_enumeration():
     """Against a brute force over all accept/reject patterns: expected tokens of a round that drafts m tokens."""
     import itertools
-    from spec_engine.costs import best_draft_length, expected_tokens
+    from spec_engine.drafters.sizing import best_draft_length, expected_tokens
     chances = [0.9, 0.8, 0.7, 0.95]
     for m in range(len(chances) + 1):
         total = 0.0
@@ -221,7 +221,7 @@ def test_best_draft_length_by_enumeration():
 
 def test_verify_cost_curve_stays_within_its_time_budget(target):
     """With no time to spare the curve measures one and two rows once and continues their slope."""
-    from spec_engine.costs import MAX_ROWS, measure_verify_costs
+    from spec_engine.drafters.sizing import MAX_ROWS, measure_verify_costs
     costs = measure_verify_costs(target, budget_s=0.0)
     assert len(costs) == MAX_ROWS + 1 == se.MAX_K + 2 and costs[1] == 1.0
     steps = [costs[r + 1] - costs[r] for r in range(2, MAX_ROWS)]

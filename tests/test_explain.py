@@ -4,7 +4,7 @@ import re
 import torch
 
 import spec_engine as se
-from spec_engine.explain import explain, facts
+from spec_engine.classroom.explain import explain, facts
 
 
 def event(index, drafted, accepted, correction=None, bonus=None, k=4, uniforms=True, note=None, stop=None):

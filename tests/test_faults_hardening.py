@@ -22,7 +22,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from spec_engine import trace as tr
+from spec_engine.classroom import trace as tr
 from ui import classroom, limits, registry as reg, replay, validate
 from ui.handlers import RUN_OUTPUTS
 from test_app_faults import free_port
@@ -151,7 +151,7 @@ NO_VALIDATOR = {
     "set_speed": "as play",
     "trace_export": "its only input is the session's own state",
     "export_steps": "its only input is the session's own state",
-    "trace_replay": "a file Gradio accepted as uploaded here; spec_engine.trace.load validates every field",
+    "trace_replay": "a file Gradio accepted as uploaded here; spec_engine.classroom.trace.load validates every field",
     "replay_example": "no inputs",
     "step_trace": "its only input is the session's own state (a trace validated when loaded)",
     "relevel": "a radio choice and the session's state; the handler reads the choice from a fixed table",

@@ -1,4 +1,4 @@
-"""The exactness lab and the sweeps, engine side (spec_engine.lab, spec_engine.sweep, spec_engine.toy).
+"""The exactness lab and the sweeps, engine side (spec_engine.classroom.lab, spec_engine.classroom.sweep, spec_engine.classroom.toy).
 
 1. `exact_distribution` equals a brute-force enumeration (every sequence of the vocabulary, read off one
    full forward of prompt + sequence, no pruning) to 1e-9, with and without top-k / top-p warping; the toy models run in float64.
@@ -16,9 +16,9 @@ import torch
 from scipy import stats
 
 import spec_engine as se
-from spec_engine import lab, sweep, toy
-from spec_engine.metrics import expected_tokens_per_round
-from spec_engine.sampling import warp
+from spec_engine.classroom import lab, sweep, toy
+from spec_engine.core.metrics import expected_tokens_per_round
+from spec_engine.core.sampling import warp
 
 ALPHA = 1e-4
 N = 500

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 import spec_engine as se
-from spec_engine import lab, sweep, toy
+from spec_engine.classroom import lab, sweep, toy
 from ui import lab as lab_ui
 from ui import lab_plots, sweeps
 from ui.state import SessionState

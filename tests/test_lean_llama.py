@@ -1,4 +1,4 @@
-"""The engine's lean Llama forward (spec_engine/lean_llama.py) and the growing KV cache layer (cache.py): the same
+"""The engine's lean Llama forward (spec_engine/accel/lean_llama.py) and the growing KV cache layer (cache.py): the same
 logits, hidden states and cache entries as transformers' forward, taken only by the engine's forwards, and the
 model's weights shared with transformers' modules rather than copied."""
 import copy
@@ -8,12 +8,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 from transformers.cache_utils import DynamicLayer
 
-from spec_engine import lean_llama
-from spec_engine.cache import GrowingLayer, cache_len, forward_logits, new_cache, trim_cache
-from spec_engine.cpu_attention import use_engine_attention
-from spec_engine.cpu_gemm import PackedLinear, available, pack_linears, prepack
+from spec_engine.accel import lean_llama
+from spec_engine.accel.growing_cache import GrowingLayer
+from spec_engine.core.cache import cache_len, forward_logits, new_cache, trim_cache
+from spec_engine.accel.cpu_attention import use_engine_attention
+from spec_engine.accel.cpu_gemm import PackedLinear, available, pack_linears, prepack
 from spec_engine.drafters import layer_skip_view
-from spec_engine.eagle import random_eagle_drafter
+from spec_engine.drafters.eagle import random_eagle_drafter
 
 FEATURES = (0, 1, 2, 3, -1)   # embeddings, layer outputs, the post-norm final states (3 of 3 layers, as -1 is)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from spec_engine.metrics import expected_tokens_per_round
+from spec_engine.core.metrics import expected_tokens_per_round
 
 
 @pytest.mark.parametrize("a,k,expected", [(0.0, 4, 1.0), (1.0, 4, 5.0), (0.5, 1, 1.5), (0.5, 2, 1.75), (0.8, 4, 3.3616)])
@@ -14,7 +14,7 @@ def fake_round(accepted: int, k: int, rejected: bool):
 
 
 def test_judged_acceptance_counts_only_judged_drafts():
-    from spec_engine.metrics import judged_acceptance
+    from spec_engine.core.metrics import judged_acceptance
     rounds = [fake_round(2, 4, True), fake_round(4, 4, False), fake_round(0, 4, True)]
     # judged: 3 (2 accepted + the rejected one) + 4 + 1 = 8; accepted 6; accepted / drafted would say 0.5
     assert judged_acceptance(rounds) == pytest.approx(6 / 8)
@@ -29,7 +29,7 @@ def test_judged_acceptance_recovers_iid_rate_and_predicts_tokens_per_round():
     drafted (0.41 here) would be far off."""
     import random
 
-    from spec_engine.metrics import judged_acceptance
+    from spec_engine.core.metrics import judged_acceptance
     rng, a, k = random.Random(0), 0.6, 4
     rounds = []
     for _ in range(20000):
@@ -52,7 +52,7 @@ def timed_round(drafted: int, accepted: int, rejected: bool, draft_s: float, ver
 
 
 def test_speedup_model_from_hand_made_events():
-    from spec_engine.metrics import speedup_model
+    from spec_engine.core.metrics import speedup_model
     rounds = [timed_round(4, 2, True, 0.02, 0.03, 0.06),     # 2 accepted + correction: 3 tokens
               timed_round(4, 4, False, 0.02, 0.03, 0.06),    # all 4 + bonus: 5 tokens
               timed_round(0, 0, False, 0.00, 0.03, 0.03)]    # nothing drafted: the target's own token
@@ -74,7 +74,7 @@ def test_speedup_model_from_hand_made_events():
 def test_speedup_model_is_the_papers_formula_when_a_round_is_k_draft_steps_and_one_forward():
     """Leviathan et al. (2023): speedup = (1 - a^(k+1)) / ((1 - a)(k c + 1)). Here k = 3 drafts of c = 0.1 steps
     each and a verify that costs one plain step, a = 0.75 (3 accepted of 4 judged)."""
-    from spec_engine.metrics import speedup_model
+    from spec_engine.core.metrics import speedup_model
     rounds = [timed_round(3, 3, False, 0.003, 0.01, 0.013), timed_round(3, 0, True, 0.003, 0.01, 0.013)]
     model = speedup_model(rounds, [0.01])
     a, k, c = 0.75, 3, 0.1
@@ -83,6 +83,6 @@ def test_speedup_model_is_the_papers_formula_when_a_round_is_k_draft_steps_and_o
 
 
 def test_speedup_model_needs_rounds_and_a_plain_step():
-    from spec_engine.metrics import speedup_model
+    from spec_engine.core.metrics import speedup_model
     assert speedup_model([], [0.02]) is None
     assert speedup_model([timed_round(2, 1, True, 0.01, 0.02, 0.03)], []) is None

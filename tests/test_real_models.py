@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import spec_engine as se
-from spec_engine.cache import cache_len, forward_logits, new_cache, trim_cache
+from spec_engine.core.cache import cache_len, forward_logits, new_cache, trim_cache
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -80,9 +80,9 @@ def test_loaded_models_verify_through_the_engines_kernels(smollm2, gemma):
     target's fp32 linear layers (cpu_gemm.py) and runs the Llama one (SmolLM2) on the engine's lean forward
     (lean_llama.py; Gemma 3 stays on transformers'); a 5-token verify through them equals transformers' stock
     forward, and so do a one-token step's logits and the hidden states the EAGLE head reads."""
-    from spec_engine import lean_llama
-    from spec_engine.cpu_attention import ENGINE_ATTENTION
-    from spec_engine.cpu_gemm import PackedLinear
+    from spec_engine.accel import lean_llama
+    from spec_engine.accel.cpu_attention import ENGINE_ATTENTION
+    from spec_engine.accel.cpu_gemm import PackedLinear
     for loaded in (smollm2, gemma):
         assert loaded.model.config._attn_implementation == ENGINE_ATTENTION
     target = smollm2.model

@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from spec_engine import sampling
-from spec_engine.sampling import (SamplingParams, choose_token, make_generator, native_warp_rows, sample, top_entries,
-                                   top_p_filter, topk_top_p, warp)
+from spec_engine.accel import searches as sampling          # the CPU searches (the generic code: core/sampling.py)
+from spec_engine.accel.searches import native_warp_rows
+from spec_engine.core.sampling import (SamplingParams, choose_token, make_generator, sample, top_entries, top_p_filter,
+                                       topk_top_p, warp)
 
 SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (2.0, 3, 0.5), (1.0, 0, 0.05)]
 
@@ -58,6 +59,7 @@ def test_warp_of_float32_logits_matches_transformers_processors(temperature, top
         assert torch.allclose(ours.sum(-1), torch.ones(4), atol=1e-5)
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")
 def test_the_compiled_warp_is_the_one_float32_logits_take(monkeypatch):
     """warp_rows really runs for float32 CPU logits without top-k (so the comparisons above test it)."""
     library = sampling.native_searches()
@@ -109,7 +111,7 @@ def test_bad_seed(seed):
 def test_inverse_cdf_sampler_matches_the_distribution_and_never_draws_zero_probability():
     """Chi-square on 20,000 draws; a correct sampler fails with probability 1e-4."""
     from scipy.stats import chisquare
-    from spec_engine.sampling import sample
+    from spec_engine.core.sampling import sample
     probs = torch.tensor([0.0, 0.1, 0.0, 0.25, 0.05, 0.6, 0.0])
     generator = make_generator("cpu", 0)
     counts = torch.bincount(torch.tensor([sample(probs, generator) for _ in range(20_000)]), minlength=7)
@@ -133,7 +135,7 @@ def test_top_p_candidate_search_equals_a_full_sort(top_p, search):
 
 
 @pytest.fixture(params=["numpy", "compiled"])
-def cpu_search(request, monkeypatch):
+def cpu_search(request, monkeypatch, cpu_speed_layer):
     """Run a test with the numpy searches, then with the compiled ones (csrc/sampling.cpp) where they build."""
     if request.param == "compiled" and sampling.native_searches() is None:
         pytest.skip("no compiled searches here")
@@ -174,6 +176,7 @@ def test_searches_fall_back_to_torch_outside_numpys_reach():
     assert top_entries(probs.clone().requires_grad_(True), 2)[1].tolist() == [0, 1]
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")
 @pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
 def test_warp_records_each_rows_members_for_the_displays_top_entries(top_p, cpu_search):
     """warp's record of the top-p members (most likely first) gives top_entries the same answer as its own search,
@@ -225,6 +228,7 @@ def cpu_rows() -> list[np.ndarray]:
     return rows + [ties, certain, mixed]
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")
 @pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99, 0.99999])
 def test_cpu_top_p_searches_equal_the_definition_bit_for_bit(top_p, cpu_search):
     """Both CPU searches (numpy, and csrc/sampling.cpp compiled) keep exactly the full sort's members with exactly
@@ -236,6 +240,7 @@ def test_cpu_top_p_searches_equal_the_definition_bit_for_bit(top_p, cpu_search):
         assert np.array_equal(kept, expected) and np.array_equal(members[0], expected_ids), (row.shape, top_p)
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")
 def test_without_a_compiler_top_p_is_searched_in_numpy(monkeypatch, tmp_path):
     monkeypatch.setattr(sampling, "_SEARCHES", [])
     monkeypatch.setenv("SPEC_ENGINE_CACHE", str(tmp_path))
@@ -250,6 +255,7 @@ def test_without_a_compiler_top_p_is_searched_in_numpy(monkeypatch, tmp_path):
     assert sampling.native_searches() is None
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")
 def test_sampling_over_the_members_draws_the_token_the_whole_row_draws():
     """sample(probs, generator, support) accumulates the CDF over the members only: same token as the whole row
     for the same generator state, every time (the zeros between members add nothing)."""
@@ -267,6 +273,7 @@ def test_sampling_over_the_members_draws_the_token_the_whole_row_draws():
     assert token == sample(probs, make_generator("cpu", 1))                  # the whole row's draw
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")
 def test_top_entries_break_ties_by_id_in_both_searches(cpu_search):
     """Equal values (zeros of a top-p row, exact ties) come lowest id first, in numpy and compiled alike."""
     row = torch.zeros(300)
@@ -276,7 +283,7 @@ def test_top_entries_break_ties_by_id_in_both_searches(cpu_search):
 
 
 def test_top_probability_is_the_softmax_maximum_and_the_first_argmax(cpu_search):
-    from spec_engine.sampling import top_probability
+    from spec_engine.core.sampling import top_probability
     generator = torch.Generator().manual_seed(8)
     for vocab, scale in ((8192, 3.0), (49152, 0.1), (7, 10.0), (17, 1.0)):
         logits = torch.randn(vocab, generator=generator) * scale
@@ -287,6 +294,7 @@ def test_top_probability_is_the_softmax_maximum_and_the_first_argmax(cpu_search)
     assert top_probability(torch.full((40,), -1e4)) == (pytest.approx(1 / 40, rel=1e-6), 0)
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")
 def test_warp_of_a_flat_row_finds_every_member(cpu_search):
     """A flat row needs more member ids than the compiled search's first buffer holds: it runs again with room for
     every token, and finds what numpy finds."""

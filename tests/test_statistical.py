@@ -19,7 +19,7 @@ import torch
 from scipy.stats import chi2, chisquare, ncx2
 
 import spec_engine as se
-from spec_engine.sampling import warp
+from spec_engine.core.sampling import warp
 from tiny import DRAFT_PIECES, TARGET_PIECES, ToyTokenizer, tiny_llama
 
 ALPHA = 1e-4
@@ -103,7 +103,7 @@ def wrong_rule_joint(target, draft, prompt: torch.Tensor, params: se.SamplingPar
     """Exact P(first LENGTH tokens) of speculative sampling with rounds of K model drafts under `rule`, enumerated
     from the models' warped distributions with the rule's own pieces (verify.rule_acceptance and
     rule_correction_distribution); rounds draft min(K, tokens left - 1), as the engine does."""
-    from spec_engine.verify import rule_acceptance, rule_correction_distribution
+    from spec_engine.core.verify import rule_acceptance, rule_correction_distribution
     vocab = target.config.vocab_size
     contexts = [c for length in range(LENGTH) for c in itertools.product(range(vocab), repeat=length)]
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import spec_engine as se
-from spec_engine import sweep
+from spec_engine.classroom import sweep
 from spec_engine.drafters import PROMPT_LOOKUP_MAX_NGRAM, LookupFirstDrafter, PromptLookupDrafter, lookup_continuation
-from spec_engine.eagle import random_eagle_drafter
+from spec_engine.drafters.eagle import random_eagle_drafter
 from test_lab import pair, prompt, toy_drafter  # noqa: F401  (fixtures)
 
 GREEDY = se.SamplingParams(0.0)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import spec_engine as se
-from spec_engine import trace as tr
+from spec_engine.classroom import trace as tr
 from ui import handlers, replay, runner
 from ui.handlers import RUN_OUTPUTS
 from ui.render import RenderOptions

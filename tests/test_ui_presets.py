@@ -84,7 +84,7 @@ def test_scenarios_path_is_in_the_repo():
 
 
 def test_the_playground_starts_with_the_measured_best_draft():
-    from spec_engine.eagle import recommended_settings
+    from spec_engine.drafters.eagle import recommended_settings
     settings = recommended_settings()
     draft, k = reg.default_draft("smollm2-135m-instruct")
     assert (draft, k) == (settings["draft"], settings["k"]) and reg.check_draft_value(draft) is None

@@ -2,8 +2,9 @@
 warped probabilities (to 1e-9 in float64), for random p and q that depend on the context, several warping
 settings, k = 1..3, stochastic and deterministic drafts. The same enumeration shows the wrong rules drift.
 
-The enumerator runs the engine's own rule, `verify_with_draws` (the `settle` that `verify_sampled` runs once it has
-drawn), over every drafted sequence and every cell of its random draws: the uniforms compared with min(1, p/q) and
+The enumerator runs the rule's reference, `rule.speculative_step` (the paper's algorithm as one pure function, its
+cells cut where the paper's definitions say), and the engine's own rule, `verify_with_draws` (the `settle` that
+`verify_sampled` runs once it has drawn), over every drafted sequence and every cell of its random draws: the uniforms compared with min(1, p/q) and
 the point where the next token's CDF is inverted. A wiring bug (the correction drawn from p, the bonus from the
 wrong row, the draws compared the wrong way) therefore fails here deterministically; `verify_sampled`'s own draws
 are tied to `verify_with_draws` by replay (same generator, same verdict), and greedy verification is enumerated
@@ -17,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from spec_engine.sampling import SamplingParams, make_generator, unit_draw, warp
-from spec_engine.verify import (acceptance_prob, count_accepted_host, residual_distribution, verify, verify_greedy,
+from spec_engine.core.rule import residual, speculative_step
+from spec_engine.core.sampling import SamplingParams, make_generator, unit_draw, warp
+from spec_engine.core.verify import (acceptance_prob, count_accepted_host, residual_distribution, verify, verify_greedy,
                                 verify_sampled, verify_with_draws)
 
 VOCAB = 4
@@ -65,6 +67,43 @@ def cells(breaks: list[float]) -> list[tuple[float, float]]:
     return [((lo + hi) / 2, hi - lo) for lo, hi in zip(edges, edges[1:]) if hi > lo]
 
 
+def definition_outcomes(drafted: tuple, q_rows: torch.Tensor, target_probs: torch.Tensor, rule: str) -> dict:
+    """{(accepted, next token): probability} of one round of the reference, `speculative_step`, over its uniforms and
+    CDF point. Its cells are cut where the paper's definitions say (min(1, p/q) for each uniform; the CDF of the
+    residual, of p for the wrong rules' corrections, or of the bonus row for the point) and each is evaluated at its
+    midpoint: a function that strays from the definitions lands its outcomes in the wrong cells."""
+    n = len(drafted)
+    p_rows, q_rows = target_probs, q_rows                                               # [n + 1, V], [n, V]
+
+    def accept_prob(i):
+        p_x, q_x = float(p_rows[i, drafted[i]]), float(q_rows[i, drafted[i]])
+        if rule == "topp_membership":
+            return 1.0 if p_x > 0 else 0.0
+        return min(1.0, p_x / q_x) if q_x > 0 else 0.0
+
+    def next_dist(accepted):
+        if accepted == n:
+            return p_rows[n]
+        return residual(p_rows[accepted], q_rows[accepted]) if rule == "exact" else p_rows[accepted]
+
+    outcomes: dict = {}
+
+    def visit(uniforms: list[float], weight: float) -> None:
+        i = len(uniforms)
+        full = uniforms + [0.0] * (n - i)                      # later uniforms are never read after a rejection
+        accepted = speculative_step(p_rows, q_rows, list(drafted), full, 0.5, rule)[0]
+        if accepted > i:                                       # uniform i decides position i
+            for middle, width in cells([accept_prob(i)]):
+                visit(uniforms + [middle], weight * width)
+            return
+        dist = next_dist(accepted).tolist()
+        for middle, width in cells(list(np.cumsum(dist) / sum(dist))):
+            key = speculative_step(p_rows, q_rows, list(drafted), full, middle, rule)
+            outcomes[key] = outcomes.get(key, 0.0) + weight * width
+    visit([], 1.0)
+    return outcomes
+
+
 def round_outcomes(drafted: tuple, draft_probs, target_probs: torch.Tensor, rule: str, members) -> dict:
     """{(accepted, next token): probability} of one verified round, over the uniforms and the CDF point, from
     verify_with_draws alone. Its outcome is piecewise constant in the draws: uniform i matters only through
@@ -94,9 +133,10 @@ def round_outcomes(drafted: tuple, draft_probs, target_probs: torch.Tensor, rule
     return outcomes
 
 
-def emitted_distribution(toy: Toy, k: int, rule: str, on_support: bool = False) -> dict:
+def emitted_distribution(toy: Toy, k: int, rule: str, on_support: bool = False, reference: bool = False) -> dict:
     """Exact distribution of the first LENGTH tokens emitted by speculative rounds of k drafts, each verified by
-    verify_with_draws; `on_support`: each target row's top-p members handed to it, as verify() does from warp."""
+    verify_with_draws (`reference`: by rule.speculative_step); `on_support`: each target row's top-p members handed
+    to verify_with_draws, as verify() does from warp."""
     dist: dict = {}
 
     def run(context: tuple, prob: float) -> None:
@@ -115,7 +155,14 @@ def emitted_distribution(toy: Toy, k: int, rule: str, on_support: bool = False) 
             draft_probs = None if toy.deterministic else \
                 torch.stack(draft_rows) if draft_rows else torch.zeros(0, VOCAB, dtype=torch.float64)
             members = [members_of(row) for row in target_probs] if on_support else None
-            for (accepted, token), weight in round_outcomes(drafts, draft_probs, target_probs, rule, members).items():
+            if reference:
+                q_rows = torch.stack([torch.nn.functional.one_hot(torch.tensor(x), VOCAB).to(torch.float64)
+                                      for x in drafts]) if toy.deterministic and n else \
+                    draft_probs if draft_probs is not None else torch.zeros(0, VOCAB, dtype=torch.float64)
+                outcomes = definition_outcomes(drafts, q_rows, target_probs, rule)
+            else:
+                outcomes = round_outcomes(drafts, draft_probs, target_probs, rule, members)
+            for (accepted, token), weight in outcomes.items():
                 run(context + drafts[:accepted] + (token,), draft_prob * weight)
 
     run((), 1.0)
@@ -144,20 +191,49 @@ SETTINGS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9), SamplingParams(
 @pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-draft", "one-hot-draft"])
 @pytest.mark.parametrize("salt", [0, 1])
-@pytest.mark.parametrize("on_support", [False, True], ids=["whole-row", "members"])
-def test_exact_rule_emits_the_target_distribution(params, k, deterministic, salt, on_support):
+@pytest.mark.parametrize("path", ["reference", "engine-whole-row", "engine-members"])
+def test_exact_rule_emits_the_target_distribution(params, k, deterministic, salt, path):
     toy = Toy(params, salt, deterministic)
-    got, want = emitted_distribution(toy, k, "exact", on_support), target_distribution(toy)
+    got = emitted_distribution(toy, k, "exact", on_support=path == "engine-members", reference=path == "reference")
+    want = target_distribution(toy)
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
     for seq in want:
         assert abs(got.get(seq, 0.0) - want[seq]) < 1e-9, seq
 
 
 @pytest.mark.parametrize("rule", ["topp_membership", "no_residual"])
-def test_wrong_rules_drift_from_the_target(rule):
+@pytest.mark.parametrize("reference", [True, False], ids=["reference", "engine"])
+def test_wrong_rules_drift_from_the_target(rule, reference):
     toy = Toy(SamplingParams(1.0, top_p=0.9), salt=0, deterministic_draft=False)
-    tv = total_variation(emitted_distribution(toy, 2, rule), target_distribution(toy))
+    tv = total_variation(emitted_distribution(toy, 2, rule, reference=reference), target_distribution(toy))
     assert tv > 0.05, f"{rule} should visibly differ from the target (TV {tv:.3f})"
+
+
+@pytest.mark.parametrize("rule", ["exact", "topp_membership", "no_residual"])
+@pytest.mark.parametrize("on_support", [False, True], ids=["whole-row", "members"])
+def test_the_engines_rule_equals_the_reference_draw_for_draw(rule, on_support):
+    """verify_with_draws (what verify_sampled settles with) and rule.speculative_step agree on the accepted count and
+    the next token, bitwise, for random p, q, drafts and draws over a 300-token vocabulary, float32 and float64,
+    sampled and one-hot drafts, with and without the top-p members the CPU search records."""
+    generator = torch.Generator().manual_seed(5)
+    for trial in range(300):
+        dtype = (torch.float64, torch.float32)[trial % 2]
+        n = 1 + trial % 4
+        params = SamplingParams(0.9, top_p=(1.0, 0.8, 0.5)[trial % 3])
+        target_probs = warp(torch.randn(n + 1, 300, generator=generator, dtype=dtype) * 3, params)
+        one_hot = trial % 5 == 0
+        draft_probs = warp(torch.randn(n, 300, generator=generator, dtype=dtype) * 3, params)
+        if trial % 7 == 0:                                     # drafts close to the target: acceptances run long
+            draft_probs = target_probs[:n].clone()
+        drafted = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
+        q_rows = torch.nn.functional.one_hot(drafted, 300).to(dtype) if one_hot else draft_probs
+        uniforms = torch.rand(n, generator=generator, dtype=torch.float64).tolist()
+        point = float(torch.rand((), generator=generator, dtype=torch.float64))
+        members = [members_of(row) for row in target_probs] if on_support else None
+        verdict = verify_with_draws(drafted, None if one_hot else draft_probs, target_probs, uniforms, point, rule,
+                                    members)
+        assert (verdict.accepted, verdict.next_token) == \
+            speculative_step(target_probs, q_rows, drafted.tolist(), uniforms, point, rule), trial
 
 
 def test_residual_is_normalised_positive_part_and_falls_back_to_p():
@@ -170,8 +246,8 @@ def test_residual_is_normalised_positive_part_and_falls_back_to_p():
 def test_the_residual_over_the_members_is_the_whole_rows_residual():
     """residual_on_support (verify_sampled's path when warp recorded the top-p members) gives the whole row's
     residual: sampled drafts, one-hot drafts, and a draft that covers p (fallback to p)."""
-    from spec_engine.verify import residual_on_support
-    from spec_engine.sampling import SamplingParams, warp
+    from spec_engine.accel.searches import residual as residual_on_support
+    from spec_engine.core.sampling import SamplingParams, warp
     generator = torch.Generator().manual_seed(6)
     for _ in range(20):
         members = []
@@ -212,8 +288,8 @@ def test_greedy_forced_outcomes():
 def test_the_verdicts_top_candidates_come_from_the_rows_members_unchanged():
     """verify() hands verify_sampled each target row's top-p members; the residual's or bonus row's top candidates
     it reports equal a search of the whole row."""
-    from spec_engine.sampling import SamplingParams, make_generator
-    from spec_engine.verify import top_candidates, verify
+    from spec_engine.core.sampling import SamplingParams, make_generator
+    from spec_engine.core.verify import top_candidates, verify
     logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(3)) * 3.0        # [n + 1, vocab]
     params = SamplingParams(temperature=0.8, top_p=0.9)
     noise = torch.randn(3, 3000, generator=torch.Generator().manual_seed(4))
@@ -236,16 +312,15 @@ def test_the_verdicts_top_candidates_come_from_the_rows_members_unchanged():
 def test_decision_inputs_read_in_place_equal_the_one_transfer_path(monkeypatch):
     """The CPU path (numpy reads of p(x_i), q(x_i)) and the device path (one concatenated transfer) hand the rule the
     same numbers and consume the generator alike, for sampled and one-hot drafts."""
-    import spec_engine.verify as verify_module
-    from spec_engine.sampling import make_generator
-    from spec_engine.verify import decision_inputs
+    from conftest import speed_layer_off
+    from spec_engine.core.sampling import make_generator
+    from spec_engine.core.verify import decision_inputs
     target_probs = torch.softmax(torch.randn(4, 300, generator=torch.Generator().manual_seed(1)), -1)   # [n + 1, vocab]
     draft_probs = torch.softmax(torch.randn(3, 300, generator=torch.Generator().manual_seed(2)), -1)    # [n, vocab]
     drafted = torch.tensor([5, 299, 0])
     for draft in (draft_probs, None):
         in_place = decision_inputs(drafted, draft, target_probs, make_generator("cpu", 7))
-        with monkeypatch.context() as patch:
-            patch.setattr(verify_module, "on_cpu_as_numpy", lambda probs: False)
+        with speed_layer_off():
             transferred = decision_inputs(drafted, draft, target_probs, make_generator("cpu", 7))
         assert in_place == transferred
         assert in_place[0] == [float(target_probs[i, t]) for i, t in enumerate([5, 299, 0])]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec_engine.cpu_attention import use_engine_attention
-from spec_engine.lean_llama import use_lean_forward
+from spec_engine.core import speed
 
 
 def tiny_llama(vocab: int = 10, layers: int = 2, seed: int = 0, hidden: int = 32, scale: float = 4.0) -> LlamaForCausalLM:
@@ -19,8 +18,7 @@ def tiny_llama(vocab: int = 10, layers: int = 2, seed: int = 0, hidden: int = 32
         model.lm_head.weight.mul_(scale)
     for p in model.parameters():
         p.requires_grad_(False)
-    use_engine_attention(model)      # as load_model does: every exactness test verifies through the engine's kernels:
-    use_lean_forward(model)          # ... or, for Llama on the CPU, its lean forward (lean_llama.py)
+    speed.active().adopt(model)      # as load_model does: the CPU speed layer's paths, unless SPEC_ENGINE_ACCEL=0
     return model
 
 

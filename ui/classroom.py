@@ -10,7 +10,7 @@ from __future__ import annotations
 import gradio as gr
 
 import spec_engine as se
-from spec_engine import trace as tr
+from spec_engine.classroom import trace as tr
 
 from . import handlers, plots, render, replay, stepper, validate
 from . import registry as reg

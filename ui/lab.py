@@ -1,8 +1,8 @@
 """The "Exactness lab" tab: N short continuations of one prompt, drawn with plain sampling and with speculative
 sampling (the exact rule, then the two wrong rules), against the target's exact distribution.
 
-All probabilities, distances and tests come from `spec_engine.lab`; this module validates the inputs, picks the
-models (the toy pair of `spec_engine.toy` by default, or the main panel's target and draft), streams progress,
+All probabilities, distances and tests come from `spec_engine.classroom.lab`; this module validates the inputs, picks the
+models (the toy pair of `spec_engine.classroom.toy` by default, or the main panel's target and draft), streams progress,
 and hands the results to `lab_plots`.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 import spec_engine as se
-from spec_engine import lab, toy
+from spec_engine.classroom import lab, toy
 
 from . import handlers, lab_plots, limits, runner, validate
 from . import registry as reg

@@ -1,5 +1,5 @@
-"""Figures and tables of the exactness lab and the sweeps. Pure functions of engine results (spec_engine.lab
-histograms and reports, spec_engine.sweep rows): no model, no Gradio, and no probability computed here."""
+"""Figures and tables of the exactness lab and the sweeps. Pure functions of engine results (spec_engine.classroom.lab
+histograms and reports, spec_engine.classroom.sweep rows): no model, no Gradio, and no probability computed here."""
 from __future__ import annotations
 
 import math
@@ -80,7 +80,7 @@ def figure_title(prefix: str, reports, samplers: list[str], next_token: bool) ->
 def sweep_figure(rows, axis: str, best=None) -> go.Figure:
     """Acceptance, tokens per target forward (measured and analytic) and measured speedup (median, min-max error
     bars over the repeats, and the speedup E[tokens per round] / (v + c) predicted from the measured draft and
-    verify costs) against the swept setting. `best` (spec_engine.sweep.verdict: only a setting that beats the
+    verify costs) against the swept setting. `best` (spec_engine.classroom.sweep.verdict: only a setting that beats the
     others beyond the spread) is starred."""
     from plotly.subplots import make_subplots
     if not rows:

@@ -78,7 +78,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 start_draft, start_k = reg.default_draft(default_target)
                 c["draft"] = gr.Dropdown(reg.draft_choices(default_target), value=start_draft, label="Draft",
                                          allow_custom_value=custom, elem_id="spec-draft")
-                draft_info = gr.Markdown(reg.KINDS_BY_KEY[start_draft].lesson, elem_id="spec-draft-info")
+                draft_info = gr.Markdown(reg.kind_by_key(start_draft).lesson, elem_id="spec-draft-info")
                 c["k"] = gr.Slider(1, se.MAX_K, value=start_k, step=1, label="k: draft tokens per round (at most; drafts are cut to what pays)", elem_id="spec-k")
                 with gr.Row():
                     c["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from spec_engine.metrics import expected_tokens_per_round, speedup_model  # noqa: F401  (re-exported for the plots)
+from spec_engine import expected_tokens_per_round, speedup_model  # noqa: F401  (re-exported for the plots)
 
 
 def running(values: list[float]) -> list[float]:
@@ -25,7 +25,7 @@ def running_acceptance(rounds) -> list[float]:
 
 
 def running_judged_acceptance(rounds) -> list[float]:
-    """The i.i.d. formula's a after each round: accepted / judged drafts (spec_engine.metrics.judged_acceptance)."""
+    """The i.i.d. formula's a after each round: accepted / judged drafts (spec_engine.core.metrics.judged_acceptance)."""
     accepted = running([r.accepted for r in rounds])
     rejected = running([int(r.correction is not None) for r in rounds])
     return [a / (a + j) if a + j else 0.0 for a, j in zip(accepted, rejected)]
@@ -54,7 +54,7 @@ COST_FIELDS = ("draft_cost", "verify_cost", "overhead_cost", "predicted_tokens_p
 
 
 def cost_fields(rounds, baseline) -> dict:
-    """The measured terms of the speedup formula for a run summary (`spec_engine.metrics.speedup_model`): draft
+    """The measured terms of the speedup formula for a run summary (`spec_engine.core.metrics.speedup_model`): draft
     and verify cost per round in plain decoding steps, and the speedup E[tokens per round] / (verify + draft) they
     predict. All None without a plain run to take the step time from."""
     model = speedup_model(rounds, getattr(baseline, "step_seconds", None) or ()) if baseline is not None else None

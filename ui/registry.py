@@ -11,8 +11,9 @@ the least recently used idle one is dropped to make room. A run holds the models
 under another session's generation. Before a load, the free memory is compared with an estimate of the
 model's size (its parameter count), and a clear error replaces an out-of-memory crash.
 
-Drafts are data: `DRAFT_KINDS` lists what can draft, and a draft choice value is "<kind>" or
-"<kind>:<preset>". Adding a draft source (e.g. a trained EAGLE-style head) is one more `DraftKind`.
+Drafts come from the engine's one registry (spec_engine.drafters.registry): `draft_kinds()` offers every registered
+mode, with the playground's own builders where it has options (a layer set, an exit depth). A draft choice value is
+a draft name as the engine spells it. Adding a drafter touches the engine only: its module and one registration.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def default_draft(target: str) -> tuple[str, int]:
     """(draft, k) the playground starts with: the measured best. When the trained EAGLE head drafts for this target,
     the draft and k recorded beside its weights (bench/results/, README); else prompt lookup."""
     if eagle_available(target)[0]:
-        from spec_engine.eagle import recommended_settings
+        from spec_engine.drafters.eagle import recommended_settings
         settings = recommended_settings()
         return str(settings.get("draft", "eagle")), int(settings.get("k", 2))
     return "prompt-lookup", 4
@@ -95,7 +96,7 @@ class DraftOptions:
 
 @dataclass(frozen=True)
 class DraftKind:
-    key: str                                     # the draft mode of spec_engine.factory (MODES)
+    key: str                                     # a draft mode registered in spec_engine.drafters.registry
     label: str                                   # shown in the draft dropdown ({draft} = draft display name)
     lesson: str                                  # one sentence: what this draft teaches
     build: Callable[..., se.Drafter]             # build(spec, target, draft_or_None, options) -> Drafter
@@ -123,54 +124,30 @@ def build_from_factory(spec, target, draft, options: DraftOptions):
 
 def eagle_available(target: str) -> tuple[bool, str]:
     """The shipped EAGLE head drafts for the model it was trained on (its JSON record names it)."""
-    import json
-    try:
-        from spec_engine import eagle
-        record = json.loads(eagle.DEFAULT_WEIGHTS.with_suffix(".json").read_text(encoding="utf-8"))
-    except (ImportError, AttributeError, OSError, ValueError):
-        return False, "no trained EAGLE head ships with this version"
-    trained_for = record.get("target")
-    if trained_for != target:
-        return False, f"the shipped head was trained for {trained_for}"
-    return True, ""
+    return se.draft_modes()["eagle"].available(target)
 
 
-# Draft values are spelled as spec_engine.factory and presets/models.yaml spell them: "layer-skip",
-# "early-exit[:N]", "prompt-lookup[:N]", "<preset>", "<preset>:cross-tokenizer", "<preset>:naive-ids".
-DRAFT_KINDS: list[DraftKind] = [
-    DraftKind("layer-skip", "Layer-skip self-draft (the target minus some layers)",
-              "The target drafts for itself with some layers skipped: no second model, shared weights.",
-              build_layer_skip),
-    DraftKind("early-exit", "Early-exit self-draft (first layers + the LM head)",
-              "The lesson: the final LM head reads mid-network features poorly, so without a trained exit head "
-              "acceptance collapses.", build_early_exit),
-    DraftKind("prompt-lookup", "Prompt lookup (copy n-grams from the context)",
-              "No model at all: propose what followed the last n tokens earlier in the text; shines when the "
-              "answer copies the prompt.", build_from_factory),
-    DraftKind("eagle", "EAGLE head (trained on the target's features)",
-              "A one-layer head trained to predict the target's next features from its hidden states (the last layer, "
-              "and lower ones if the head fuses them, as in EAGLE-3): cheap drafts, no extra target work.", build_from_factory, available=eagle_available),
-    DraftKind("eagle+lookup", "EAGLE head + prompt lookup (copies when the text repeats)",
-              "Two draft sources, one rule: copy an n-gram continuation when the context has one, else ask the "
-              "EAGLE head; each round's drafts stay exact because the choice depends on the text alone.",
-              build_from_factory, available=eagle_available),
-    DraftKind("same-tokenizer", "Separate draft model: {draft}",
-              "A smaller model with the same tokenizer drafts; the classic pairing.", build_from_factory,
-              needs_model=True),
-    DraftKind("cross-tokenizer", "Cross-tokenizer draft: {draft}",
-              "A draft with another tokenizer: its text is decoded and re-encoded with the target's tokenizer.",
-              build_from_factory, needs_model=True),
-    DraftKind("naive-ids", "Naive-id draft (tokenizer mismatch): {draft}",
-              "The mistake: another tokenizer's ids passed to the target as if they were its own.",
-              build_from_factory, needs_model=True),
-]
-KINDS_BY_KEY = {kind.key: kind for kind in DRAFT_KINDS}
+# Overrides of the engine's builders where the playground has options of its own (a layer set, an exit depth).
+UI_BUILDERS = {"layer-skip": build_layer_skip, "early-exit": build_early_exit}
+
+
+def draft_kinds() -> list[DraftKind]:
+    """The engine's registered draft modes (spec_engine.drafters.registry), as the playground offers them. Draft
+    values are spelled as the registry and presets/models.yaml spell them: "layer-skip", "early-exit[:N]",
+    "prompt-lookup[:N]", "<preset>", "<preset>:cross-tokenizer", "<preset>:naive-ids"."""
+    return [DraftKind(mode.name, mode.label, mode.lesson, UI_BUILDERS.get(mode.name, build_from_factory),
+                      needs_model=mode.needs_model, available=mode.available or (lambda target: (True, "")))
+            for mode in se.draft_modes().values()]
+
+
+def kind_by_key(key: str) -> DraftKind | None:
+    return next((kind for kind in draft_kinds() if kind.key == key), None)
 
 
 def split_draft(value: str):
     """A draft name -> (DraftKind, DraftSpec); ValueError for a malformed name or a mode the UI lacks."""
     spec = se.parse_draft(value)
-    kind = KINDS_BY_KEY.get(spec.mode) if spec.mode in engine_modes() else None
+    kind = kind_by_key(spec.mode)
     if kind is None:
         raise ValueError(f"draft mode {spec.mode!r} has no entry in the playground's draft list")
     return kind, spec
@@ -281,16 +258,11 @@ def target_choices() -> list[tuple[str, str]]:
     return choices
 
 
-def engine_modes() -> tuple[str, ...]:
-    from spec_engine import factory
-    return tuple(factory.MODES)
-
-
 def draft_choices(target: str) -> list[tuple[str, str]]:
     """Self drafts the engine offers for this target, then the model drafts models.yaml pairs with it."""
     choices = []
-    for kind in DRAFT_KINDS:
-        if kind.needs_model or kind.key not in engine_modes():
+    for kind in draft_kinds():
+        if kind.needs_model:
             continue
         ok, reason = kind.available(target)
         if ok:
@@ -551,16 +523,16 @@ def warm_up(loaded, prepack: bool = False, progress: Callable[[str], None] = lam
     the verify-cost curve that sizes prompt-lookup drafts (a few seconds, measured once)."""
     import torch
 
-    from spec_engine import costs, cpu_gemm
+    from spec_engine.drafters.sizing import verify_costs
     with torch.inference_mode():
         ids = torch.tensor([PRELOAD_PROMPT], dtype=torch.long, device=loaded.device)
         loaded.model(input_ids=ids)
     if not (prepack and isinstance(loaded.model, torch.nn.Module)):
         return
     progress("warming up (once): packing weights for batched verification")
-    cpu_gemm.prepack(loaded.model)
+    se.prepare(loaded.model)
     progress("warming up (once): measuring the verify-cost curve")
-    costs.verify_costs(loaded.model)
+    verify_costs(loaded.model)
 
 
 def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message: None) -> None:

@@ -431,8 +431,8 @@ def tokenization_html(text: str, rows: list[tuple[str, list[tuple[int, Piece]]]]
 
 
 def explanation_md(rounds, k: int, greedy: bool, rule: str, heading: bool = True) -> str:
-    """The "What happened" paragraph of a run's rounds (the sentences come from spec_engine.explain)."""
-    from spec_engine.explain import explain
+    """The "What happened" paragraph of a run's rounds (the sentences come from spec_engine.classroom.explain)."""
+    from spec_engine.classroom.explain import explain
     sentences = explain(list(rounds), k, greedy, rule)
     if not sentences:
         return ""

@@ -1,4 +1,4 @@
-"""Trace export and replay for the playground (the document itself is `spec_engine.trace`).
+"""Trace export and replay for the playground (the document itself is `spec_engine.classroom.trace`).
 
 Export takes a finished run of this session (its RunRecord, the labeler and render options it was drawn with,
 and its measured baseline) and writes every token piece the view needs into the trace. Replay builds a
@@ -20,7 +20,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from spec_engine import trace as tr
+from spec_engine.classroom import trace as tr
 
 from . import registry as reg
 from .render import RenderOptions, round_html

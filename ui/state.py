@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import metrics
-from spec_engine.metrics import judged_acceptance
+from spec_engine import judged_acceptance
 
 MAX_HISTORY = 100        # finished runs kept per session (the oldest go first): a session's memory is bounded
 MAX_BASELINES = 64       # measured baselines kept per session
@@ -28,7 +28,7 @@ HISTORY_COLUMNS = ["#", "target", "draft", "k", "T", "top-p", "top-k", "rule", "
 @dataclass(frozen=True)
 class RunSettings:
     target: str
-    draft: str                       # a draft choice value (see ui.registry.DRAFT_KINDS)
+    draft: str                       # a draft choice value (see ui.registry.draft_kinds)
     k: int
     temperature: float
     top_p: float

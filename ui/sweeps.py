@@ -3,7 +3,7 @@ or a list of drafts, and plots measured acceptance, tokens per target forward (w
 measured acceptance) and measured speedup over plain decoding (median and min-max over repeated runs, beside the
 speedup predicted from the measured draft and verify costs); a best is marked only when it beats the others beyond
 that spread, and settings that gave identical rounds are named. The runs are done by
-`spec_engine.sweep`; they do not enter the run history (the quick "Sweep k" button beside Run does that).
+`spec_engine.classroom.sweep`; they do not enter the run history (the quick "Sweep k" button beside Run does that).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import gradio as gr
 import pandas as pd
 
 import spec_engine as se
-from spec_engine import sweep
+from spec_engine.classroom import sweep
 
 from . import handlers, lab_plots, runner, validate
 from . import lab as exactness_lab

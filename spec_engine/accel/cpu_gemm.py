@@ -56,8 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import blocked_gemm
-from .paths import cache_root
+from spec_engine.accel import blocked_gemm
+from spec_engine.paths import cache_root
 
 MIN_ROWS, MAX_ROWS = 4, 16            # rows the engine's kernels serve (1..16); MKL's static rule: 4-16 rows
 KERNELS = ("linear", "mkl", "onednn", "blocked")  # the fp32 candidates: F.linear, MKL's packed sgemm, oneDNN on

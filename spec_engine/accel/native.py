@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .paths import cache_root
+from spec_engine.paths import cache_root
 
 CSRC = Path(__file__).parent / "csrc"
 BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC"]

@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import cpu_gemm
+from spec_engine.accel import cpu_gemm
 
 ENGINE_ATTENTION = "spec_engine_sdpa"
 

@@ -35,7 +35,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel,
                                                       LlamaRMSNorm)
 
-from .cpu_gemm import ENGINE_LINEARS, PackedLinear, product
+from spec_engine.accel.cpu_gemm import ENGINE_LINEARS, PackedLinear, product
 
 LEAN_ATTRIBUTE = ENGINE_LINEARS     # cpu_gemm.prepack packs the fused projections stored under it
 SDPA_IMPLEMENTATIONS = ("sdpa", "spec_engine_sdpa")   # the lean path computes attention as SDPA does

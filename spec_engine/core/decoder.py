@@ -13,11 +13,11 @@ from typing import Callable, Iterator
 
 import torch
 
-from .cache import check_invariant, forward_logits, new_cache, trim_cache, cache_len
-from .drafters import Drafter, Proposal
-from .events import BaselineResult, GenerationResult, RoundEvent, run_stats
-from .sampling import SamplingParams, choose_token, make_generator, top_entries
-from .verify import RULES, Verdict, drafted_probs, verify
+from spec_engine.core.cache import check_invariant, forward_logits, new_cache, trim_cache, cache_len
+from spec_engine.core.drafting import Drafter, Proposal
+from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, run_stats
+from spec_engine.core.sampling import SamplingParams, choose_token, make_generator, top_entries
+from spec_engine.core.verify import RULES, Verdict, drafted_probs, verify
 
 MAX_K = 16
 MAX_NEW_TOKENS = 2048

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import native
+from spec_engine.accel import native
 
 SOURCE = Path(__file__).parent / "csrc" / "blocked_gemm.cpp"
 ISA_FLAGS = native.ISA_FLAGS

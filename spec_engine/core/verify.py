@@ -1,4 +1,6 @@
-"""Verification rules: which drafted tokens the target keeps, and the token it adds.
+"""Verification as the engine runs it: which drafted tokens the target keeps, the token it adds, and what the
+display shows about the decision. The rule itself, in the paper's terms, is `rule.speculative_step` (the reference
+the proofs call); `settle` here is tested equal to it draw for draw.
 
 Words (used the same way everywhere in this project):
   draft tokens  the k proposals of one round, x_1..x_k.
@@ -19,13 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from .sampling import SamplingParams, on_cpu_as_numpy, sample_at, top_entries, top_p_members, unit_draw, warp
+from spec_engine.core import speed
+from spec_engine.core.rule import EXACT, WRONG
+from spec_engine.core.rule import residual as residual_distribution       # normalize(max(0, p - q))
+from spec_engine.core.sampling import SamplingParams, sample_at, top_entries, top_p_members, unit_draw, warp
 
-RULES = ("exact", "topp_membership", "no_residual")
-WRONG_RULES = ("topp_membership", "no_residual")
+RULES = (EXACT, *WRONG)
+WRONG_RULES = WRONG
 RESIDUAL_TOP = 5
 
 
@@ -56,16 +60,6 @@ def acceptance_prob(target_p: float, draft_q: float) -> float:
     return min(1.0, target_p / draft_q) if draft_q > 0 else 0.0
 
 
-def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """normalize(max(0, p - q)) over [vocab]. If p <= q everywhere (only possible when p == q up to
-    rounding, in which case a rejection has probability ~0) it falls back to p."""
-    residual = torch.clamp(target_probs - draft_probs, min=0.0)
-    total = residual.sum()
-    if total <= torch.finfo(residual.dtype).tiny:
-        return target_probs
-    return residual / total
-
-
 def rule_acceptance(rule: str, target_p: float, draft_q: float) -> float:
     """Probability of keeping a drafted token with target probability p and draft probability q."""
     if rule == "topp_membership":
@@ -75,30 +69,16 @@ def rule_acceptance(rule: str, target_p: float, draft_q: float) -> float:
     return acceptance_prob(target_p, draft_q)
 
 
-def residual_on_support(target_probs: torch.Tensor, draft_probs: torch.Tensor, support: np.ndarray) -> torch.Tensor:
-    """residual_distribution computed over `support` alone: ids holding every nonzero entry of target_probs [vocab]
-    (the row's top-p members), where the residual's nonzero entries lie too; same fallback to p."""
-    p = target_probs.numpy()[support]
-    residual = np.maximum(p - draft_probs.numpy()[support], 0)
-    total = residual.sum()
-    if total <= np.finfo(residual.dtype).tiny:
-        return target_probs
-    out = torch.zeros_like(target_probs)
-    out.numpy()[support] = residual / total
-    return out
-
-
 def rule_correction_distribution(rule: str, target_row: torch.Tensor, draft_row: torch.Tensor,
-                                 support: np.ndarray | None = None) -> torch.Tensor:
+                                 support=None) -> torch.Tensor:
     """The distribution the token after a rejection is drawn from; [vocab], [vocab] -> [vocab].
     Only the exact rule uses the residual; the wrong rules fall back to p, which over-weights the draft's picks.
-    `support`: see residual_on_support (used where both rows can be read in place on the CPU)."""
+    `support`: ids holding every nonzero entry of target_row (its top-p members), which a speed layer may compute
+    the residual over alone (core/speed.py)."""
     if rule != "exact":
         return target_row
-    if support is not None and on_cpu_as_numpy(target_row) and on_cpu_as_numpy(draft_row) \
-            and draft_row.dtype == target_row.dtype:
-        return residual_on_support(target_row, draft_row, support)
-    return residual_distribution(target_row, draft_row)
+    found = None if support is None else speed.active().residual(target_row, draft_row, support)
+    return found if found is not None else residual_distribution(target_row, draft_row)
 
 
 def one_hot_row(token: int, like: torch.Tensor) -> torch.Tensor:
@@ -113,14 +93,13 @@ def count_accepted_host(accept_probs: list[float], uniforms: list[float]) -> int
     return next((i for i, (a, u) in enumerate(zip(accept_probs, uniforms)) if u >= a), len(accept_probs))
 
 
-def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP,
-                   support: np.ndarray | None = None) -> list[tuple[int, float]]:
-    """The n most likely entries of probs [vocab] with probability > 0; `support`, ids that hold every nonzero
-    entry (the row's top-p members), spares a search of the whole row."""
+def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP, support=None) -> list[tuple[int, float]]:
+    """The n most likely entries of probs [vocab] with probability > 0, for the display; `support`, ids that hold
+    every nonzero entry (the row's top-p members, most likely first), spares a search of the whole row."""
     if support is None:
         values, ids = top_entries(probs, n)
         return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist()) if v > 0]
-    values = (probs.numpy()[support] if on_cpu_as_numpy(probs) else probs[torch.from_numpy(support)]).tolist()
+    values = probs[torch.as_tensor(support, device=probs.device)].tolist()
     order = sorted(range(len(values)), key=lambda j: -values[j])[:n]               # stable: ties keep support order
     return [(int(support[j]), values[j]) for j in order if values[j] > 0]
 
@@ -139,16 +118,14 @@ def verify_greedy(drafted: torch.Tensor, target_logits: torch.Tensor) -> Verdict
 
 def decision_inputs(drafted: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
                     generator: torch.Generator) -> tuple[list[float], list[float], list[float], list[int]]:
-    """On the host: p(x_i), q(x_i) (1.0 for a one-hot draft), a uniform draw per draft token and the drafted ids.
-    CPU rows are read in place with numpy (each torch call costs ~15-30 us inside a round, see
-    sampling.native_searches); elsewhere everything comes over in one device-to-host transfer."""
+    """On the host: p(x_i), q(x_i) (1.0 for a one-hot draft), a uniform draw per draft token and the drafted ids,
+    in one device-to-host transfer (a speed layer may read CPU rows in place instead, core/speed.py)."""
     n = drafted.shape[0]
     dtype = target_probs.dtype
     uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=dtype)
-    if on_cpu_as_numpy(target_probs) and (draft_probs is None or on_cpu_as_numpy(draft_probs)):
-        ids, rows = drafted.tolist(), range(n)
-        target_p = target_probs.numpy()[rows, ids].tolist()
-        draft_q = [1.0] * n if draft_probs is None else draft_probs.numpy()[rows, ids].tolist()
+    found = speed.active().host_reads(drafted, draft_probs, target_probs)
+    if found is not None:
+        target_p, draft_q, ids = found
         return target_p, draft_q, uniforms.tolist(), ids
     parts = [drafted_probs(target_probs, drafted), uniforms, drafted.to(dtype)]
     if draft_probs is not None:

@@ -24,10 +24,10 @@ from typing import Callable, Iterator
 
 import torch
 
-from .decoder import SpeculativeDecoder, autoregressive_generate, validate_request
-from .drafters import Drafter
-from .sampling import SamplingParams, warp
-from .verify import RULES
+from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate, validate_request
+from spec_engine.drafters import Drafter
+from spec_engine.core.sampling import SamplingParams, warp
+from spec_engine.core.verify import RULES
 
 PLAIN = "plain"
 SAMPLERS = (PLAIN,) + RULES

@@ -141,7 +141,7 @@ class ToyModel:
 
 
 DESCRIPTION = (f"toy pair: target = Llama, 2 layers, hidden {HIDDEN}; draft = Llama, 1 layer, other weights; "
-               f"vocabulary of {len(WORDS)} words ({' '.join(WORDS)}); float64, built in spec_engine/toy.py")
+               f"vocabulary of {len(WORDS)} words ({' '.join(WORDS)}); float64, built in spec_engine/classroom/toy.py")
 
 
 def toy_pair() -> ToyPair:

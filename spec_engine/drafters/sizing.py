@@ -19,8 +19,8 @@ from typing import Sequence
 
 import torch
 
-from .cache import forward_logits, new_cache, trim_cache
-from .cpu_gemm import prepack
+from spec_engine.core import speed
+from spec_engine.core.cache import forward_logits, new_cache, trim_cache
 
 MAX_ROWS = 17            # decoder.MAX_K + 1: a round verifies at most 16 drafts and the token before them
 CALIBRATION_CONTEXT = 64
@@ -39,7 +39,7 @@ def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION
     alike; the first pass warms up and is dropped. Measuring stops once `budget_s` is spent (a large target on a
     CPU gets fewer passes, or part of one): row counts left unmeasured continue the slope of the last two
     measured ones, so the first request never waits long for the curve."""
-    prepack(model)                                  # packing on first use would land inside a measured forward
+    speed.active().warm(model)                      # lazy packing on first use would land inside a measured forward
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (context + rows,), generator=generator).tolist()

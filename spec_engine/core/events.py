@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .metrics import judged_acceptance
+from spec_engine.core.metrics import judged_acceptance
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ machine touches every point alike), measures plain decoding (`autoregressive_gen
 setting and pass, and yields a `SweepRow` per finished run: measured acceptance, tokens per target forward,
 tokens per second and speedup over plain decoding (median and min-max over the repeats), the analytic tokens per
 forward (1 - a^(k+1)) / (1 - a) at the measured per-token acceptance a (accepted / judged drafts, see
-`spec_engine.metrics.judged_acceptance`), and the speedup that formula predicts from the measured draft and
-verify costs (`spec_engine.metrics.speedup_model`).
+`spec_engine.core.metrics.judged_acceptance`), and the speedup that formula predicts from the measured draft and
+verify costs (`spec_engine.core.metrics.speedup_model`).
 
 Only the timings vary between repeats (same seed, same drafts), so `verdict` names a best setting only when its
 slowest repeat beats the fastest repeat of every setting whose rounds differ, and says which settings gave
@@ -21,11 +21,11 @@ from typing import Callable, Iterator
 
 import torch
 
-from .decoder import MAX_K, SpeculativeDecoder, autoregressive_generate
-from .drafters import Drafter
-from .events import BaselineResult
-from .metrics import expected_tokens_per_round, speedup_model
-from .sampling import SamplingParams
+from spec_engine.core.decoder import MAX_K, SpeculativeDecoder, autoregressive_generate
+from spec_engine.drafters import Drafter
+from spec_engine.core.events import BaselineResult
+from spec_engine.core.metrics import expected_tokens_per_round, speedup_model
+from spec_engine.core.sampling import SamplingParams
 
 AXES = ("k", "temperature", "draft")
 DEFAULT_KS = tuple(range(1, 9))

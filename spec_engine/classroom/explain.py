@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .events import RoundEvent
-from .metrics import expected_tokens_per_round
+from spec_engine.core.events import RoundEvent
+from spec_engine.core.metrics import expected_tokens_per_round
 
 STOP_REASONS = {
     "max_new_tokens": "it reached the maximum number of new tokens",

@@ -1,0 +1,73 @@
+"""KV caches: creation, trimming to the committed text, and the invariant checked every round.
+
+Invariant (both models): the cache holds exactly the committed tokens except the newest one, whose key and
+value are computed when the next round feeds it. Rejected and discarded draft positions never survive a
+round. Trimming uses transformers' own `Cache.crop` (a negative argument removes that many tokens).
+A speed layer may replace the cache's layers and run the forward itself (core/speed.py).
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from spec_engine.core import speed
+
+def new_cache(model) -> DynamicCache:
+    """A dynamic cache laid out for `model` (sliding-window layers included), able to roll back."""
+    cache = DynamicCache(config=model.config)
+    layer_for = speed.active().new_layer
+    cache.layers = [layer_for(layer) for layer in cache.layers]
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()   # sliding-window layers must keep the past to be croppable
+    return cache
+
+
+def cache_len(cache) -> int:
+    return int(cache.get_seq_length())
+
+
+def trim_cache(cache, keep: int) -> int:
+    """Crop `cache` to its first `keep` positions; returns the number removed."""
+    current = cache_len(cache)
+    if keep > current:
+        raise AssertionError(f"cannot trim a cache of {current} positions up to {keep}")
+    if current == 0:
+        return 0                 # nothing stored yet (transformers' sliding layers cannot crop before their first update)
+    cache.crop(keep - current)   # crop(-n) removes n positions; crop(0) also bounds sliding-window layers
+    return current - keep
+
+
+def check_invariant(cache, expected_len: int, who: str) -> None:
+    actual = cache_len(cache)
+    if actual != expected_len:
+        raise AssertionError(f"{who} KV cache holds {actual} positions, expected {expected_len}")
+
+
+@torch.inference_mode()
+def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int, feature_layers: tuple[int, ...] = ()):
+    """Feed `token_ids` after what `cache` holds; returns logits [logits_to_keep, vocab] for the last positions.
+
+    With `feature_layers` (indices into `hidden_states`, -1 = the post-norm final states the LM head reads), also
+    returns those hidden states of all fed positions side by side, [n, len(feature_layers) * hidden], for
+    drafters that predict from the target's features. Positions are passed explicitly, so views of a model that
+    skip layers still place tokens correctly. A speed layer may run the forward instead (core/speed.py).
+    """
+    assert token_ids, "forward needs at least one token"
+    assert logits_to_keep >= 1   # 0 would mean "all positions" to transformers
+    device = model.device
+    input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)             # [1, n]
+    layer = speed.active()
+    with layer.products():
+        found = layer.forward(model, input_ids, cache, logits_to_keep, feature_layers)
+        if found is not None:
+            logits, features = found
+            return (logits, features) if feature_layers else logits
+        start = cache_len(cache)
+        position_ids = torch.arange(start, start + len(token_ids), device=device)[None]    # [1, n]
+        out = model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
+                    logits_to_keep=logits_to_keep, output_hidden_states=bool(feature_layers))
+    if feature_layers:
+        features = torch.cat([out.hidden_states[layer][0] for layer in feature_layers], dim=-1)   # [n, F]
+        return out.logits[0], features                                                 # [keep, vocab], [n, F]
+    return out.logits[0]                                                               # [logits_to_keep, vocab]

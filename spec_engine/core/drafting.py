@@ -1,0 +1,61 @@
+"""What the loop asks of a draft source: the protocol every drafter speaks (drafters/ holds the drafters):
+
+    begin(prompt_ids, target_features)           reset state for a new run (and prefill its cache, if any)
+    propose(committed, k, params, generator)     -> Proposal: up to k target-token ids + what they were drawn from
+    rollback(committed, target_features)         learn how the round went; trim own state to the committed text
+
+`target_features` is None unless the drafter lists `feature_layers` (indices into transformers' `hidden_states`,
+-1 = the post-norm final states the LM head reads); then it is those layers' hidden states side by side,
+[n, len(feature_layers) * hidden], for the committed tokens the target has processed since the last call, in
+order: every committed token but the newest (its features come with the next round's verify forward).
+
+A `Proposal.probs` of None means the proposals are a deterministic function of the context, i.e. q is
+one-hot on each drafted token; the exact rule is then still exact. A drafter that samples must report the
+very distribution it sampled from (drafting by argmax while reporting a softmax is a known bug class).
+
+Drafters with a KV cache expose it as `.cache` and list the ids it holds as `.cache_ids`, so the engine and
+the tests can see every position. Model drafters never hold weight copies of the target.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from spec_engine.core.cache import cache_len
+from spec_engine.core.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]                    # up to k target-token ids
+    probs: torch.Tensor | None           # [len(tokens), target_vocab] draft distributions, or None (one-hot)
+    note: str | None = None              # e.g. how a cross-tokenizer boundary was handled
+
+
+class Drafter:
+    """Base class: a drafter without state. Subclasses override what they need."""
+
+    name = "drafter"
+    cache = None
+    feature_layers: tuple[int, ...] = ()        # the target hidden states it reads (none: it drafts from ids)
+
+    def check_target(self, target_model) -> None:
+        """Raise ValueError if this drafter cannot propose ids for `target_model`."""
+
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
+        pass
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        raise NotImplementedError
+
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
+        pass
+
+    def cache_len(self) -> int | None:
+        return None if self.cache is None else cache_len(self.cache)
+
+    def model_modules(self) -> list[nn.Module]:
+        """The modules whose forwards are this drafter's model time (benchmarks time them apart from overhead)."""
+        return [m for m in (getattr(self, name, None) for name in ("model", "head", "lm_head")) if isinstance(m, nn.Module)]

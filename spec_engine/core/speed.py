@@ -1,0 +1,93 @@
+"""The one seam between the core and an optional speed layer.
+
+The core (sampling, the rule, the KV cache, the loop) is device-generic torch code: exactly what a GPU runs. A speed
+layer may take over named steps by installing a `SpeedLayer` here. Each hook either returns a result computed the
+same way (tested equal to the generic code) or None, and the core then runs its own code. The core never imports a
+speed layer: `spec_engine/__init__.py` installs the CPU one (`spec_engine/accel`) unless SPEC_ENGINE_ACCEL=0.
+
+    hook               what the core asks                                       generic code it replaces
+    adopt(module)      prepare a loaded model or draft head (patch, fuse)        nothing: stock modules
+    warm(module)       build what is built lazily, before anything is timed     nothing
+    products()         a context every model forward runs inside                none
+    forward(...)       logits (+ features) of a forward over new tokens          model(...) through transformers
+    run_layers(...)    a bare decoder stack over embeddings (the EAGLE head)     the stack's own forward
+    new_layer(layer)   a KV cache layer to use instead of transformers' one      the layer itself
+    draft_dtype(m)     the dtype a small head should draft in beside model m     m's dtype
+    warp_rows(...)     temperature/softmax/top-p of float rows, + top-p members  sampling.warp
+    top_p_rows(...)    top-p of probability rows, + members                      sampling.topk_top_p
+    top_entries(...)   the n largest entries of rows                             torch.topk
+    top_probability    softmax's largest entry and its index                     softmax().max()
+    sample_at(...)     inverse-CDF draw restricted to a known support           torch.cumsum + searchsorted
+    residual(...)      normalize(max(0, p - q)) on a known support              verify.residual_distribution
+    host_reads(...)    p(x_i), q(x_i) and ids read on the host                  one device-to-host transfer
+
+`members` / `support`: a top-p search may report each row's members (its nonzero ids, most likely first); later steps
+of the same round (sampling a token, the residual, the display's top candidates) then look only at those ids. With no
+speed layer the generic code never produces them, and every such argument is None.
+"""
+from __future__ import annotations
+
+import contextlib
+
+
+class SpeedLayer:
+    """No speed layer: every hook declines (returns None) or leaves things as they are."""
+
+    name = "off"
+
+    def adopt(self, module) -> str | None:
+        """Prepare a loaded model or head; returns a line for the load log, or None."""
+        return None
+
+    def warm(self, module) -> None:
+        """Build what the layer would otherwise build on first use (inside a timed run)."""
+
+    def products(self):
+        return contextlib.nullcontext()
+
+    def forward(self, model, input_ids, cache, logits_to_keep: int, feature_layers: tuple[int, ...]):
+        return None
+
+    def run_layers(self, stack, embeds, cache):
+        return None
+
+    def new_layer(self, layer):
+        return layer
+
+    def draft_dtype(self, target_model):
+        return None
+
+    def warp_rows(self, logits, params):
+        return None
+
+    def top_p_rows(self, probs, top_p: float):
+        return None
+
+    def top_entries(self, probs, n: int, members):
+        return None
+
+    def top_probability(self, logits):
+        return None
+
+    def sample_at(self, probs, unit, support):
+        return None
+
+    def residual(self, target_row, draft_row, support):
+        return None
+
+    def host_reads(self, drafted, draft_probs, target_probs):
+        return None
+
+
+_ACTIVE: list[SpeedLayer] = [SpeedLayer()]
+
+
+def active() -> SpeedLayer:
+    """The installed speed layer (SpeedLayer() when none is)."""
+    return _ACTIVE[0]
+
+
+def install(layer: SpeedLayer) -> SpeedLayer:
+    """Make `layer` the active speed layer; returns the one it replaces."""
+    previous, _ACTIVE[0] = _ACTIVE[0], layer
+    return previous

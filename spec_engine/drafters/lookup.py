@@ -1,0 +1,182 @@
+"""Prompt lookup: drafts copied from the text itself (the longest earlier match of the newest tokens), sized by
+the measured odds of acceptance and the measured cost of verifying each extra row; and lookup-first, which
+tries it before a fallback drafter."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from spec_engine.core.sampling import SamplingParams
+from spec_engine.drafters.base import Drafter, Proposal, common_prefix_len
+from spec_engine.drafters.sizing import best_draft_length, verify_costs
+
+
+PROMPT_LOOKUP_MAX_NGRAM = 8     # see PromptLookupDrafter
+PROMPT_LOOKUP_MIN_NGRAM = 1
+
+
+class LookupOdds:
+    """How often copied tokens turn out right, by the length n of the match they were copied after: Beta
+    estimates per run, starting from priors measured on the greedy answers of SmolLM2-135M to 16 chat, code and
+    grounded prompts (`python -m bench.lookup_policy`, bench/results/lookup-policy-fp32.md). The first copied
+    token is right 26% of the time after a 1-token match, 53% after 2, 73-87% after 3-7 and 92% after 8 or
+    more; once one is right, the next is right 75-94% of the time, more after longer matches. Each run updates
+    the estimates with what its own rounds accepted, so text that copies its input soon trusts short matches."""
+
+    PRIORS = {1: (0.26, 0.75), 2: (0.53, 0.82), 3: (0.78, 0.85), 8: (0.92, 0.94)}   # bucket: (first, next)
+    PRIOR_WEIGHT = 4.0                                                                # in observed tokens
+
+    def __init__(self):
+        self.counts = {b: [self.PRIOR_WEIGHT * first, self.PRIOR_WEIGHT, self.PRIOR_WEIGHT * nxt, self.PRIOR_WEIGHT]
+                       for b, (first, nxt) in self.PRIORS.items()}                   # hits, trials (first, next)
+
+    @staticmethod
+    def bucket(match_len: int) -> int:
+        return 1 if match_len <= 1 else 2 if match_len == 2 else 3 if match_len < 8 else 8
+
+    def chances(self, match_len: int, length: int) -> list[float]:
+        """Chance that copied token i is right given tokens before it are, i = 0..length-1."""
+        first_hits, first_trials, next_hits, next_trials = self.counts[self.bucket(match_len)]
+        return [first_hits / first_trials] + [next_hits / next_trials] * (length - 1)
+
+    def observe(self, match_len: int, drafted: int, accepted: int) -> None:
+        c = self.counts[self.bucket(match_len)]
+        if drafted:
+            c[0] += int(accepted > 0)
+            c[1] += 1
+        if accepted:
+            c[2] += accepted - 1                      # right tokens after the first ...
+            c[3] += accepted - 1 + (accepted < drafted)   # ... and the one that was wrong, if any
+
+
+class PromptLookupDrafter(Drafter):
+    """n-gram lookup (Saxena 2023): find the longest suffix of the committed text (up to max_ngram tokens,
+    at least min_ngram) that occurred earlier, take its latest occurrence and propose what followed it. No
+    model and no cache.
+
+    sizing="cost" (the default) proposes the length with the most expected tokens per verify cost: the odds
+    of each copied token from `LookupOdds` (by match length, updated with this run's outcomes) against the
+    target's measured cost curve (`costs.verify_costs`, measured when the decoder is built). Weak 1-token
+    matches then propose a token or two, long copies as many as pay, and a row count where the kernels step
+    up (9 rows on this CPU) is avoided. sizing="full" always proposes up to k tokens, as transformers'
+    `prompt_lookup_num_tokens` does. The length is fixed before the target sees the round, so the exact
+    rule stays exact."""
+
+    def __init__(self, max_ngram: int = PROMPT_LOOKUP_MAX_NGRAM, min_ngram: int = PROMPT_LOOKUP_MIN_NGRAM,
+                 sizing: str = "cost"):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if sizing not in ("cost", "full"):
+            raise ValueError(f"sizing must be 'cost' or 'full', got {sizing!r}")
+        self.max_ngram, self.min_ngram, self.sizing = max_ngram, min_ngram, sizing
+        self.name = f"prompt-lookup(n<={max_ngram})"
+        self.costs: tuple[float, ...] | None = None      # the target's verify-cost curve, from check_target
+        self.odds = LookupOdds()
+        self.pending: tuple[int, int, list[int]] | None = None   # (match length, committed length, proposed)
+
+    def check_target(self, target_model) -> None:
+        if self.sizing == "cost":
+            self.costs = verify_costs(target_model)
+
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.odds, self.pending = LookupOdds(), None
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        match_len, begin = longest_suffix_match(committed, self.max_ngram)
+        copied = committed[begin:begin + k] if match_len >= self.min_ngram else []
+        if copied and self.costs is not None:
+            copied = copied[:best_draft_length(self.odds.chances(match_len, len(copied)), self.costs)]
+        self.pending = (match_len, len(committed), copied) if copied else None
+        return Proposal(copied, None)
+
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
+        if self.pending is not None:
+            match_len, start, copied = self.pending
+            self.odds.observe(match_len, len(copied), common_prefix_len(copied, committed[start:]))
+            self.pending = None
+
+
+LOOKUP_NOTE = "copied by prompt lookup"
+# A 1-token match copies the right token 26% of the time, less often than the EAGLE head drafts (see
+# LookupOdds), so LookupFirstDrafter leaves those rounds to its fallback.
+LOOKUP_FIRST_MIN_NGRAM = 2
+
+
+class LookupFirstDrafter(Drafter):
+    """Prompt lookup where the text repeats itself, another drafter everywhere else.
+
+    Each round proposes the n-gram continuation when the committed text has one and the lookup finds it worth
+    a verify row (see PromptLookupDrafter), else asks `fallback`. The choice is made before the target sees the
+    round (from the committed ids and earlier rounds), so each round's proposal distribution is still a fixed q and
+    the exact rule applies unchanged (lookup rounds are one-hot). The fallback keeps its state in step every
+    round: it sees every begin / rollback (with the target's features when it uses them), and a lookup round
+    simply leaves its cache at the committed text, where rollback expects it. Grounded prompts (summarise,
+    edit) get the long copies of prompt lookup, ordinary prompts the fallback's drafts.
+    """
+
+    def __init__(self, fallback: Drafter, lookup: PromptLookupDrafter | None = None):
+        self.fallback = fallback
+        self.lookup = lookup or PromptLookupDrafter(min_ngram=LOOKUP_FIRST_MIN_NGRAM)
+        self.name = f"{fallback.name}+lookup"
+        self.feature_layers = fallback.feature_layers
+
+    @property
+    def cache(self):
+        return self.fallback.cache
+
+    @property
+    def cache_ids(self) -> list[int]:
+        return getattr(self.fallback, "cache_ids", [])
+
+    def check_target(self, target_model) -> None:
+        self.fallback.check_target(target_model)
+        self.lookup.check_target(target_model)
+
+    def model_modules(self) -> list[nn.Module]:
+        return self.fallback.model_modules()
+
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.lookup.begin(prompt_ids)
+        self.fallback.begin(prompt_ids, target_features)
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        copied = self.lookup.propose(committed, k, params, generator).tokens if k else []
+        if copied:
+            return Proposal(copied, None, note=LOOKUP_NOTE)
+        return self.fallback.propose(committed, k, params, generator)
+
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.lookup.rollback(committed)
+        self.fallback.rollback(committed, target_features)
+
+
+def fixed_length_lookup() -> PromptLookupDrafter:
+    """LookupFirstDrafter's lookup with cost sizing off: a match proposes up to k copied tokens."""
+    return PromptLookupDrafter(min_ngram=LOOKUP_FIRST_MIN_NGRAM, sizing="full")
+
+
+def longest_suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:
+    """(n, begin): the longest n <= max_ngram such that the last n tokens also occur earlier, and where the
+    continuation of their latest earlier occurrence begins; (0, -1) when even the last token is new."""
+    longest = min(max_ngram, len(tokens) - 1)
+    if longest < 1:
+        return 0, -1
+    seq = np.asarray(tokens, dtype=np.int64)
+    ends = np.flatnonzero(seq[:-1] == seq[-1])       # where earlier 1-gram matches end
+    n = 1
+    # Grow the matches backwards one token at a time (an n-gram match contains the (n-1)-gram match ending at the
+    # same place), keeping those that still match: a few compares over the survivors, not a pass per length.
+    while ends.shape[0] and n < longest:
+        longer = ends[ends >= n]
+        longer = longer[seq[longer - n] == seq[-1 - n]]
+        if not longer.shape[0]:
+            break
+        ends, n = longer, n + 1
+    return (n, int(ends[-1]) + 1) if ends.shape[0] else (0, -1)
+
+
+def lookup_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix (>= min_ngram)."""
+    n, begin = longest_suffix_match(tokens, max_ngram)
+    return tokens[begin:begin + k] if n >= min_ngram else []

@@ -1,0 +1,224 @@
+"""Draft names, as the CLI, the presets and the app spell them, turned into drafters.
+
+    layer-skip                     the target without DEFAULT_SKIP_LAYERS (self-speculative)
+    early-exit[:N]                 the target's first N layers (default EARLY_EXIT_AFTER), a lesson, not a default
+    prompt-lookup[:N[:M]]          n-gram lookup: the longest match of M <= n <= N tokens (defaults
+                                   PROMPT_LOOKUP_MAX_NGRAM = 8 and PROMPT_LOOKUP_MIN_NGRAM = 1), drafts sized by cost
+    eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/drafters/weights/); a round
+                                   stops drafting when the head's top probability < C / 100 (default: the
+                                   measured recommendation stored with the weights)
+    eagle+lookup[:C]               prompt lookup (matches of 2+ tokens) where the text repeats itself, the EAGLE
+                                   head elsewhere
+    <preset or path>               a separate draft model with the target's tokenizer
+    <preset>:cross-tokenizer       a draft with another tokenizer, text re-tokenized
+    <preset>:naive-ids             the tokenizer-mismatch mistake: ids passed through unchanged
+
+Every mode is registered here, once, with `@register(...)`: its builder, how its ":N" argument reads, and the
+label and one-sentence lesson the app shows. The CLI, the presets and the app all read this registry, so adding a
+drafter is its module plus one registration.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from spec_engine.drafters.base import Drafter
+from spec_engine.drafters.cross_tokenizer import CrossTokenizerDrafter, NaiveIdDrafter
+from spec_engine.drafters.lookup import (PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM, LookupFirstDrafter,
+                                         PromptLookupDrafter, fixed_length_lookup)
+from spec_engine.drafters.model import DEFAULT_SKIP_LAYERS, LayerSkipDrafter, ModelDrafter, early_exit_layers
+
+EARLY_EXIT_AFTER = 20
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    mode: str                    # a registered mode (MODES)
+    model: str | None = None     # the draft model's preset name or path, for model drafts
+    arg: int | None = None       # early-exit layers, prompt-lookup n-gram size or eagle confidence percentage
+    min_ngram: int | None = None # prompt lookup: the shortest n-gram that may propose
+
+    @property
+    def needs_model(self) -> bool:
+        return self.model is not None
+
+
+def whole_number(mode: str, tail: str) -> tuple[int | None, int | None]:
+    """The default ":N" of a self draft: nothing, or a whole number."""
+    if tail and not tail.isdigit():
+        raise ValueError(f"{mode}:N needs a whole number N, got {tail!r}")
+    return (int(tail) if tail else None), None
+
+
+def no_argument(mode: str, tail: str, instead: str = "") -> tuple[None, None]:
+    if tail:
+        raise ValueError(f"{mode} takes no argument" + (f"; {instead}" if instead else f", got {tail!r}"))
+    return None, None
+
+
+@dataclass(frozen=True)
+class DraftMode:
+    name: str                                               # the draft name's head: "prompt-lookup", "eagle", ...
+    build: Callable[..., Drafter]                           # build(spec, target, draft, fixed_length) -> Drafter
+    label: str                                              # the app's dropdown label ({draft}: the draft model)
+    lesson: str                                             # one sentence: what this draft teaches
+    needs_model: bool = False                               # spelled <preset>[:mode]: a second model drafts
+    parse: Callable[[str, str], tuple] = whole_number       # (mode, tail after ":") -> (arg, min_ngram)
+    available: Callable[[str], tuple[bool, str]] | None = None   # by target preset name: (usable, why not)
+
+
+MODES_BY_NAME: dict[str, DraftMode] = {}
+
+
+def register(name: str, label: str, lesson: str, needs_model: bool = False, parse=whole_number, available=None):
+    """Decorator: register `build(spec, target, draft, fixed_length) -> Drafter` as the draft mode `name`."""
+    def add(build):
+        MODES_BY_NAME[name] = DraftMode(name, build, label, lesson, needs_model, parse, available)
+        return build
+    return add
+
+
+register_draft = register      # the public name (spec_engine.register_draft)
+
+
+def modes() -> tuple[str, ...]:
+    """The registered draft modes, in registration order."""
+    return tuple(MODES_BY_NAME)
+
+
+def parse_draft(name: str) -> DraftSpec:
+    """Parse a draft name (see the module docstring); ValueError names the accepted forms."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("draft name is empty; use layer-skip, early-exit, prompt-lookup, or a model preset")
+    head, _, tail = name.strip().partition(":")
+    mode = MODES_BY_NAME.get(head)
+    if mode is not None and not mode.needs_model:
+        arg, min_ngram = mode.parse(head, tail)
+        return DraftSpec(head, None, arg, min_ngram)
+    model_modes = [m for m in MODES_BY_NAME.values() if m.needs_model and m.name != "same-tokenizer"]
+    if tail in {m.name for m in model_modes}:
+        return DraftSpec(tail, head)
+    if tail:
+        spelled = " or ".join(f"<model>:{m.name}" for m in model_modes)
+        raise ValueError(f"unknown draft mode {tail!r} in {name!r}: use {spelled}")
+    return DraftSpec("same-tokenizer", head)
+
+
+def make_drafter(spec: DraftSpec | str, target, draft=None, fixed_length: bool = False) -> Drafter:
+    """A fresh drafter for one run. `target` and `draft` are LoadedModel-like (`.model`, `.tokenizer`).
+
+    `fixed_length`: the drafters that size their drafts (prompt lookup by cost, the EAGLE head by cost and by its
+    confidence stops, eagle:C's included) draft k every round instead, where they can (a lookup without a match, or
+    with a shorter continuation, still drafts what it found); the others do not size their drafts (a cross-tokenizer
+    draft may still re-tokenize to fewer). With equal draft lengths the measured tokens per forward can be held
+    against (1 - a^(k+1)) / (1 - a)."""
+    spec = parse_draft(spec) if isinstance(spec, str) else spec
+    if spec.mode not in MODES_BY_NAME:
+        raise ValueError(f"unknown draft mode {spec.mode!r}; registered: {', '.join(modes())}")
+    if spec.needs_model and draft is None:
+        raise ValueError(f"draft mode {spec.mode} needs the draft model {spec.model!r} loaded")
+    return MODES_BY_NAME[spec.mode].build(spec, target, draft, fixed_length)
+
+
+# ---- the registrations: one per draft mode ----
+
+@register("layer-skip", "Layer-skip self-draft (the target minus some layers)",
+          "The target drafts for itself with some layers skipped: no second model, shared weights.",
+          parse=lambda mode, tail: no_argument(mode, tail, "build LayerSkipDrafter(target, skip_layers) for other sets"))
+def build_layer_skip(spec, target, draft, fixed_length):
+    n_layers = len(target.model.model.layers)
+    return LayerSkipDrafter(target.model, [i for i in DEFAULT_SKIP_LAYERS if i < n_layers])
+
+
+@register("early-exit", "Early-exit self-draft (first layers + the LM head)",
+          "The lesson: the final LM head reads mid-network features poorly, so without a trained exit head "
+          "acceptance collapses.")
+def build_early_exit(spec, target, draft, fixed_length):
+    n_layers = len(target.model.model.layers)
+    exit_after = spec.arg or min(EARLY_EXIT_AFTER, n_layers - 1)
+    if not 1 <= exit_after < n_layers:
+        raise ValueError(f"early-exit:N needs 1 <= N < {n_layers} (the target's layer count), got {exit_after}")
+    return LayerSkipDrafter(target.model, early_exit_layers(n_layers, exit_after))
+
+
+def lookup_lengths(mode: str, tail: str) -> tuple[int | None, int | None]:
+    """prompt-lookup[:N[:M]]: the longest and the shortest n-gram."""
+    if tail.count(":") == 1:
+        longest, _, shortest = tail.partition(":")
+        if not (longest.isdigit() and shortest.isdigit() and 1 <= int(shortest) <= int(longest)):
+            raise ValueError(f"prompt-lookup:N:M needs whole numbers 1 <= M <= N, got {tail!r}")
+        return int(longest), int(shortest)
+    return whole_number(mode, tail)
+
+
+@register("prompt-lookup", "Prompt lookup (copy n-grams from the context)",
+          "No model at all: propose what followed the last n tokens earlier in the text; shines when the "
+          "answer copies the prompt.", parse=lookup_lengths)
+def build_prompt_lookup(spec, target, draft, fixed_length):
+    longest = spec.arg or PROMPT_LOOKUP_MAX_NGRAM
+    return PromptLookupDrafter(max_ngram=longest, min_ngram=min(spec.min_ngram or PROMPT_LOOKUP_MIN_NGRAM, longest),
+                               sizing="full" if fixed_length else "cost")
+
+
+def confidence_percent(mode: str, tail: str) -> tuple[int | None, None]:
+    if tail and not (tail.isdigit() and int(tail) < 100):
+        raise ValueError(f"{mode}:C needs a confidence percentage C in 0..99, got {tail!r}")
+    return (int(tail) if tail else None), None
+
+
+def eagle_available(target: str) -> tuple[bool, str]:
+    """The shipped EAGLE head drafts for the model it was trained on (its JSON record names it)."""
+    from spec_engine.drafters import eagle
+    try:
+        record = json.loads(eagle.DEFAULT_WEIGHTS.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False, "no trained EAGLE head ships with this version"
+    trained_for = record.get("target")
+    if trained_for != target:
+        return False, f"the shipped head was trained for {trained_for}"
+    return True, ""
+
+
+def shipped_eagle(spec, target, fixed_length):
+    from spec_engine.drafters.eagle import load_eagle_drafter      # loads weights: only when asked for
+    return load_eagle_drafter(target.model, min_confidence=None if spec.arg is None else spec.arg / 100,
+                              fixed_length=fixed_length)
+
+
+@register("eagle", "EAGLE head (trained on the target's features)",
+          "A one-layer head trained to predict the target's next features from its hidden states (the last layer, "
+          "and lower ones if the head fuses them, as in EAGLE-3): cheap drafts, no extra target work.",
+          parse=confidence_percent, available=eagle_available)
+def build_eagle(spec, target, draft, fixed_length):
+    return shipped_eagle(spec, target, fixed_length)
+
+
+@register("eagle+lookup", "EAGLE head + prompt lookup (copies when the text repeats)",
+          "Two draft sources, one rule: copy an n-gram continuation when the context has one, else ask the "
+          "EAGLE head; each round's drafts stay exact because the choice depends on the text alone.",
+          parse=confidence_percent, available=eagle_available)
+def build_eagle_lookup(spec, target, draft, fixed_length):
+    return LookupFirstDrafter(shipped_eagle(spec, target, fixed_length), fixed_length_lookup() if fixed_length else None)
+
+
+@register("same-tokenizer", "Separate draft model: {draft}",
+          "A smaller model with the same tokenizer drafts; the classic pairing.", needs_model=True)
+def build_model(spec, target, draft, fixed_length):
+    return ModelDrafter(draft.model, name=spec.model)
+
+
+@register("cross-tokenizer", "Cross-tokenizer draft: {draft}",
+          "A draft with another tokenizer: its text is decoded and re-encoded with the target's tokenizer.",
+          needs_model=True)
+def build_cross_tokenizer(spec, target, draft, fixed_length):
+    return CrossTokenizerDrafter(draft.model, draft.tokenizer, target.tokenizer, name=f"{spec.model}:cross-tokenizer")
+
+
+@register("naive-ids", "Naive-id draft (tokenizer mismatch): {draft}",
+          "The mistake: another tokenizer's ids passed to the target as if they were its own.", needs_model=True)
+def build_naive_ids(spec, target, draft, fixed_length):
+    return NaiveIdDrafter(draft.model, name=f"{spec.model}:naive-ids")
+
+
+MODES = modes()      # the modes registered above (a later registration extends modes(), not this tuple)
