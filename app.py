@@ -1,7 +1,7 @@
 """Speculative decoding playground: `python app.py` serves it on http://127.0.0.1:7860 (a Hugging Face Space
 runs the same file). The default target (SmolLM2-135M, offline) starts loading at once; the page shows progress.
 
-Limits for a public server (each flag overrides its SPEC_* environment variable; see ui/limits.py):
+Limits for a public server (each flag overrides its SPEC_* environment variable; see ui/playground/limits.py):
     --allow-custom-models   let visitors name Hugging Face Hub ids besides the presets (SPEC_ALLOW_CUSTOM_MODELS=1);
                             safetensors only, never remote code, never local paths
     --max-extra-models N    models kept loaded besides the default, least recently used dropped (SPEC_MAX_EXTRA_MODELS)
@@ -23,7 +23,7 @@ from gradio import queueing
 from gradio.server_messages import ProcessCompletedMessage
 
 from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
-from ui import limits
+from ui.playground import limits
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
 # Uploads are traces (spec_engine.classroom.trace caps them at 20 MiB): Gradio refuses larger files before they are stored.

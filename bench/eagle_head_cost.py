@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     for _ in range(args.rounds):
         for name, drafter in drafters.items():
             results[name].append(time_step(drafter, args.repeats))
-    print(f"| head dtype | reduced LM head (ms) | head step (ms) |\n|---|---|---|")
+    print("| head dtype | reduced LM head (ms) | head step (ms) |\n|---|---|---|")
     for name, runs in results.items():
         print(f"| {name} | {statistics.median(r[0] for r in runs):.2f} | {statistics.median(r[1] for r in runs):.2f} |")
 

@@ -1,5 +1,5 @@
 """How long a prompt-lookup draft should be: the evidence behind `LookupOdds` and cost-aware sizing
-(spec_engine/drafters.py, spec_engine/drafters/sizing.py).
+(spec_engine/drafters/lookup.py, spec_engine/drafters/sizing.py).
 
 Greedy answers of the offline default to chat, code and input-grounded prompts are generated once with plain
 decoding. Because greedy speculative decoding reproduces them token for token, every lookup round can then be

@@ -1,7 +1,7 @@
 """Train the EAGLE draft head for the offline default (SmolLM2-135M-Instruct), reproducibly, on one CPU core.
 
     python -m bench.train_eagle generate --out /tmp/eagle    # the target's own responses + final hidden states
-    python -m bench.train_eagle train --data /tmp/eagle      # fit the head, write spec_engine/weights/ + JSON
+    python -m bench.train_eagle train --data /tmp/eagle      # fit the head, write spec_engine/drafters/weights/ + JSON
     python -m bench.train_eagle evaluate                     # held-out acceptance with the real engine
     python -m bench.train_eagle extract --out /tmp/eagle-corpus  # optional: teacher-forced features of local text
     python -m bench.train_eagle generate --out /tmp/eagle-self --self-prompts 850 --seed 4000  # prompts the target writes

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from spec_engine.core.cache import forward_logits, new_cache, trim_cache
-from spec_engine.accel.cpu_gemm import batched_gemm, prepack
+from spec_engine.accel.cpu_gemm import prepack
 from spec_engine.models import DEFAULT_MODEL, load_model
 
 

@@ -7,10 +7,8 @@ classroom/ (lab, sweeps, traces, explanations, toy models).
 """
 from spec_engine import accel
 from spec_engine.core import speed
-
-accel.install_from_env()
-
-from spec_engine.core.decoder import MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate, validate_request
+from spec_engine.core.decoder import (MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate,
+                                     context_length, validate_request)
 from spec_engine.drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, LookupFirstDrafter, ModelDrafter,
                        NaiveIdDrafter, PromptLookupDrafter, Proposal, early_exit_layers)
 from spec_engine.drafters.eagle import EagleDrafter, EagleHead, load_eagle_drafter
@@ -20,9 +18,11 @@ from spec_engine.core.metrics import expected_tokens_per_round, judged_acceptanc
 from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.core.verify import RULES, WRONG_RULES
 
+accel.install_from_env()      # the CPU speed layer, unless SPEC_ENGINE_ACCEL=0 (core/speed.py is the seam)
+
 __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES",
-    "SamplingParams", "warp", "SpeculativeDecoder", "DecodeState", "autoregressive_generate", "validate_request",
+    "SamplingParams", "warp", "SpeculativeDecoder", "context_length", "DecodeState", "autoregressive_generate", "validate_request",
     "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "LookupFirstDrafter", "CrossTokenizerDrafter",
     "expected_tokens_per_round", "judged_acceptance", "speedup_model",
     "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "register_draft", "draft_modes", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",

@@ -64,7 +64,9 @@ def steady_verify_costs(request, monkeypatch):
     the timing of a shared machine. Tests get a fixed curve under which no draft is cut for cost, unless marked
     `measured_costs` (the real-model identity tests, which then exercise sizing as the app runs it)."""
     if request.node.get_closest_marker("measured_costs") is None:
-        import spec_engine.drafters.eagle, spec_engine.drafters.lookup, spec_engine.drafters.sizing
+        import spec_engine.drafters.eagle
+        import spec_engine.drafters.lookup
+        import spec_engine.drafters.sizing
         for module in (spec_engine.drafters.sizing, spec_engine.drafters.lookup, spec_engine.drafters.eagle):
             monkeypatch.setattr(module, "verify_costs", lambda model: FREE_VERIFY)   # nothing cached on the model
 
@@ -98,7 +100,7 @@ def gemma():
 @pytest.fixture(scope="session")
 def playground_registry(smollm2):
     """The playground's process-wide model registry, seeded with this session's SmolLM2 (no second copy)."""
-    from ui import registry
+    from ui.playground import registry
     registry.REGISTRY.put(smollm2)
     return registry.REGISTRY
 

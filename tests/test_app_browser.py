@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from conftest import open_playground
-from ui import handlers
+from ui.playground import handlers
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
@@ -134,7 +134,7 @@ def test_html_in_the_prompt_stays_inert_text(page):
 
 def test_a_waiting_run_shows_its_place_in_the_queue(page, playground):
     from gradio_client import Client
-    from ui import handlers
+    from ui.playground import handlers
     # a run that cannot end by itself within the test (a short answer ended, and was measured, before the click)
     values = dict(prompt=ENDLESS_ANSWER, target="smollm2-135m-instruct", draft="prompt-lookup",
                   k=4, temperature=0, top_p=1.0, top_k=0, max_new_tokens=600, seed=0, rule="exact", chat=True,
@@ -152,8 +152,8 @@ def test_a_waiting_run_shows_its_place_in_the_queue(page, playground):
 
 def test_closing_the_tab_ends_its_run_on_the_server(page, playground):
     import app
-    from ui import registry as reg
-    from ui.state import SessionState
+    from ui.playground import registry as reg
+    from ui.playground.state import SessionState
 
     def sessions():
         holder = app.demo.server_app.state_holder

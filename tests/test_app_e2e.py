@@ -5,8 +5,8 @@ import time
 import pytest
 
 import spec_engine as se
-from ui import handlers
-from ui.handlers import RUN_OUTPUTS
+from ui.playground import handlers
+from ui.playground.handlers import RUN_OUTPUTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 import spec_engine as se
-from ui import limits
-from ui.handlers import RUN_OUTPUTS
-from ui.state import SessionState
+from ui.playground import limits
+from ui.playground.handlers import RUN_OUTPUTS
+from ui.playground.state import SessionState
 from test_ui_handlers import run_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -265,7 +265,7 @@ def test_no_model_is_ever_loaded_with_remote_code(monkeypatch):
     import transformers
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", recorder("model"))
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", recorder("tokenizer"))
-    se.models._from_pretrained("owner/name", "cpu", "float32", use_safetensors=True)
+    se.models.loading._from_pretrained("owner/name", "cpu", "float32", use_safetensors=True)
     assert seen["model"]["trust_remote_code"] is False and seen["tokenizer"]["trust_remote_code"] is False
     assert seen["model"]["use_safetensors"] is True                  # Hub downloads: safetensors or nothing
 
@@ -390,12 +390,12 @@ def ended_and_freed(state, registry) -> bool:
 
 @pytest.fixture
 def endless(monkeypatch):
-    """Runs that cannot end on their own within a test: the app gets no EOS id (ui.registry.eos_ids -> None), so
+    """Runs that cannot end on their own within a test: the app gets no EOS id (ui.playground.registry.eos_ids -> None), so
     only max_new_tokens (the limit, 1,024 tokens: many seconds) could end them; the prompt alone ends at EOS after
     32 tokens, which let these tests pass with the cancel removed. Returns how each engine stream of the test
     ended, in order: its own stop_reason ("cancelled", "max_new_tokens", ...) or "closed" when the caller closed it
     mid-run (a cancelled or abandoned handler closes the engine's stream: it never reaches an end of its own)."""
-    from ui import registry
+    from ui.playground import registry
     monkeypatch.setattr(registry, "eos_ids", lambda loaded: None)
     ends: list[str] = []
     stream = se.SpeculativeDecoder.stream

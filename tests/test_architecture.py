@@ -66,7 +66,7 @@ def allowed(importer_layer: str, name: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in ALLOWED[importer_layer])
 
 
-SOURCES = sorted([*(ROOT / "spec_engine").rglob("*.py"), *(ROOT / "ui").glob("*.py"), ROOT / "app.py"])
+SOURCES = sorted([*(ROOT / "spec_engine").rglob("*.py"), *(ROOT / "ui").rglob("*.py"), ROOT / "app.py"])
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -93,3 +93,12 @@ def test_every_engine_folder_is_a_package_with_a_map():
     for folder in ("core", "drafters", "models", "accel", "classroom"):
         init = ROOT / "spec_engine" / folder / "__init__.py"
         assert init.exists() and ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), folder
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "ui" / "views").glob("*.py")), ids=lambda p: p.name)
+def test_views_are_pure(path):
+    """ui/views: functions of events and figures; no Gradio, nothing of the playground or the classroom tabs."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {n for n in names if n.split(".")[0] == "gradio" or n.startswith(("ui.playground", "ui.classroom"))}

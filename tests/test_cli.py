@@ -2,7 +2,7 @@
 plain-decoding baseline it measures; bad input exits with status 2 and the reason."""
 import json
 
-from spec_engine.__main__ import main
+from spec_engine.cli import main
 
 
 def test_cli_json_run_equals_its_measured_baseline(smollm2, capsys):

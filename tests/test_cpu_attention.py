@@ -10,7 +10,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from spec_engine.accel import cpu_attention
 from spec_engine.core.cache import forward_logits, new_cache, trim_cache
 from spec_engine.accel.cpu_attention import ENGINE_ATTENTION, use_engine_attention
-from spec_engine.accel.cpu_gemm import batched_gemm
 
 
 def grouped_llama(attn_implementation: str = "sdpa") -> LlamaForCausalLM:

@@ -180,7 +180,7 @@ def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
     from types import SimpleNamespace
 
     from spec_engine.accel.cpu_gemm import prepack
-    from ui.registry import warm_up
+    from ui.playground.registry import warm_up
     target, draft = tiny_llama(), tiny_llama()
     pack_linears(target), pack_linears(draft)
     layers = lambda model: [m for m in model.modules() if isinstance(m, PackedLinear)]

@@ -38,7 +38,7 @@ def test_one_registration_reaches_the_parser_the_factory_and_the_playground(regi
     assert isinstance(se.make_drafter("repeat-last", Loaded(target)), RepeatLastDrafter)
     with pytest.raises(ValueError, match="whole number"):
         se.parse_draft("repeat-last:x")
-    from ui import registry as ui_registry
+    from ui.playground import registry as ui_registry
     kind = ui_registry.kind_by_key("repeat-last")
     assert kind is not None and kind.lesson.startswith("The simplest guess")
     assert ("Repeat the newest token", "repeat-last") in ui_registry.draft_choices("smollm2-135m-instruct")

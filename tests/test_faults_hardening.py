@@ -23,8 +23,9 @@ import httpx
 import pytest
 
 from spec_engine.classroom import trace as tr
-from ui import classroom, limits, registry as reg, replay, validate
-from ui.handlers import RUN_OUTPUTS
+from ui.classroom import tabs as classroom, replay
+from ui.playground import limits, registry as reg, validate
+from ui.playground.handlers import RUN_OUTPUTS
 from test_app_faults import free_port
 from test_ui_handlers import run_args
 

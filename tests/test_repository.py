@@ -1,6 +1,7 @@
-"""What a Hugging Face Space needs of the repository itself (issue #24): binaries under LFS patterns, the front
-matter's Python version."""
+"""What the repository itself must hold: binaries under LFS patterns and the front matter's Python version (what a
+Hugging Face Space needs, issue #24), and code that passes the linter configured in pyproject.toml."""
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,15 @@ def test_every_binary_tracked_file_matches_an_lfs_pattern():
 def test_the_space_front_matter_pins_the_tested_python():
     front = (ROOT / "README.md").read_text(encoding="utf-8").split("---")[1]
     assert 'python_version: "3.11"' in front and "app_file: app.py" in front
+
+
+def test_ruff_check_passes():
+    """`ruff check .` with pyproject.toml's rules (pyflakes and syntax errors): run here so that the README's test
+    command, which CI runs, lints too."""
+    try:
+        import ruff  # noqa: F401  (installed by requirements-test.txt)
+    except ImportError:
+        pytest.fail("ruff is not installed: bash scripts/install.sh --test installs it (requirements-test.txt)")
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

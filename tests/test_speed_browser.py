@@ -67,7 +67,7 @@ def measure_both(chromium, url: str) -> tuple[list[float], list[float]]:
     from gradio_client import Client
 
     from conftest import open_playground
-    from ui import handlers, registry
+    from ui.playground import handlers, registry
 
     page = open_playground(chromium, url)
     page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.startsWith('Models:')",

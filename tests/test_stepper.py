@@ -7,11 +7,12 @@ import pytest
 import torch
 
 import spec_engine as se
-from ui import plots, stepper
-from ui.render import RenderOptions
-from ui.state import RunSettings, SessionState
-from ui.stepper import StepSession, Stepper
-from ui.tokens import dict_labeler
+from ui.views import plots
+from ui.classroom import stepper
+from ui.views.render import RenderOptions
+from ui.playground.state import RunSettings, SessionState
+from ui.classroom.stepper import StepSession, Stepper
+from ui.views.tokens import dict_labeler
 
 from test_explain import event
 
@@ -131,7 +132,8 @@ def test_live_stepping_on_tiny_models_equals_generate(target, draft):
 def test_step_handlers_on_smollm2_follow_the_main_run(playground_registry, monkeypatch):
     """Forward / Back / Reset through the Gradio handlers: the stepped rounds are the main run's rounds, and
     the main view's explanation states the main run's numbers."""
-    from ui import classroom, handlers
+    from ui.classroom import tabs as classroom
+    from ui.playground import handlers
     monkeypatch.setattr(handlers, "RENDER_INTERVAL", 0.0)
     controls = dict(prompt="Name three colours.", target="smollm2-135m-instruct", draft="layer-skip", k=3,
                     temperature=0, top_p=1.0, top_k=0, max_new_tokens=10, seed=0, rule="exact", chat=True,
@@ -260,7 +262,7 @@ def test_cache_changes_are_signed_right():
 
 def test_finder_handlers_say_when_the_run_ends_without_the_round():
     import gradio as gr
-    from ui import classroom
+    from ui.classroom import tabs as classroom
     s = session(SCRIPT)
     out = list(classroom.find_round({}, s, stepper.rejects_at(4), "round rejecting draft 4"))
     status = out[-1][1 + classroom.STEP_OUTPUTS.index("status")]
@@ -291,7 +293,7 @@ def test_finder_buttons_are_private_and_queue_with_the_engine():
 def test_show_me_finds_the_4th_of_5_drafts_rejected_in_one_click(playground_registry):
     """The step-through's lesson button: the controls are set to the lesson's settings and the view shows a round
     that drafted 5 tokens, accepted the first 3 and rejected the 4th (a correction drawn in its place)."""
-    from ui import classroom
+    from ui.classroom import tabs as classroom
     outputs = list(classroom.step_lesson("smollm2-135m-instruct", False))
     session = outputs[-1][0]
     shown = session.stepper.current

@@ -8,11 +8,12 @@ import torch
 
 import spec_engine as se
 from spec_engine.classroom import trace as tr
-from ui import handlers, replay, runner
-from ui.handlers import RUN_OUTPUTS
-from ui.render import RenderOptions
-from ui.state import RunSettings, SessionState
-from ui.tokens import Piece
+from ui.playground import handlers, runner
+from ui.classroom import replay
+from ui.playground.handlers import RUN_OUTPUTS
+from ui.views.render import RenderOptions
+from ui.playground.state import RunSettings, SessionState
+from ui.views.tokens import Piece
 
 from test_explain import event
 
@@ -227,7 +228,7 @@ def test_size_and_round_limits(good_doc, tmp_path, monkeypatch):
 
 def test_replay_handler_turns_errors_into_messages(tmp_path):
     import gradio as gr
-    from ui import classroom
+    from ui.classroom import tabs as classroom
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "spec-decoding-trace", "version": 99}')
     with pytest.raises(gr.Error, match="Cannot replay this file: trace version 99"):

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import spec_engine as se
-from ui import handlers, runner
-from ui.handlers import RUN_OUTPUTS
-from ui.presets import load_presets
-from ui.state import SessionState
+from ui.playground import handlers, runner
+from ui.playground.handlers import RUN_OUTPUTS
+from ui.playground.presets import load_presets
+from ui.playground.state import SessionState
 
 PROMPT = "Name three colours."
 TARGET = "smollm2-135m-instruct"
@@ -299,7 +299,7 @@ def test_the_speedup_comes_from_runs_timed_without_drawing(playground_registry, 
 
 @pytest.mark.slow
 def test_export_takes_the_run_on_screen_not_the_newest_in_the_history(playground_registry, gemma, monkeypatch):
-    from ui import replay
+    from ui.classroom import replay
     playground_registry.put(gemma)
     monkeypatch.setattr(handlers, "MISMATCH_MAX_NEW_TOKENS", 4)
     state = SessionState()

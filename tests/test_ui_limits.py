@@ -1,5 +1,5 @@
-"""Limits, input validation and the model registry's bounds, without a server (ui/limits.py, ui/validate.py,
-ui/registry.py). The registry tests use a fake loader, so they load nothing and take milliseconds."""
+"""Limits, input validation and the model registry's bounds, without a server (ui/playground/limits.py, ui/playground/validate.py,
+ui/playground/registry.py). The registry tests use a fake loader, so they load nothing and take milliseconds."""
 import threading
 import time
 from types import SimpleNamespace
@@ -8,9 +8,9 @@ import gradio as gr
 import pytest
 import torch
 
-from ui import handlers, limits, runner, validate
-from ui import registry as reg
-from ui.state import MAX_HISTORY, RunSettings, SessionState
+from ui.playground import handlers, limits, runner, validate
+from ui.playground import registry as reg
+from ui.playground.state import MAX_HISTORY, RunSettings, SessionState
 
 TARGET = "smollm2-135m-instruct"
 

@@ -3,9 +3,9 @@ import copy
 
 import pytest
 
-from ui import metrics, plots
-from ui import runner
-from ui.state import RunSettings, SessionState, history_row, summarize
+from ui.views import metrics, plots
+from ui.playground import runner
+from ui.playground.state import RunSettings, SessionState, history_row, summarize
 from test_ui_render import event
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from ui import registry as reg
-from ui.presets import SCENARIOS_PATH, load_presets
+from ui.playground import registry as reg
+from ui.playground.presets import SCENARIOS_PATH, load_presets
 
 GOOD_SCENARIO = """
   - id: s1
@@ -154,7 +154,7 @@ def test_a_numbered_label_carries_its_position(tmp_path):
 
 
 def test_shipped_comparisons_change_one_thing():
-    from ui.presets import differing_settings, mentioned_scenarios
+    from ui.playground.presets import differing_settings, mentioned_scenarios
     scenarios = load_presets().scenarios
     by_id = {s.id: s for s in scenarios}
     pairs = {("wrong-topp", "sampling-exact"): ["rule"], ("wrong-no-residual", "sampling-exact"): ["rule"],
@@ -199,7 +199,7 @@ def test_tabs_named_in_captions_exist(demo):
 
 
 def test_choosing_a_scenario_runs_it_like_the_run_button(demo):
-    from ui import handlers
+    from ui.playground import handlers
     runs = {fn.api_name: (fn_id, fn) for fn_id, fn in demo.fns.items() if fn.fn is handlers.run}
     button = runs.pop("run")[1]
     (chained_id, chained), = runs.values()
@@ -216,7 +216,7 @@ def test_choosing_a_scenario_runs_it_like_the_run_button(demo):
 
 
 def test_presentation_mode_is_a_browser_side_toggle(demo):
-    from ui import render
+    from ui.views import render
     checkbox = demo.spec_components["present"]
     toggles = [fn for fn in demo.fns.values() if fn.targets == [(checkbox._id, "change")]]
     assert len(toggles) == 1 and toggles[0].fn is None and toggles[0].js == render.PRESENTATION_JS

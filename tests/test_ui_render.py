@@ -5,9 +5,9 @@ import re
 import pytest
 
 import spec_engine as se
-from ui import render
-from ui.render import RenderOptions
-from ui.tokens import Piece, dict_labeler
+from ui.views import render
+from ui.views.render import RenderOptions
+from ui.views.tokens import Piece, dict_labeler
 
 PIECES = {1: " The", 2: " cat", 3: " sat", 4: " on", 5: "\n", 6: " mat", 7: "<script>alert(1)</script>",
           8: " a\tb", 9: "<|im_end|>", 10: "", 11: ' "quoted" & more'}
@@ -168,7 +168,7 @@ def test_floating_tooltip_script_sets_text_not_html():
 def test_stats_html_shows_the_measured_costs_and_the_predicted_speedup():
     from types import SimpleNamespace
 
-    from ui import metrics
+    from ui.views import metrics
     rounds = [SimpleNamespace(drafted=[0] * 3, accepted=3, correction=None, emitted=[1] * 4, draft_seconds=0.006,
                               verify_seconds=0.012, round_seconds=0.02),
               SimpleNamespace(drafted=[0] * 3, accepted=0, correction=5, emitted=[1], draft_seconds=0.006,

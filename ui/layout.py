@@ -11,11 +11,13 @@ import gradio as gr
 
 import spec_engine as se
 
-from . import classroom, handlers, limits, plots, render, sweeps
-from . import lab as exactness_lab
-from . import registry as reg
-from .presets import Presets, load_presets
-from .state import HISTORY_COLUMNS, SessionState
+from ui.classroom import tabs as classroom, sweeps
+from ui.playground import handlers, limits
+from ui.views import plots, render
+from ui.classroom import lab as exactness_lab
+from ui.playground import registry as reg
+from ui.playground.presets import Presets, load_presets
+from ui.playground.state import HISTORY_COLUMNS, SessionState
 
 TITLE = "Speculative decoding playground"
 INTRO = """# Speculative decoding playground

@@ -1,4 +1,4 @@
-"""Building the engine's small C++ sources (spec_engine/csrc) with the machine's compiler, on first use.
+"""Building the engine's small C++ sources (spec_engine/accel/csrc) with the machine's compiler, on first use.
 
 A library is compiled once per source and flags into the cache folder (paths.cache_root), named by the hash of
 both, and loaded with ctypes; a later process finds it there. Callers treat any failure (no compiler, a compile

@@ -52,6 +52,14 @@ def validate_request(model, input_ids, k: int, max_new_tokens: int, sampling) ->
     return prompt
 
 
+@dataclass(frozen=True)
+class RoundClock:
+    """perf_counter() readings of one round: its start, drafts proposed, verdict reached."""
+    start: float
+    drafted: float
+    verified: float
+
+
 def eos_set(eos_token_id) -> frozenset[int]:
     if eos_token_id is None:
         return frozenset()
@@ -151,14 +159,17 @@ class SpeculativeDecoder:
         check_invariant(state.target_cache, len(committed) - 1, "target")
         state.stop_reason = ("eos" if hit_eos else "max_new_tokens" if state.generated >= state.max_new_tokens
                              else "cancelled" if should_stop is not None and should_stop() else None)
-        event = self._event(state.index, state.k, proposal, verdict, drafted, target_probs, target_members, emitted,
-                            committed, state.target_cache, target_before, draft_before, round_start, draft_done, verify_done,
-                            state.prefill_seconds if state.index == 0 else 0.0, state.stop_reason)
+        clock = RoundClock(round_start, draft_done, verify_done)
+        event = self._event(state, proposal, verdict, drafted, target_probs, target_members, emitted,
+                            (target_before, draft_before), clock)
         state.index += 1
         return event
 
-    def _event(self, index, k, proposal, verdict: Verdict, drafted, target_probs, target_members, emitted, committed,
-               target_cache, target_before, draft_before, round_start, draft_done, verify_done, prefill_seconds, stop_reason) -> RoundEvent:
+    def _event(self, state: DecodeState, proposal: Proposal, verdict: Verdict, drafted: torch.Tensor,
+               target_probs: torch.Tensor, target_members, emitted: list[int], caches_before: tuple[int, int | None],
+               clock: RoundClock) -> RoundEvent:
+        """The round as an event: the verdict plus what the display shows (the target's top entries, p and q of each
+        draft), read from the device in one transfer. `caches_before`: (target, draft) lengths before trimming."""
         n = len(proposal.tokens)
         accepted = min(verdict.accepted, len(emitted))                # EOS can end the round inside the drafts
         tail = emitted[accepted:]
@@ -180,18 +191,19 @@ class SpeculativeDecoder:
             p_drafted = host[2 * m:2 * m + n]
             q = [1.0] * n if proposal.probs is None else host[2 * m + n:]
         width = min(TARGET_TOP, target_probs.shape[-1])
+        target_before, draft_before = caches_before
         return RoundEvent(
-            index=index, drafted=list(proposal.tokens), accepted=accepted, emitted=emitted,
+            index=state.index, drafted=list(proposal.tokens), accepted=accepted, emitted=emitted,
             correction=correction, bonus=bonus,
             target_probs=p_drafted, draft_probs=q,
             accept_probs=verdict.accept_probs, uniforms=verdict.uniforms, next_top=verdict.next_probs_top,
             target_top=[list(zip(top_ids[i:i + width], top_values[i:i + width])) for i in range(0, m, width)],
-            k=k, target_cache_len_before=target_before, target_cache_len=cache_len(target_cache),
+            k=state.k, target_cache_len_before=target_before, target_cache_len=cache_len(state.target_cache),
             draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
-            committed_len=len(committed), draft_seconds=draft_done - round_start,
-            verify_seconds=verify_done - draft_done, round_seconds=perf_counter() - round_start,
-            prefill_seconds=prefill_seconds, finished=stop_reason is not None, stop_reason=stop_reason,
-            note=proposal.note)
+            committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
+            verify_seconds=clock.verified - clock.drafted, round_seconds=perf_counter() - clock.start,
+            prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
+            finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note)
 
     def generate(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
                  seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> GenerationResult:

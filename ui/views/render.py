@@ -2,8 +2,8 @@
 
 Every piece of model text and every tooltip goes through `html.escape`. Each token is a
 `<span class="tok KIND" data-kind=... data-tip=...>` whose tooltip is drawn by CSS from `data-tip` (so it
-works on hover, in a headless browser too, and never injects markup). Words follow DESIGN.md: accepted,
-rejected (struck through, where it was proposed), discarded (faded), correction, bonus.
+works on hover, in a headless browser too, and never injects markup). Words as in spec_engine/core/verify.py:
+accepted, rejected (struck through, where it was proposed), discarded (faded), correction, bonus.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable
 
-from .tokens import Labeler, Piece
+from ui.views.tokens import Labeler, Piece
 
 KINDS = {
     "accepted": "accepted draft token",
@@ -378,7 +378,7 @@ def title_attr(key: str) -> str:
 
 
 def cost_chips(s: dict) -> list[tuple[str, str, str]]:
-    """Draft and verify cost per round in plain steps, and the speedup they predict (ui.metrics.cost_fields);
+    """Draft and verify cost per round in plain steps, and the speedup they predict (ui.views.metrics.cost_fields);
     none when the summary lacks them."""
     if s.get("predicted_speedup") is None:
         return []

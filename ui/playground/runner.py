@@ -22,10 +22,10 @@ from typing import Iterator
 
 import spec_engine as se
 
-from . import limits, validate
-from . import registry as reg
-from .render import RenderOptions, round_html
-from .state import RunRecord, RunSettings, SessionState, Timing
+from ui.playground import limits, validate
+from ui.playground import registry as reg
+from ui.views.render import RenderOptions, round_html
+from ui.playground.state import RunRecord, RunSettings, SessionState, Timing
 
 TIME_LIMIT = "time limit"      # RunRecord.stop_reason when the Budget's deadline ended the run
 # Seconds between progress messages while a measurement runs: each one is redrawn by the browser, which on the same
@@ -152,7 +152,7 @@ def build(settings: RunSettings, state: SessionState, registry: reg.ModelRegistr
     target = models[settings.target]
     sampling = settings.sampling()
     input_ids = target.encode_prompt(settings.prompt, chat=settings.chat)
-    context = se.decoder.context_length(target.model)
+    context = se.context_length(target.model)
     validate.check_prompt_fits(int(input_ids.shape[1]), settings.max_new_tokens, context, settings.target)
     if spec.mode == "same-tokenizer":
         validate.check_same_tokenizer(target, models[spec.model], spec.model)

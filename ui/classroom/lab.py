@@ -19,9 +19,10 @@ import torch
 import spec_engine as se
 from spec_engine.classroom import lab, toy
 
-from . import handlers, lab_plots, limits, runner, validate
-from . import registry as reg
-from .render import esc, show_text
+from ui.playground import handlers, limits, runner, validate
+from ui.views import lab_plots
+from ui.playground import registry as reg
+from ui.views.render import esc, show_text
 
 # The defaults are a lesson that fits a class: N = 1000 with k = 4 took 81 s on two cores (every draw prefills
 # both toy models and drafts k tokens for a 2-token continuation); N = 500 with k = 2 is about four times cheaper
@@ -96,7 +97,7 @@ class LabRun:
 
 
 def max_n() -> int:
-    """The largest N here: MAX_N, or less where the host's limits say so (ui.limits)."""
+    """The largest N here: MAX_N, or less where the host's limits say so (ui.playground.limits)."""
     return min(MAX_N, limits.current().lab_max_n)
 
 
@@ -121,7 +122,7 @@ def check_model(value) -> str:
 
 
 def parse_lab(n, depth, k, temperature, top_p, top_k, seed, wrong_rules) -> LabSettings:
-    """Widget or API values -> LabSettings, or gr.Error saying what to change (checks of ui.validate)."""
+    """Widget or API values -> LabSettings, or gr.Error saying what to change (checks of ui.playground.validate)."""
     temperature = check_lab_temperature(temperature)
     return LabSettings(
         n=validate.check_lab_n(n, MIN_N, MAX_N, label="N (continuations per sampler)"),
@@ -232,7 +233,7 @@ def initial_outputs() -> dict:
 def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wrong_rules, level,
             prompt, target, draft, chat, skip_layers, exit_after, state, progress=gr.Progress()):
     """'Run the exactness lab' / api_name="lab_exactness": streams partial histograms, then the final ones.
-    The draws end early (and say so) on Stop or at the server's time limit (ui.limits.max_run_seconds)."""
+    The draws end early (and say so) on Stop or at the server's time limit (ui.playground.limits.max_run_seconds)."""
     settings = parse_lab(n, depth, k, temperature, top_p, top_k, seed, wrong_rules)
     check_model(model)
     state.stop_event.clear()

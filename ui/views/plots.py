@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from . import metrics
+from ui.views import metrics
 
 HEIGHT = 300
 COLORS = {"accepted": "#2f9e5b", "rejected": "#d64545", "correction": "#e39a26", "bonus": "#4a7fe0",

@@ -12,9 +12,11 @@ import gradio as gr
 import spec_engine as se
 from spec_engine.classroom import trace as tr
 
-from . import handlers, plots, render, replay, stepper, validate
-from . import registry as reg
-from .state import SessionState
+from ui.playground import handlers, validate
+from ui.views import plots, render
+from ui.classroom import replay, stepper
+from ui.playground import registry as reg
+from ui.playground.state import SessionState
 
 STEP_INPUTS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
                "chat", "skip_layers", "exit_after", "show_spaces")
@@ -164,7 +166,7 @@ LESSON_POSITION = 4
 def step_lesson(target, show_spaces):
     """'Show me: draft 4 of 5 rejected': sets the controls to the lesson's settings (visibly, on the left), starts
     a step-through with them and goes to the first round whose 4th draft is the rejected one."""
-    from .presets import load_presets
+    from ui.playground.presets import load_presets
     lesson = {name: value for name, value in LESSON.items() if name != "prompt_id"}
     lesson["prompt"] = load_presets().prompt(LESSON["prompt_id"]).text
     values = dict(lesson, target=target, show_spaces=show_spaces)

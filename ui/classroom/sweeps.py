@@ -13,10 +13,11 @@ import pandas as pd
 import spec_engine as se
 from spec_engine.classroom import sweep
 
-from . import handlers, lab_plots, runner, validate
-from . import lab as exactness_lab
-from . import registry as reg
-from .render import esc
+from ui.playground import handlers, runner, validate
+from ui.views import lab_plots
+from ui.classroom import lab as exactness_lab
+from ui.playground import registry as reg
+from ui.views.render import esc
 
 AXIS_CHOICES = [("k = 1..8", "k"), ("temperature 0..1.5", "temperature"), ("drafts", "draft")]
 MAX_POINTS = 16
@@ -125,7 +126,7 @@ def run_sweep(axis, values, prompt, target, draft, k, temperature, top_p, top_k,
               skip_layers, exit_after, state, repeats=sweep.DEFAULT_REPEATS, fixed_length=False,
               progress=gr.Progress()):
     """'Run the sweep' / api_name="lab_sweep": one row per point, updated after each of its repeats, streamed.
-    Ends early (and says so) on Stop or at the server's time limit (ui.limits.max_run_seconds)."""
+    Ends early (and says so) on Stop or at the server's time limit (ui.playground.limits.max_run_seconds)."""
     check_axis(axis)
     settings = handlers.parse_settings(prompt=prompt, target=target, draft=draft, k=k, temperature=temperature,
                                        top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed, rule=rule,

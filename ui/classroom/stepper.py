@@ -15,9 +15,9 @@ from typing import Callable, Iterator
 
 import spec_engine as se
 
-from . import plots, render
-from .render import RenderOptions, esc, fmt_prob, show_text
-from .state import RunSettings, SessionState
+from ui.views import plots, render
+from ui.views.render import RenderOptions, esc, fmt_prob, show_text
+from ui.playground.state import RunSettings, SessionState
 
 CAPTION = ("**Step through one round at a time.** The draft proposes up to k tokens with probabilities q; the target "
            "scores them all in one forward pass (p). Draft token i is kept while a uniform draw u < min(1, p/q); "
@@ -161,7 +161,7 @@ class StepSession:
 
 def start_live(settings: RunSettings, registry, show_spaces: bool = False) -> Iterator[str]:
     """Load (yielding progress), prefill, and return a StepSession whose Forward runs one `decoder.step`."""
-    from . import runner
+    from ui.playground import runner
     prep = yield from runner.prepare(settings, SessionState(), registry, show_spaces)   # scratch: not the history
     s = prep.settings
     state = prep.decoder.start(prep.input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
@@ -173,7 +173,7 @@ def start_live(settings: RunSettings, registry, show_spaces: bool = False) -> It
 
 def from_trace(trace) -> StepSession:
     """A loaded trace, stepped without models (Forward only reveals recorded rounds)."""
-    from .replay import TraceLabeler, render_options, settings_of
+    from ui.classroom.replay import TraceLabeler, render_options, settings_of
     return StepSession(Stepper(None, trace.rounds), settings_of(trace), trace.models.get("draft", ""),
                        list(trace.prompt_ids), trace.prompt_text, TraceLabeler.of(trace), render_options(trace),
                        origin="trace", baseline=trace.baseline)

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from . import metrics
+from ui.views import metrics
 from spec_engine import judged_acceptance
 
 MAX_HISTORY = 100        # finished runs kept per session (the oldest go first): a session's memory is bounded
@@ -28,7 +28,7 @@ HISTORY_COLUMNS = ["#", "target", "draft", "k", "T", "top-p", "top-k", "rule", "
 @dataclass(frozen=True)
 class RunSettings:
     target: str
-    draft: str                       # a draft choice value (see ui.registry.draft_kinds)
+    draft: str                       # a draft choice value (see ui.playground.registry.draft_kinds)
     k: int
     temperature: float
     top_p: float

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]   # the repository
 SCENARIOS_PATH = ROOT / "presets" / "scenarios.yaml"
 
 
@@ -75,7 +75,7 @@ def display(path: Path) -> str:
 
 def load_presets(path: str | Path | None = None, draft_check=None, target_check=None) -> Presets:
     """Read and validate the file. `draft_check(value) -> str | None` and `target_check(name) -> str | None`
-    return an error message for an unknown draft or target (defaults: ui.registry's)."""
+    return an error message for an unknown draft or target (defaults: ui.playground.registry's)."""
     path = Path(path) if path is not None else SCENARIOS_PATH
     label = display(path)
     try:
@@ -90,7 +90,7 @@ def load_presets(path: str | Path | None = None, draft_check=None, target_check=
     if unknown:
         raise ValueError(f"{label}: unknown top-level key(s) {unknown}; expected 'prompts' and 'scenarios'")
     if draft_check is None or target_check is None:
-        from . import registry
+        from ui.playground import registry
         draft_check = draft_check or registry.check_draft_value
         target_check = target_check or registry.check_target_name
     prompts = [parse_prompt(entry, f"{label}: prompts[{i}]") for i, entry in enumerate(as_list(data, "prompts", label))]

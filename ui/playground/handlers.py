@@ -21,12 +21,13 @@ import pandas as pd
 
 import spec_engine as se
 
-from . import limits, plots, render, runner, validate
-from . import registry as reg
-from .presets import Presets
-from .state import HISTORY_COLUMNS, RunSettings, SessionState
+from ui.playground import limits, runner, validate
+from ui.views import plots, render
+from ui.playground import registry as reg
+from ui.playground.presets import Presets
+from ui.playground.state import HISTORY_COLUMNS, RunSettings, SessionState
 
-log = logging.getLogger("ui.handlers")
+log = logging.getLogger("ui.playground.handlers")
 
 try:   # ZeroGPU on Hugging Face Spaces: the decorated handlers get a GPU while they run
     import spaces   # type: ignore[import-not-found]

@@ -29,10 +29,10 @@ from typing import Callable, Iterator
 
 import spec_engine as se
 
-from . import limits
-from .tokens import TokenLabeler
+from ui.playground import limits
+from ui.views.tokens import TokenLabeler
 
-log = logging.getLogger("ui.registry")
+log = logging.getLogger("ui.playground.registry")
 
 PRELOAD_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 MEMORY_HEADROOM = 512 * 2**20     # bytes left free after a load (activations, caches, the OS)

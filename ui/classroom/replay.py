@@ -5,7 +5,7 @@ and its measured baseline) and writes every token piece the view needs into the 
 `TraceLabeler` from that piece table and renders through the same `handlers.run_view` as the live run, so the
 replayed HTML is byte-identical to the live run's, with no model and no tokenizer.
 
-    python -m ui.replay --out presets/traces/example.json   # the shipped example: a real greedy run of the offline
+    python -m ui.classroom.replay --out presets/traces/example.json   # the shipped example: a real greedy run of the offline
                                                             # default, prompt lookup on the edit-typos prompt, 24 tokens
 """
 from __future__ import annotations
@@ -22,12 +22,12 @@ from pathlib import Path
 
 from spec_engine.classroom import trace as tr
 
-from . import registry as reg
-from .render import RenderOptions, round_html
-from .state import RunRecord, RunSettings, SessionState, Timing
-from .tokens import Piece
+from ui.playground import registry as reg
+from ui.views.render import RenderOptions, round_html
+from ui.playground.state import RunRecord, RunSettings, SessionState, Timing
+from ui.views.tokens import Piece
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]   # the repository
 EXAMPLE_PATH = ROOT / "presets" / "traces" / "example.json"
 EXAMPLE_PROMPT_ID = "edit-typos"      # presets/scenarios.yaml: the answer copies the prompt, so drafts land
 EXAMPLE_SETTINGS = dict(prompt="", target="smollm2-135m-instruct", draft="prompt-lookup", k=4, temperature=0, top_p=1.0,
@@ -144,7 +144,7 @@ def settings_of(trace: tr.Trace) -> RunSettings:
 
 def replay_parts(trace: tr.Trace):
     """(Prepared without models, a scratch SessionState holding the baseline, TraceLabeler) for run_view."""
-    from . import runner
+    from ui.playground import runner
     settings = settings_of(trace)
     labeler = TraceLabeler.of(trace)
     options = render_options(trace)
@@ -169,7 +169,7 @@ def replay_parts(trace: tr.Trace):
 
 def replay_view(trace: tr.Trace) -> dict:
     """The live run's final view, rebuilt from the trace: a dict keyed like handlers.RUN_OUTPUTS."""
-    from . import handlers
+    from ui.playground import handlers
     prep, scratch, _ = replay_parts(trace)
     status = trace.display.get("status")
     outputs = handlers.run_view(prep, scratch, status=status if isinstance(status, str) else None, final=True)
@@ -221,9 +221,9 @@ def main(argv=None) -> None:
     parser.add_argument("--k", type=int, default=EXAMPLE_SETTINGS["k"])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    from . import handlers
+    from ui.playground import handlers
     values = dict(EXAMPLE_SETTINGS, max_new_tokens=args.max_new_tokens, draft=args.draft, k=args.k)
-    from .presets import load_presets
+    from ui.playground.presets import load_presets
     prompt = load_presets().prompt(args.prompt_id)
     values.update(prompt=prompt.text, chat=prompt.chat)
     state = SessionState()

@@ -6,8 +6,8 @@ import math
 
 import plotly.graph_objects as go
 
-from .plots import COLORS, empty_figure, figure, layout
-from .render import esc
+from ui.views.plots import COLORS, empty_figure, figure, layout
+from ui.views.render import esc
 
 SAMPLER_NAMES = {"exact_target": "exact (from the model)", "plain": "plain sampling",
                  "exact": "speculative, exact rule", "topp_membership": "speculative, top-p membership (wrong)",

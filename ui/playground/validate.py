@@ -28,9 +28,9 @@ import gradio as gr
 
 import spec_engine as se
 
-from . import limits
-from . import registry as reg
-from .state import RunSettings
+from ui.playground import limits
+from ui.playground import registry as reg
+from ui.playground.state import RunSettings
 
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 1_000_000          # larger than any vocabulary: the same as off

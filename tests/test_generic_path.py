@@ -1,0 +1,56 @@
+"""The exactness suites again with the speed layer off (SPEC_ENGINE_ACCEL=0): the core's device-generic code, the
+code a GPU runs, forced on this CPU. Run in a child pytest because the layer is chosen when spec_engine is imported.
+
+Skipped inside that child (and wherever the whole suite already runs with SPEC_ENGINE_ACCEL=0): one pass each way.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EXACTNESS_SUITES = [
+    "tests/test_verify_enumeration.py",    # the rule, reference and engine, enumerated
+    "tests/test_sampling.py",              # warp equals Hugging Face's processors
+    "tests/test_engine.py",                # KV invariants every round, greedy identity on tiny models
+    "tests/test_statistical.py",           # chi-square for every drafter and rule
+    "tests/test_eagle.py",                 # the EAGLE head's drafts, exact whatever it proposes
+    "tests/test_drafter_registry.py",
+    "tests/test_real_models.py",           # greedy identity on SmolLM2-135M, engine against engine
+    "tests/test_hf_stock_identity.py",     # greedy identity against stock Hugging Face generate()
+]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.skipif(os.environ.get("SPEC_ENGINE_ACCEL") == "0", reason="this run already has the speed layer off")
+def test_the_exactness_suites_pass_with_the_speed_layer_off():
+    env = {**os.environ, "SPEC_ENGINE_ACCEL": "0"}
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *EXACTNESS_SUITES],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
+    summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
+    assert child.returncode == 0, f"with SPEC_ENGINE_ACCEL=0: {summary}\n{child.stdout[-6000:]}\n{child.stderr[-2000:]}"
+    assert " passed" in summary and " failed" not in summary, summary
+
+
+def test_the_child_really_runs_without_the_speed_layer():
+    """The switch works: a fresh interpreter with SPEC_ENGINE_ACCEL=0 has no speed layer, and its loaded models run
+    transformers' own modules (no lean forward, no packed products, no engine attention)."""
+    code = ("import spec_engine as se, torch\n"
+            "from tiny import tiny_llama\n"
+            "m = tiny_llama()\n"
+            "from spec_engine.core.cache import new_cache\n"
+            "print(se.speed_layer(), m.config._attn_implementation, hasattr(m, '_spec_engine_lean'),\n"
+            "      sorted({type(x).__name__ for x in m.modules() if 'Linear' in type(x).__name__}),\n"
+            "      sorted({type(l).__name__ for l in new_cache(m).layers}))\n")
+    env = {**os.environ, "SPEC_ENGINE_ACCEL": "0", "PYTHONPATH": str(ROOT / "tests")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()
+    assert out == ["off", "sdpa", "False", "['Linear']", "['DynamicLayer']"], out
+    env.pop("SPEC_ENGINE_ACCEL")
+    on = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300, check=True).stdout.split()
+    assert on[:3] == ["cpu", "spec_engine_sdpa", "True"] and on[-1] == "['GrowingLayer']", on
