@@ -141,11 +141,13 @@ def test_a_waiting_run_shows_its_place_in_the_queue(page, playground):
                   skip_layers="", exit_after=0, auto_baseline=False, show_spaces=False)
     other = Client(playground, verbose=False)                     # another visitor holds the model queue
     job = other.submit(*[values[n] for n in handlers.RUN_INPUTS], api_name="/run")
+    summary = handlers.RUN_OUTPUTS.index("summary")
     for out in job:
-        if isinstance(out[-1], dict) and out[-1].get("rounds", 0) >= 1:
+        if isinstance(out[summary], dict) and out[summary].get("rounds", 0) >= 1:
             break
     page.click("#spec-run")
     page.wait_for_function("/queue: *\\d+ *\\/ *\\d+/.test(document.body.innerText)", timeout=30_000)
+    assert not job.done()                                          # the other run still held the queue
     job.cancel()
     page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')", timeout=120_000)
 

@@ -251,7 +251,7 @@ def test_custom_hub_ids_pass_validation_only_with_the_flag(client, playground_re
 def test_no_model_is_ever_loaded_with_remote_code(monkeypatch):
     import re
     root = Path(__file__).resolve().parent.parent
-    settings = [m.group(1) for folder in ("spec_engine", "ui") for path in (root / folder).glob("*.py")
+    settings = [m.group(1) for folder in ("spec_engine", "ui") for path in (root / folder).rglob("*.py")
                 for m in re.finditer(r"trust_remote_code[\"']?\s*[:=]\s*(\w+)", path.read_text())]
     assert settings and set(settings) == {"False"}
     seen = {}                                                        # and what from_pretrained really receives

@@ -75,6 +75,7 @@ def test_prompt_longer_than_the_context_is_refused(smollm2):
         se.SpeculativeDecoder(smollm2.model, se.PromptLookupDrafter()).stream(too_long, max_new_tokens=1)
 
 
+@pytest.mark.skipif(se.speed_layer() != "cpu", reason="the CPU speed layer is off (SPEC_ENGINE_ACCEL=0)")
 def test_loaded_models_verify_through_the_engines_kernels(smollm2, gemma):
     """load_model switches both real models to the engine's grouped attention (cpu_attention.py), packs the
     target's fp32 linear layers (cpu_gemm.py) and runs the Llama one (SmolLM2) on the engine's lean forward

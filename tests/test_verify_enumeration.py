@@ -243,6 +243,7 @@ def test_residual_is_normalised_positive_part_and_falls_back_to_p():
     assert residual_distribution(p, p).tolist() == pytest.approx(p.tolist())
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")      # the members come from the CPU search
 def test_the_residual_over_the_members_is_the_whole_rows_residual():
     """residual_on_support (verify_sampled's path when warp recorded the top-p members) gives the whole row's
     residual: sampled drafts, one-hot drafts, and a draft that covers p (fallback to p)."""
@@ -285,6 +286,7 @@ def test_greedy_forced_outcomes():
     assert (verdict.accepted, verdict.next_token) == (0, 2)
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")      # the members come from the CPU search
 def test_the_verdicts_top_candidates_come_from_the_rows_members_unchanged():
     """verify() hands verify_sampled each target row's top-p members; the residual's or bonus row's top candidates
     it reports equal a search of the whole row."""
