@@ -9,6 +9,11 @@ Limits for a public server (each flag overrides its SPEC_* environment variable;
     --max-new-tokens N      token cap of one run (SPEC_MAX_NEW_TOKENS)
     --queue-size N          requests waiting before "queue is full" (SPEC_QUEUE_SIZE)
     --concurrency N         runs decoding at once; 1 keeps timings honest (SPEC_CONCURRENCY)
+
+Where models load (SPEC_DEVICE, SPEC_DTYPE):
+    --device D              cpu, cuda, cuda:1, ... (default: CUDA when present, else the CPU)
+    --dtype T               float32 | bfloat16 | float16 (default: float32 on the CPU and, on a GPU, for models of
+                            0.5B parameters or less, so greedy runs match plain decoding; bfloat16 above)
 """
 import argparse
 import logging
@@ -24,6 +29,7 @@ from gradio.server_messages import ProcessCompletedMessage
 
 from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
 from ui.playground import limits
+from ui.playground import registry
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
 # Uploads are traces (spec_engine.classroom.trace caps them at 20 MiB): Gradio refuses larger files before they are stored.
@@ -77,14 +83,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, help="token cap of one run")
     parser.add_argument("--queue-size", type=int, help="requests waiting before 'queue is full'")
     parser.add_argument("--concurrency", type=int, help="runs decoding at once")
+    parser.add_argument("--device", help="where models load: cpu, cuda, cuda:1 (default: CUDA when present)")
+    parser.add_argument("--dtype", help="float32 | bfloat16 | float16 (default: float32 on the CPU and for models of "
+                                        "0.5B parameters or less, bfloat16 above)")
     return parser.parse_args(argv)
+
+
+def configure(argv: list[str]) -> None:
+    """Limits and placement from SPEC_* variables, then the flags in `argv`; before the demo is built (it starts
+    loading the default target)."""
+    flags = vars(parse_args(argv))
+    placement = limits.placement_from_env(device=flags.pop("device"), dtype=flags.pop("dtype"))
+    limits.configure(limits.from_env(**flags))
+    registry.REGISTRY.place(**placement)
 
 
 logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
 logging.getLogger("ui").setLevel(logging.INFO)      # model loading progress on the console
 
 # Flags only when run as a script: tests import this module under pytest's own argv.
-limits.configure(limits.from_env(**vars(parse_args(sys.argv[1:] if __name__ == "__main__" else []))))
+configure(sys.argv[1:] if __name__ == "__main__" else [])
 demo = queue(build_demo())
 
 if __name__ == "__main__":

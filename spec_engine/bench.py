@@ -300,9 +300,12 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
         raise ValueError(f"unknown random model {name!r}; choose from {', '.join(RANDOM_PREFIX + k for k in RANDOM_SIZES)}")
     tokenizer = tokenizer or random_tokenizer()
     device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
     config = LlamaConfig(vocab_size=49152, max_position_embeddings=8192, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, **RANDOM_SIZES[size])
+    if dtype is None and device.type != "cpu":      # the size decides the default on an accelerator, as for load_model
+        with torch.device("meta"):
+            dtype = resolve_dtype(None, device, sum(p.numel() for p in LlamaForCausalLM(config).parameters()))
+    dtype = resolve_dtype(dtype, device)
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype=dtype).eval().requires_grad_(False)

@@ -4,12 +4,17 @@
     python -m spec_engine --prompt "..." --draft gemma-3-270m:cross-tokenizer --json
 
 Text marks (colour on a terminal): accepted drafts plain (green), [correction] (red), {bonus} (blue).
+--device and --dtype default to $SPEC_DEVICE and $SPEC_DTYPE, else to CUDA when present and to float32 on the CPU
+and for models of 0.5B parameters or less (greedy runs then match plain decoding token for token), bfloat16 above.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+import torch
 
 from spec_engine.core import speed
 from spec_engine.core.decoder import MAX_K, MAX_NEW_TOKENS, SpeculativeDecoder, autoregressive_generate
@@ -37,8 +42,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64, help=f"1..{MAX_NEW_TOKENS}")
     parser.add_argument("--rule", default="exact", choices=RULES, help="the last two are deliberately wrong")
     parser.add_argument("--no-chat", action="store_true", help="encode the prompt as plain text, no chat template")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    parser.add_argument("--device", default=os.environ.get("SPEC_DEVICE") or None,
+                        help="cpu | cuda | cuda:N (default: $SPEC_DEVICE, else CUDA when present)")
+    parser.add_argument("--dtype", default=os.environ.get("SPEC_DTYPE") or None,
+                        help="float32 | bfloat16 | float16 (default: $SPEC_DTYPE, else float32 on the CPU and for "
+                             "models of 0.5B parameters or less, bfloat16 above)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding measurement")
     parser.add_argument("--json", action="store_true", help="print one JSON object: settings, text, stats, rounds")
     return parser.parse_args(argv)
@@ -83,6 +91,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({
             "settings": {**vars(args), **sampling.as_dict()}, "target": target.name, "draft": args.draft,
+            "placement": {"device": str(target.device), "dtype": str(target.dtype).removeprefix("torch.")},
             "text": target.tokenizer.decode(result.tokens, skip_special_tokens=True), "tokens": result.tokens,
             "stats": result.stats.__dict__, "total_seconds": result.total_seconds,
             "baseline": None if baseline is None else {"tokens": baseline.tokens, "total_seconds": baseline.total_seconds,
@@ -102,7 +111,9 @@ def main(argv=None) -> int:
         print(f"plain       {baseline.tokens_per_second:.1f} tok/s ({baseline.total_seconds:.2f} s for {len(baseline.tokens)} tokens)"
               f" -> speedup {speedup:.2f}x (measured, same prompt, settings and seed)")
         if sampling.greedy and baseline.tokens != result.tokens:
-            print("warning: greedy outputs differ (numerics of batched vs single-token forwards)", file=sys.stderr)
+            print("warning: greedy outputs differ (numerics of batched vs single-token forwards"
+                  + (f": in {str(target.dtype).removeprefix('torch.')} near-ties may differ; float32 keeps them"
+                     if target.dtype not in (torch.float32, torch.float64) else "") + ")", file=sys.stderr)
     return 0
 
 

@@ -2,7 +2,7 @@
 plain-decoding baseline it measures; bad input exits with status 2 and the reason."""
 import json
 
-from spec_engine.cli import main
+from spec_engine.cli import main, parse_args
 
 
 def test_cli_json_run_equals_its_measured_baseline(smollm2, capsys):
@@ -17,3 +17,21 @@ def test_cli_json_run_equals_its_measured_baseline(smollm2, capsys):
 def test_cli_bad_k_exits_with_the_reason(smollm2, capsys):
     assert main(["--prompt", "hi", "--k", "99"]) == 2
     assert "k (draft tokens per round)" in capsys.readouterr().err
+
+
+def test_device_and_dtype_come_from_the_environment_then_the_flags(monkeypatch):
+    monkeypatch.delenv("SPEC_DEVICE", raising=False)
+    monkeypatch.delenv("SPEC_DTYPE", raising=False)
+    args = parse_args(["--prompt", "hi"])
+    assert (args.device, args.dtype) == (None, None)              # load_model's defaults (fp32 up to 0.5B on a GPU)
+    monkeypatch.setenv("SPEC_DEVICE", "cuda:1")
+    monkeypatch.setenv("SPEC_DTYPE", "bfloat16")
+    assert vars(parse_args(["--prompt", "hi"]))["device"] == "cuda:1"
+    args = parse_args(["--prompt", "hi", "--device", "cpu", "--dtype", "float32"])
+    assert (args.device, args.dtype) == ("cpu", "float32")
+
+
+def test_cli_json_run_reports_where_it_ran(smollm2, capsys, monkeypatch):
+    monkeypatch.setenv("SPEC_DTYPE", "float32")
+    assert main(["--prompt", "Say hi.", "--max-new-tokens", "4", "--no-baseline", "--json", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["placement"] == {"device": "cpu", "dtype": "float32"}

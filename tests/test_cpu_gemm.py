@@ -156,6 +156,29 @@ def test_pack_linears_declines_what_it_cannot_serve(monkeypatch):
     blocked_gemm.reset()
 
 
+def test_a_model_off_the_cpu_builds_no_kernel(monkeypatch):
+    """pack_linears, prepack and the speed layer's adopt / warm check the device before anything that may compile
+    the blocked kernel: a model on an accelerator (meta stands in here) never needs it. The builder is made to fail."""
+    from spec_engine.accel import CpuSpeedLayer, native
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built a CPU kernel for a model off the CPU")
+    monkeypatch.setattr(blocked_gemm, "kernel", no_build)
+    monkeypatch.setattr(native, "compile_library", no_build)
+    model = tiny_llama().to("meta")
+    assert pack_linears(model) == 0 and not any(isinstance(m, PackedLinear) for m in model.modules())
+    layer = CpuSpeedLayer()
+    assert layer.adopt(model) is None
+    layer.warm(model)
+    assert cpu_gemm.prepack(model) == 0
+    monkeypatch.undo()
+    packed = tiny_llama()
+    pack_linears(packed)                      # wrapped on the CPU, then moved: nothing to pack either
+    packed.to("meta")
+    monkeypatch.setattr(blocked_gemm, "kernel", no_build)
+    assert cpu_gemm.prepack(packed) == 0
+
+
 def test_the_offline_default_scores_the_same_packed(smollm2, static_rule, packed_calls):
     """A verify forward of 1-12 tokens on SmolLM2-135M: packed (the engine's path) against stock F.linear."""
     model = smollm2.model

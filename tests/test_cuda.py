@@ -6,12 +6,14 @@ Real-model checks use a seeded random-weight model of SmolLM2-135M's shape (`spe
 the packaged GGUF (98 MB) cannot travel to the lent machine, and greedy identity holds for any weights.
 The tokenizer comes from $SPEC_TOKENIZER_DIR there (bench/gpu_prepare.sh), or from the packaged model.
 """
+import copy
 import warnings
 
 import pytest
 import torch
 
 import spec_engine as se
+from spec_engine.accel import lean_llama
 from spec_engine.drafters.eagle import random_eagle_drafter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -31,14 +33,17 @@ def greedy_pair(target_model, drafter, prompt: torch.Tensor, tokens: int, k: int
 
 @pytest.fixture(scope="module")
 def tiny_cuda():
+    """Built (and adopted by the CPU speed layer: packed linears, the lean forward) on the CPU, then moved: the lean
+    path must switch itself off on CUDA, and nothing may pack or build CPU kernels for these weights."""
     from tiny import tiny_llama
     return tiny_llama(vocab=8, layers=3, seed=0).to(CUDA), tiny_llama(vocab=8, layers=1, seed=1).to(CUDA)
 
 
 @pytest.fixture(scope="module")
 def random_smollm2():
+    """No dtype given: a model of 0.5B parameters or less defaults to float32 on CUDA (greedy identity holds)."""
     from spec_engine.bench import random_target
-    return random_target("random-smollm2-135m", device="cuda", dtype="float32")
+    return random_target("random-smollm2-135m", device="cuda")
 
 
 def drafters_for(model, draft_model=None):
@@ -55,6 +60,8 @@ def test_tiny_models_greedy_identity_on_cuda(tiny_cuda):
     for name, drafter in drafters_for(target, draft).items():
         spec, plain = greedy_pair(target, drafter, prompt, 24, k=3)
         assert spec.tokens == plain.tokens, name
+        assert {p.device.type for p in getattr(drafter, "head", target).parameters()} == {"cuda"}, name
+    assert lean_llama.lean_layers(target) is None and lean_llama.lean_layers(draft) is None   # off on CUDA
 
 
 def test_tiny_models_exact_rule_distribution_on_cuda(tiny_cuda):
@@ -64,8 +71,7 @@ def test_tiny_models_exact_rule_distribution_on_cuda(tiny_cuda):
     target, draft = tiny_cuda
     params = se.SamplingParams(temperature=1.0, top_p=0.9)
     prompt = torch.tensor([PROMPT], device=CUDA)
-    joint = exact_joint(target.cpu(), prompt.cpu(), params)
-    target.to(CUDA)
+    joint = exact_joint(copy.deepcopy(target).cpu(), prompt.cpu(), params)    # the shared fixture stays on CUDA
     decoder = se.SpeculativeDecoder(target, se.ModelDrafter(draft))
     samples = [tuple(decoder.generate(prompt, k=2, max_new_tokens=LENGTH, sampling=params, seed=s).tokens)
                for s in range(1500)]
@@ -73,11 +79,26 @@ def test_tiny_models_exact_rule_distribution_on_cuda(tiny_cuda):
 
 
 def test_random_smollm2_shape_greedy_identity_fp32(random_smollm2):
+    assert random_smollm2.dtype == torch.float32 and random_smollm2.model.dtype == torch.float32
     prompt = random_smollm2.encode_prompt("Write three sentences about the sea, then repeat them.")
     for name, drafter in drafters_for(random_smollm2.model, random_smollm2.model).items():
         spec, plain = greedy_pair(random_smollm2.model, drafter, prompt, 48)
         assert spec.tokens == plain.tokens, name
         assert spec.rounds[-1].target_cache_len == spec.rounds[-1].committed_len - 1
+
+
+def test_plain_decoding_clocks_wait_for_the_gpu(random_smollm2):
+    """Plain decoding's step clocks synchronize (core/timing.py): the steps account for most of the run, and the
+    speculative rounds' draft + verify never exceed the round. Without the synchronize a step timed the launch and
+    its forward was billed to the next token's sampling, outside every step."""
+    prompt = random_smollm2.encode_prompt("Count from one to twenty in words.")
+    plain = se.autoregressive_generate(random_smollm2.model, prompt, max_new_tokens=32, sampling=GREEDY)
+    assert len(plain.step_seconds) == 31 and min(plain.step_seconds) > 0
+    assert plain.prefill_seconds + sum(plain.step_seconds) <= plain.total_seconds
+    assert sum(plain.step_seconds) >= 0.5 * (plain.total_seconds - plain.prefill_seconds)
+    spec = se.SpeculativeDecoder(random_smollm2.model, se.PromptLookupDrafter()).generate(
+        prompt, k=4, max_new_tokens=32, sampling=GREEDY)
+    assert all(0 <= r.draft_seconds + r.verify_seconds <= r.round_seconds for r in spec.rounds)
 
 
 def test_bf16_runs_keep_the_cache_invariant():

@@ -318,6 +318,22 @@ def test_head_dtype_policy(target, monkeypatch):
         head_dtype(target)
 
 
+def test_a_random_head_lands_on_the_targets_device_and_dtype():
+    """random_eagle_drafter moves its head (drawn on the CPU) to the target's device: a meta target stands in for
+    CUDA here, where the head used to stay behind on the CPU."""
+    meta = tiny_llama(vocab=8, layers=3, seed=0).to("meta")
+    drafter = random_eagle_drafter(meta, scale=3.0)
+    assert {p.device.type for p in drafter.head.parameters()} == {"meta"}
+    assert drafter.lm_head.rows.device.type == "meta" and drafter.vocab_index.device.type == "meta"
+    assert drafter._vocab_ids == list(range(8))
+    wide = tiny_llama(vocab=8, layers=3, seed=0).to(torch.float64)
+    drafter = random_eagle_drafter(wide, scale=3.0)
+    assert {p.dtype for p in drafter.head.parameters()} == {torch.float64}
+    assert {p.device.type for p in drafter.head.parameters()} == {"cpu"}
+    plain, runs = greedy_identity_runs(wide, lambda: random_eagle_drafter(wide, scale=3.0), PROMPT, ks=(3,), tokens=12)
+    assert runs[3].tokens == plain.tokens
+
+
 def test_drafter_refuses_another_target(target):
     with pytest.raises(ValueError, match="built from"):
         se.SpeculativeDecoder(tiny_llama(vocab=8, layers=3, seed=5), random_eagle_drafter(target))

@@ -94,6 +94,32 @@ def test_switching_on_again_after_a_dtype_change_fuses_the_new_weights(lean_off)
     torch.testing.assert_close(lean.float(), stock.float(), rtol=0.02, atol=0.05)
 
 
+def test_moving_or_casting_the_model_after_switching_on_turns_the_lean_path_off(lean_off):
+    """`.to(torch.float64)` (or to another device) gives the modules new weights; the fused ones held outside the
+    module tree are then stale. The per-forward check sees it: the switch is dropped and the engine's forwards run
+    transformers' modules on the weights the model now has (they raised, or would have used the old weights)."""
+    from spec_engine.accel import CpuSpeedLayer
+    model = llama()
+    assert lean_llama.use_lean_forward(model)
+    model.to(torch.float64)
+    ids = list(range(3, 30))
+    logits = forward_logits(model, ids, new_cache(model), 4)
+    assert logits.dtype == torch.float64 and lean_llama.lean_layers(model) is None and not lean_llama.enabled(model)
+    torch.testing.assert_close(logits, lean_off(lambda: forward_logits(model, ids, new_cache(model), 4)), rtol=0, atol=0)
+    assert lean_llama.use_lean_forward(model) and lean_llama.enabled(model)            # switched on again: fused anew, in float64
+    torch.testing.assert_close(forward_logits(model, ids, new_cache(model), 4), logits, rtol=1e-12, atol=1e-12)
+
+    moved = llama()                                   # to an accelerator: off (meta stands in for CUDA here)
+    assert lean_llama.use_lean_forward(moved) and lean_llama.enabled(moved)
+    view = layer_skip_view(moved, [1])                # a view made before the move shares the stale switch
+    moved.to("meta")
+    assert not lean_llama.enabled(moved) and lean_llama.lean_layers(moved) is None
+    assert not lean_llama.enabled(view) and not lean_llama.use_lean_forward(moved)
+    layer = CpuSpeedLayer()
+    assert layer.forward(moved, torch.tensor([[1, 2]], device="meta"), None, 1, ()) is None
+    assert layer.run_layers(moved.model, None, None) is None
+
+
 def test_only_the_engines_forwards_take_the_lean_path(monkeypatch):
     """forward_logits runs the lean layers; calling the model (as Hugging Face generate does) runs transformers'."""
     model = llama()

@@ -197,9 +197,12 @@ def test_paths_that_are_not_models_are_refused(tmp_path):
 
 
 def test_dtype_names_and_defaults():
-    cpu = torch.device("cpu")
-    assert resolve_dtype(None, cpu) == torch.float32
-    assert resolve_dtype(None, torch.device("cuda", 0)) == torch.bfloat16
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert resolve_dtype(None, cpu) == resolve_dtype(None, cpu, 7_000_000_000) == torch.float32
+    assert resolve_dtype(None, cuda) == torch.bfloat16                          # size unknown
+    assert resolve_dtype(None, cuda, 135_000_000) == resolve_dtype(None, cuda, 500_000_000) == torch.float32
+    assert resolve_dtype(None, cuda, 500_000_001) == resolve_dtype(None, cuda, 1_700_000_000) == torch.bfloat16
+    assert resolve_dtype("bf16", cuda, 135_000_000) == torch.bfloat16                # a name always wins
     assert resolve_dtype("bf16", cpu) == resolve_dtype("bfloat16", cpu) == torch.bfloat16
     assert resolve_dtype("FP16", cpu) == resolve_dtype(torch.float16, cpu) == torch.float16
     assert resolve_dtype("fp32", cpu) == torch.float32
@@ -207,6 +210,48 @@ def test_dtype_names_and_defaults():
         resolve_dtype("int8", cpu)
     with pytest.raises(ValueError, match="unsupported dtype"):
         resolve_dtype(torch.int64, cpu)
+
+
+def test_parameter_counts_before_loading(tmp_path, offline):
+    assert models.parse_parameter_count("135M") == 135_000_000 and models.parse_parameter_count("0.5B") == 500_000_000
+    assert models.parse_parameter_count("") is None and models.parse_parameter_count("1.2.3M") is None
+    assert models.parameter_count(DEFAULT_MODEL) == 135_000_000 == resolve_preset(DEFAULT_MODEL).parameter_count
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    config.save_pretrained(tmp_path)                                         # a local directory: its config counted
+    assert models.parameter_count(str(tmp_path)) == sum(p.numel() for p in LlamaForCausalLM(config).parameters())
+    assert models.parameter_count("owner/not-cached") is None                # the Hub, offline: no estimate
+    assert models.parameter_count(str(tmp_path / "missing")) is None
+
+
+def test_the_default_dtype_on_an_accelerator_follows_the_models_size(monkeypatch, tmp_path, offline):
+    """fp32 for models of 0.5B parameters or less (greedy identity holds), bf16 above; on the CPU always fp32, and
+    a dtype given by name is kept. The device is faked (meta) and the loaders only record what they were asked."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    asked = []
+
+    def fake_load(what, device, dtype, *rest):
+        asked.append(dtype)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1))
+        return model, None, "fake"
+    for loader in ("_load_packaged", "_load_hub", "_load_path_or_hub"):
+        monkeypatch.setattr(loading, loader, fake_load)
+    monkeypatch.setattr(loading, "_packaged_or_offline", lambda preset: True)
+    monkeypatch.setattr(loading, "resolve_device", lambda device=None: torch.device(device or "meta"))
+    dtypes = {name: load_model(name).dtype for name in ("smollm2-135m-instruct", "gemma-3-270m",
+                                                       "qwen2.5-0.5b-instruct", "smollm2-1.7b-instruct")}
+    assert dtypes == {"smollm2-135m-instruct": torch.float32, "gemma-3-270m": torch.float32,
+                      "qwen2.5-0.5b-instruct": torch.float32, "smollm2-1.7b-instruct": torch.bfloat16}
+    assert asked == list(dtypes.values())
+    assert load_model("smollm2-135m-instruct", dtype="bfloat16").dtype == torch.bfloat16
+    assert load_model("smollm2-1.7b-instruct", device="cpu").dtype == torch.float32
+    LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2).save_pretrained(tmp_path)
+    assert load_model(str(tmp_path)).dtype == torch.float32                  # a local directory, counted
+    assert load_model("owner/unknown-size").dtype == torch.bfloat16           # the size unknown: bf16
 
 
 def test_quantization_is_checked_before_loading():

@@ -58,6 +58,7 @@ def test_run_streams_every_round_and_matches_the_engine(playground_registry, smo
     assert final["acceptance_rate"] == pytest.approx(reference.stats.acceptance_rate)
     assert final["speedup"] is not None and final["baseline_tokens_per_second"] > 0
     assert final["matches_baseline"] is True                     # greedy + exact rule = plain decoding's text
+    assert final["dtype"] == "float32" and "data-note" not in outputs[-1][RUN_OUTPUTS.index("stats")]
     html = outputs[-1][RUN_OUTPUTS.index("tokens")]
     assert html.count('data-kind="accepted"') == final["accepted"]
     assert 'class="round" data-round=' in html

@@ -307,6 +307,51 @@ def test_loading_stopped_half_way_releases_what_it_held():
     assert held == [] and registry.holds("a") == 0
 
 
+def test_placement_reads_the_environment_then_the_flags():
+    env = {"SPEC_DEVICE": "cuda:1", "SPEC_DTYPE": "bfloat16"}
+    assert limits.placement_from_env(env) == {"device": "cuda:1", "dtype": "bfloat16"}
+    assert limits.placement_from_env(env, device="cpu", dtype=None) == {"device": "cpu", "dtype": "bfloat16"}
+    assert limits.placement_from_env({}) == {"device": None, "dtype": None}          # load_model's defaults
+    assert limits.placement_from_env({"SPEC_DTYPE": " "}) == {"device": None, "dtype": None}
+    registry = make_registry(Loader())
+    registry.place(device="cpu", dtype="bf16")
+    assert registry.load_device() == torch.device("cpu") and registry.get("a").name == "a"
+    with pytest.raises(ValueError, match="unsupported dtype 'int4'"):
+        registry.place(dtype="int4")                  # a typo fails at start-up, not at the first load
+    with pytest.raises(ValueError, match="invalid device"):
+        registry.place(device="gpu")
+
+
+def test_the_memory_check_reads_the_device_it_loads_to(monkeypatch):
+    """Loading to CUDA (the default where a GPU is present) compares the model with the GPU's free memory
+    (torch.cuda.mem_get_info, faked here), not with the system's RAM."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: asked.append(device) or (1 << 30, 80 << 30))
+    assert reg.free_memory_bytes(torch.device("cuda", 0)) == 1 << 30 and asked == [torch.device("cuda", 0)]
+    registry = make_registry(Loader(), free_memory=reg.free_memory_bytes, estimate=lambda name: 4 << 30)
+    assert registry.load_device() == torch.device("cuda", 0)
+    with pytest.raises(reg.ModelMemoryError, match="needs about 4.0 GB and 1.0 GB is free"):
+        registry._check_memory("a")                   # the machine's RAM may be ample: the GPU's is what counts
+    assert asked[-1] == torch.device("cuda", 0)
+    seen = []
+    registry = make_registry(Loader(), free_memory=lambda device: seen.append(device), estimate=lambda name: 1)
+    registry.place(device="cpu")
+    registry.get("a")
+    assert seen == [torch.device("cpu")]
+
+
+def test_the_memory_estimate_uses_the_dtype_the_model_will_load_in(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    registry = make_registry(Loader())
+    assert registry.estimate_bytes(TARGET) == int(135_000_000 * 4 * reg.MEMORY_FACTOR)       # fp32: 0.5B or less
+    assert registry.estimate_bytes("smollm2-1.7b-instruct") == int(1_700_000_000 * 2 * reg.MEMORY_FACTOR)  # bf16
+    registry.place(dtype="bfloat16")
+    assert registry.estimate_bytes(TARGET) == int(135_000_000 * 2 * reg.MEMORY_FACTOR)
+
+
 def test_parameter_counts_from_the_presets():
     assert reg.parse_params("135M") == 135_000_000 and reg.parse_params("1.7B") == 1_700_000_000
     assert reg.parse_params("") is None and reg.parameter_count(TARGET) == 135_000_000

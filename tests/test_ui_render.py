@@ -156,6 +156,41 @@ def test_view_and_stats_html():
     assert "×2.00" in out and "baseline pending" not in out
 
 
+def test_a_bf16_run_says_near_ties_may_differ_instead_of_a_red_mismatch():
+    """In fp32 a greedy run that parts from plain decoding is a bug (red). In bf16 it is rounding: the chip is not
+    red and a note says why; a run that matches still gets the note, since the next prompt may not."""
+    summary = {"rounds": 3, "new_tokens": 6, "acceptance_rate": 1.0, "tokens_per_forward": 2.0,
+               "expected_tokens_per_forward": 2.0, "tokens_per_second": 12.0, "baseline_tokens_per_second": 6.0,
+               "speedup": 2.0, "matches_baseline": False, "first_difference": 4}
+
+    def chip(out):
+        return re.search(r'<div class="chip ([a-z]*)" data-stat="same text as plain"[^>]*><span class="k">[^<]*'
+                         r'</span><span class="v">([^<]*)</span>', out).groups()
+    for dtype in (None, "float32"):
+        out = render.stats_html(dict(summary, dtype=dtype))
+        assert chip(out) == ("bad", "no (token 4)") and "near" not in out
+    out = html.unescape(render.stats_html(dict(summary, dtype="bfloat16")))
+    assert chip(out) == ("pending", "no (token 4)")
+    assert "runs in bfloat16" in out and "nearly tied" in out and "float32" in out
+    out = html.unescape(render.stats_html(dict(summary, dtype="float16", matches_baseline=True)))
+    assert chip(out) == ("good", "yes") and "runs in float16" in out
+    assert "data-note" not in render.stats_html(dict(summary, dtype="bfloat16", matches_baseline=None))
+
+
+def test_the_summary_carries_the_runs_dtype():
+    from types import SimpleNamespace
+
+    from ui.playground.state import RunRecord, RunSettings, summarize
+    settings = RunSettings("t", "prompt-lookup", 3, 0.0, 1.0, 0, 8, 0, "exact", False, "hi")
+    event = SimpleNamespace(drafted=[5], accepted=1, emitted=[5, 6], correction=None, round_seconds=0.1,
+                            prefill_seconds=0.0, draft_seconds=0.0, verify_seconds=0.1)
+    record = RunRecord(1, settings, "prompt-lookup", (1, 2), rounds=[event], dtype="bfloat16")
+    baseline = SimpleNamespace(tokens=[5, 7], tokens_per_second=10.0, total_seconds=0.2, step_seconds=[0.1])
+    summary = summarize(record, baseline)
+    assert summary["dtype"] == "bfloat16" and summary["matches_baseline"] is False
+    assert summarize(RunRecord(2, settings, "prompt-lookup", (1, 2)))["dtype"] is None
+
+
 def test_tokenization_html_escapes_and_numbers_pieces():
     out = render.tokenization_html("<a>", [("tok A", [(5, Piece("<a")), (6, Piece(">"))])])
     assert "<a>" not in out.replace('<span class="lbl">', "") and "&lt;a" in out and "<sub>5</sub>" in out

@@ -236,9 +236,10 @@ def onednn_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 def pack_linears(model: nn.Module, max_bytes: int = MAX_PACKED_BYTES) -> int:
     """Make every fp32 or bf16 CPU nn.Linear of `model` a PackedLinear (see the module docstring), where this CPU
     serves that dtype; returns the bytes of weight they may pack on first use, 0 if the packed product is unavailable
-    here or they exceed `max_bytes`."""
-    linears = [m for m in model.modules() if type(m) is nn.Linear and packs(m.weight.dtype)
-               and m.weight.device.type == "cpu"]
+    here or they exceed `max_bytes`. The device is checked first: `packs` may build the blocked kernel (a C++
+    compile on a machine's first use), which a model on an accelerator never needs."""
+    linears = [m for m in model.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"
+               and packs(m.weight.dtype)]
     total = sum(m.weight.numel() * m.weight.element_size() for m in linears)
     if not linears or total > max_bytes:
         return 0
@@ -256,8 +257,11 @@ def prepack(model: nn.Module) -> int:
     modules += [linear for m in modules if getattr(m, ENGINE_LINEARS, None) is not None
                 for linear in getattr(m, ENGINE_LINEARS).linears()]
     # A linear layer the lean forward superseded by a fused one is multiplied by only outside the engine's forwards.
-    layers = [m for m in modules if isinstance(m, PackedLinear) and packs(m.weight.dtype)
-              and not getattr(m, "superseded", False)]
+    # Layers moved off the CPU since they were wrapped (`model.to("cuda")`) multiply by F.linear: nothing to pack.
+    layers = [m for m in modules if isinstance(m, PackedLinear) and m.weight.device.type == "cpu"
+              and not getattr(m, "superseded", False) and packs(m.weight.dtype)]
+    if not layers:
+        return 0
     if os.environ.get("SPEC_ENGINE_GEMM_TUNE", "1") != "0":
         tune([layer for layer in layers if layer.weight.dtype == torch.float32])
     for layer in layers:
@@ -275,13 +279,13 @@ def tune(layers: list[nn.Linear], save: bool = True) -> dict[tuple, tuple[str, .
     now: for 1..MAX_ROWS rows each candidate kernel multiplies by that shape's layers in turn (up to TUNE_BYTES), the
     kernels interleaved per row count, the fastest of TUNE_PASSES passes counting, F.linear winning a tie. Measuring
     takes ~6 s for SmolLM2-135M on one thread, once per machine. Returns the plans it set."""
-    kernels = fp32_kernels()
     groups: dict[tuple, list[nn.Linear]] = {}
     for layer in layers:
         if layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu" and plan_key(layer) not in _PLANS:
             groups.setdefault(plan_key(layer), []).append(layer)
     if not groups:
         return {}
+    kernels = fp32_kernels()        # after the check: it builds the blocked kernel, which nothing here may need
     saved = load_plans() if save else {}
     made, measured = {}, False
     for key, group in groups.items():

@@ -19,9 +19,10 @@ else (measured by replacing the products with preallocated outputs), so what is 
 Scoped like the engine's other kernels: only `cache.forward_logits` (and the EAGLE head's own steps) take it,
 only for models switched on by `use_lean_forward` (load_model does) whose every module is transformers' Llama
 class, on the CPU, batch 1; Hugging Face `generate` on the same model object runs transformers' modules, so
-the benchmark's baseline stays stock. SPEC_ENGINE_LEAN=0 switches it off. Numerics: equal to transformers'
-forward within float rounding (|d logit| ~ 2e-5 on the offline default, as for the packed product);
-tests/test_lean_llama.py compares logits, hidden states and cache entries.
+the benchmark's baseline stays stock. SPEC_ENGINE_LEAN=0 switches it off, and so does moving or casting the model
+after it was switched on (`enabled` checks before every forward that the weights are still the fused ones).
+Numerics: equal to transformers' forward within float rounding (|d logit| ~ 2e-5 on the offline default, as for
+the packed product); tests/test_lean_llama.py compares logits, hidden states and cache entries.
 """
 from __future__ import annotations
 
@@ -117,6 +118,18 @@ class LeanLayers:
         return all(layer in self.fused and shares(layer.self_attn.q_proj, self.fused[layer].qkv_proj)
                    and shares(layer.mlp.gate_proj, self.fused[layer].gate_up_proj) for layer in inner.layers)
 
+    def fresh(self, inner: LlamaModel) -> bool:
+        """A cheap `current` (it runs before every forward): the stack's first layer still has its fused projections
+        here, and its q_proj still multiplies by a view of them, on the CPU. `model.to(dtype)` or `.to(device)`
+        replaces every weight at once, so the first layer tells; `current` checks them all when switching on."""
+        if not len(inner.layers):
+            return True
+        layer = inner.layers[0]
+        lean = self.fused.get(layer)
+        weight = layer.self_attn.q_proj.weight
+        return (lean is not None and weight.device.type == "cpu"
+                and weight.data_ptr() == lean.qkv_proj.weight.data_ptr())
+
 
 def use_lean_forward(model: nn.Module) -> bool:
     """Switch the engine's forwards of `model` (a LlamaForCausalLM, or a LlamaModel such as the EAGLE head's body)
@@ -137,8 +150,17 @@ def lean_layers(model: nn.Module) -> LeanLayers | None:
 
 
 def enabled(model: nn.Module) -> bool:
-    """`model` was switched on by `use_lean_forward`, and SPEC_ENGINE_LEAN is not 0."""
-    return lean_layers(model) is not None and os.environ.get("SPEC_ENGINE_LEAN", "1") != "0"
+    """`model` was switched on by `use_lean_forward`, its weights are still the ones fused then, and SPEC_ENGINE_LEAN
+    is not 0. A model moved or cast since (`model.to(torch.float64)`, `.to("cuda")`, `.to("meta")`) has new weights
+    that the fused projections no longer share: its switch is dropped here (freeing the old fused weights), so its
+    forwards run transformers' modules on whatever the model now holds; `use_lean_forward` switches it on again."""
+    lean = lean_layers(model)
+    if lean is None or os.environ.get("SPEC_ENGINE_LEAN", "1") == "0":
+        return False
+    if lean.fresh(getattr(model, "model", model)):
+        return True
+    model.__dict__.pop(LEAN_ATTRIBUTE, None)      # stale: never multiply by the old weights (pop: threads may race)
+    return False
 
 
 def rms_norm(norm: LlamaRMSNorm, x: torch.Tensor) -> torch.Tensor:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from time import perf_counter
 from typing import Callable, Iterator
 
 import torch
 
+from spec_engine.core import timing
 from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate, validate_request
 from spec_engine.drafters import Drafter
 from spec_engine.core.sampling import SamplingParams, warp
@@ -155,16 +155,16 @@ def draw(target_model, make_drafter: Callable[[], Drafter] | None, input_ids: to
     if sampling.greedy:
         raise ValueError("the lab compares distributions: greedy decoding has none, set temperature > 0")
     decoder = None if sampler == PLAIN else SpeculativeDecoder(target_model, make_drafter(), rule=sampler)
-    out = SamplerDraws(sampler)
+    out, device = SamplerDraws(sampler), target_model.device
     for i in range(n):
         if should_stop is not None and should_stop():
             return
-        start = perf_counter()
+        start = timing.clock(device)
         if decoder is None:
             out.add(plain_prefix(target_model, input_ids, depth, sampling, seed + i))
         else:
             out.add(*speculative_prefix(decoder, input_ids, depth, k, sampling, seed + i))
-        out.seconds += perf_counter() - start
+        out.seconds += timing.clock(device) - start
         yield out
 
 

@@ -8,7 +8,6 @@ draft, score (one target forward over [last committed, d_1..d_n]), verify, commi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from time import perf_counter
 from typing import Callable, Iterator
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from spec_engine.core.cache import check_invariant, forward_logits, new_cache, trim_cache, cache_len
 from spec_engine.core.drafting import Drafter, Proposal
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, run_stats
+from spec_engine.core import timing
 from spec_engine.core.sampling import SamplingParams, choose_token, make_generator, top_entries
 from spec_engine.core.verify import RULES, Verdict, drafted_probs, verify
 
@@ -54,7 +54,8 @@ def validate_request(model, input_ids, k: int, max_new_tokens: int, sampling) ->
 
 @dataclass(frozen=True)
 class RoundClock:
-    """perf_counter() readings of one round: its start, drafts proposed, verdict reached."""
+    """Clock readings of one round (timing.clock: on CUDA after the queued work is done): its start, drafts
+    proposed, verdict reached."""
     start: float
     drafted: float
     verified: float
@@ -125,8 +126,9 @@ class SpeculativeDecoder:
         """Validate, prefill the target (all prompt tokens but the last) and the drafter."""
         sampling = sampling or SamplingParams()
         committed = validate_request(self.target, input_ids, k, max_new_tokens, sampling)
-        generator = make_generator(self.target.device, seed)
-        begin = perf_counter()
+        device = self.target.device
+        generator = make_generator(device, seed)
+        begin = timing.clock(device)
         target_cache = new_cache(self.target)
         features = None
         if len(committed) > 1:
@@ -134,23 +136,24 @@ class SpeculativeDecoder:
             features = out[1] if self.drafter.feature_layers else None            # [T - 1, F]
         self.drafter.begin(committed, features)
         return DecodeState(committed, len(committed), target_cache, generator, eos_set(eos_token_id), k,
-                           max_new_tokens, sampling, prefill_seconds=perf_counter() - begin)
+                           max_new_tokens, sampling, prefill_seconds=timing.clock(device) - begin)
 
     def step(self, state: DecodeState, should_stop: Callable[[], bool] | None = None) -> RoundEvent:
         """One round: draft, score, verify, commit, trim."""
         assert state.stop_reason is None, "this run has finished"
-        round_start = perf_counter()
+        device = self.target.device
+        round_start = timing.clock(device)
         committed = state.committed
         n_draft = min(state.k, state.max_new_tokens - state.generated - 1)     # a round emits up to n_draft + 1
         proposal = self.drafter.propose(committed, n_draft, state.sampling, state.generator) if n_draft else Proposal([], None)
-        draft_done = perf_counter()
-        drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=self.target.device)            # [n]
+        draft_done = timing.clock(device)
+        drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=device)                       # [n]
         scored = forward_logits(self.target, committed[-1:] + proposal.tokens, state.target_cache,
                                 len(proposal.tokens) + 1, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
         verdict, target_probs, target_members = verify(self.rule, state.sampling, drafted, proposal.probs, target_logits,
                                                        state.generator)
-        verify_done = perf_counter()
+        verify_done = timing.clock(device)
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
         target_before, draft_before = cache_len(state.target_cache), self.drafter.cache_len()
@@ -201,15 +204,16 @@ class SpeculativeDecoder:
             k=state.k, target_cache_len_before=target_before, target_cache_len=cache_len(state.target_cache),
             draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
             committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
-            verify_seconds=clock.verified - clock.drafted, round_seconds=perf_counter() - clock.start,
+            verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(drafted.device) - clock.start,
             prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
             finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note)
 
     def generate(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
                  seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> GenerationResult:
-        start = perf_counter()
+        device = self.target.device
+        start = timing.clock(device)
         rounds = list(self.stream(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop))
-        total = perf_counter() - start
+        total = timing.clock(device) - start
         return GenerationResult(
             tokens=[t for r in rounds for t in r.emitted], rounds=rounds, prompt_len=int(input_ids.shape[1]),
             prefill_seconds=rounds[0].prefill_seconds, total_seconds=total, stop_reason=rounds[-1].stop_reason,
@@ -219,15 +223,18 @@ class SpeculativeDecoder:
 def autoregressive_generate(target_model, input_ids: torch.Tensor, max_new_tokens: int = 64,
                             sampling: SamplingParams | None = None, seed: int = 0, eos_token_id=None,
                             should_stop: Callable[[], bool] | None = None) -> BaselineResult:
-    """Plain decoding, one target forward per token, with the same warping and sampling code as the engine."""
+    """Plain decoding, one target forward per token, with the same warping and sampling code as the engine. Every
+    clock read waits for the device first (timing.clock), as the speculative loop's do, so a step's seconds are its
+    forward's on CUDA too, not the launch's."""
     sampling = sampling or SamplingParams()
     prompt = validate_request(target_model, input_ids, 1, max_new_tokens, sampling)
-    generator = make_generator(target_model.device, seed)
+    device = target_model.device
+    generator = make_generator(device, seed)
     eos = eos_set(eos_token_id)
-    start = perf_counter()
+    start = timing.clock(device)
     cache = new_cache(target_model)
     logits = forward_logits(target_model, prompt, cache, logits_to_keep=1)[-1]               # [vocab]
-    prefill_seconds = perf_counter() - start
+    prefill_seconds = timing.clock(logits.device) - start          # the logits' device: the last of a split model
     tokens, step_seconds, stop_reason = [], [], "max_new_tokens"
     while True:
         token, _ = choose_token(logits, sampling, generator)
@@ -240,8 +247,8 @@ def autoregressive_generate(target_model, input_ids: torch.Tensor, max_new_token
         if should_stop is not None and should_stop():
             stop_reason = "cancelled"
             break
-        step_start = perf_counter()
+        step_start = timing.clock(device)
         logits = forward_logits(target_model, [token], cache, logits_to_keep=1)[-1]
-        step_seconds.append(perf_counter() - step_start)
+        step_seconds.append(timing.clock(logits.device) - step_start)
     return BaselineResult(tokens=tokens, prompt_len=len(prompt), prefill_seconds=prefill_seconds,
-                          total_seconds=perf_counter() - start, step_seconds=step_seconds, stop_reason=stop_reason)
+                          total_seconds=timing.clock(device) - start, step_seconds=step_seconds, stop_reason=stop_reason)

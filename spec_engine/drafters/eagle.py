@@ -124,7 +124,8 @@ def writes_in_place(full: torch.Tensor) -> bool:
 
 def reduced_rows(target_model, vocab_index: torch.Tensor) -> torch.Tensor:
     """The target's LM-head rows of the reduced vocabulary [N, H] (gathered once: N/vocab of the LM head)."""
-    return target_model.get_output_embeddings().weight.detach()[vocab_index.to(torch.long)]
+    weight = target_model.get_output_embeddings().weight.detach()                    # [vocab, H]
+    return weight[vocab_index.to(device=weight.device, dtype=torch.long)]
 
 
 class ReducedLMHead(nn.Module):
@@ -248,9 +249,9 @@ class EagleDrafter(Drafter):
         self.target = target_model
         self.name = name
         self.dtype = next(head.parameters()).dtype      # may differ from the target's (head_dtype)
-        self.vocab_index = vocab_index.to(torch.long)                                  # [N] target ids
-        self._vocab_ids = self.vocab_index.tolist()        # the same on the host: a draw's id without a tensor op
+        self._vocab_ids = vocab_index.tolist()             # the same on the host: a draw's id without a tensor op
         self.embed = target_model.get_input_embeddings().weight                        # [vocab, H], shared
+        self.vocab_index = vocab_index.to(device=self.embed.device, dtype=torch.long)  # [N] target ids, on its device
         self.lm_head = ReducedLMHead(reduced_rows(target_model, self.vocab_index).to(self.dtype))   # [N, H] rows
         layer.adopt(self.lm_head)
         layer.warm(self.lm_head)
@@ -423,7 +424,8 @@ def load_eagle_drafter(target_model, path: Path = DEFAULT_WEIGHTS, min_confidenc
 
 def random_eagle_drafter(target_model, vocab_index: torch.Tensor | None = None, seed: int = 0,
                          scale: float = 1.0, feature_layers=(-1,)) -> EagleDrafter:
-    """An untrained head (for exactness tests: the rule must be exact whatever the head proposes)."""
+    """An untrained head (for exactness tests: the rule must be exact whatever the head proposes), on the target's
+    device and in its dtype. Its weights are drawn on the CPU, so a seed gives the same head on every device."""
     generator = torch.Generator().manual_seed(seed)
     head = EagleHead(head_config(target_model.config, feature_layers=feature_layers))
     with torch.no_grad():
@@ -434,4 +436,4 @@ def random_eagle_drafter(target_model, vocab_index: torch.Tensor | None = None, 
         p.requires_grad_(False)
     if vocab_index is None:
         vocab_index = torch.arange(vocab_size(target_model))
-    return EagleDrafter(head.to(target_model.dtype).eval(), target_model, vocab_index)
+    return EagleDrafter(head.to(device=target_model.device, dtype=target_model.dtype).eval(), target_model, vocab_index)

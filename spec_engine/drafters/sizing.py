@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from spec_engine.core import speed
+from spec_engine.core import speed, timing
 from spec_engine.core.cache import forward_logits, new_cache, trim_cache
 
 MAX_ROWS = 17            # decoder.MAX_K + 1: a round verifies at most 16 drafts and the token before them
@@ -43,7 +43,7 @@ def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (context + rows,), generator=generator).tolist()
-    cache = new_cache(model)
+    cache, device = new_cache(model), model.device
     forward_logits(model, ids[:context], cache, 1)
     seconds: list[list[float]] = [[] for _ in range(rows + 1)]
     deadline = time.perf_counter() + budget_s
@@ -51,11 +51,9 @@ def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION
         for r in range(1, rows + 1):
             if time.perf_counter() > deadline and len(seconds[2]) > 0:
                 break
-            start = time.perf_counter()
+            start = timing.clock(device)                # on CUDA: after the queued work (timing.py)
             logits = forward_logits(model, ids[context:context + r], cache, r)
-            if logits.device.type == "cuda":
-                torch.cuda.synchronize(logits.device)
-            seconds[r].append(time.perf_counter() - start)
+            seconds[r].append(timing.clock(logits.device) - start)
             trim_cache(cache, context)
     medians = [statistics.median(s[1:] if len(s) > 1 else s) if s else None for s in seconds]
     measured = max(r for r in range(1, rows + 1) if medians[r] is not None)

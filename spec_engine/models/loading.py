@@ -31,6 +31,9 @@ from spec_engine.models.presets import (CACHE_MARKER, OFFLINE_HUB_REASON, QUANTI
                                         _STALE_TEMP_SECONDS, ModelLoadError, ModelPreset, Progress, _find_spec,
                                         _package_dir, hub_offline_reason, list_presets)
 
+# On an accelerator, models of at most this many parameters load in float32 by default (see resolve_dtype).
+FP32_MAX_PARAMETERS = 500_000_000
+
 # ------------------------------------------------------------------ loaded model
 
 
@@ -98,12 +101,15 @@ def load_model(
     started = time.perf_counter()
     report = progress or (lambda message: None)
     device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
+    if dtype is not None:
+        dtype = resolve_dtype(dtype, device)
     check_quantization(quantization, device)
     if device_map not in (None, "auto"):
         raise ValueError(f"device_map must be None or 'auto', got {device_map!r}")
     placement = {"quantization": quantization, "device_map": device_map}
     preset = _find_preset(name_or_path)
+    if dtype is None:       # the default: on an accelerator it depends on the model's size (resolve_dtype)
+        dtype = resolve_dtype(None, device, None if device.type == "cpu" else parameter_count(name_or_path, preset))
     if preset is not None and preset.kind == "gguf-package" and _packaged_or_offline(preset):
         model, tokenizer, source = _load_packaged(preset, device, dtype, quantization, report)
     elif preset is not None and preset.kind == "gguf-package":
@@ -148,10 +154,21 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     return device
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """float32 on CPU (bf16 matmuls are slow there), bfloat16 on accelerators by default."""
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, parameters: int | None = None) -> torch.dtype:
+    """`dtype` by name, or the default for `device` and a model of `parameters` parameters: float32 on the CPU (bf16
+    products are no faster there without bf16 dot products); on an accelerator float32 for models of
+    FP32_MAX_PARAMETERS or less, bfloat16 above (or when the size is not known).
+
+    Why float32 for small models: a greedy speculative run must reproduce plain decoding token for token, the
+    playground's lesson. In bf16, verifying k + 1 positions in one forward rounds differently from one-token steps,
+    so a near-tie can flip the argmax and the texts part (the red "same text as plain: no"). A model of 0.5B
+    parameters or less fits any GPU in float32 and is memory-bound there either way; above that bf16 halves the
+    memory, and the UI says that near-ties may differ."""
     if dtype is None:
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
+        if device.type == "cpu":
+            return torch.float32
+        small = parameters is not None and parameters <= FP32_MAX_PARAMETERS
+        return torch.float32 if small else torch.bfloat16
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
@@ -159,6 +176,30 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if isinstance(dtype, str) and dtype.strip().lower() in _DTYPES:
         return _DTYPES[dtype.strip().lower()]
     raise ValueError(f"unsupported dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+
+
+def parameter_count(name_or_path: str, preset: ModelPreset | None = None) -> int | None:
+    """A model's parameter count before loading it: its preset's `params`, else counted from its config.json (a local
+    directory, or the Hub: one small file) on the meta device; None when neither can tell."""
+    preset = preset or _find_preset(name_or_path)
+    if preset is not None and preset.parameter_count is not None:
+        return preset.parameter_count
+    source = preset.hub_id if preset is not None else name_or_path
+    if not source:
+        return None
+    path = Path(source).expanduser()
+    if path.is_dir():
+        source = str(path)
+    elif not _HUB_ID.fullmatch(source) or hub_offline_reason() is not None:
+        return None
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+        return sum(p.numel() for p in model.parameters())
+    except Exception:       # unreadable, unknown architecture, offline: no estimate, the caller picks bf16
+        return None
 
 
 def check_quantization(quantization: str | None, device: torch.device) -> None:

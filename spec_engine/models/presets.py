@@ -42,12 +42,24 @@ _DTYPES = {
     "fp16": torch.float16,
 }
 _STALE_TEMP_SECONDS = 24 * 3600
+_PARAMS = re.compile(r"\s*([\d.]+)\s*([KMB])\s*", re.IGNORECASE)
 
 Progress = Callable[[str], None]
 
 
 class ModelLoadError(ValueError):
     """A model cannot be loaded here; the message says what would fix it."""
+
+
+def parse_parameter_count(text: str | None) -> int | None:
+    """'135M' -> 135_000_000, '1.7B' -> 1_700_000_000 (a preset's `params`); None when it does not say."""
+    match = _PARAMS.fullmatch(text or "")
+    if not match:
+        return None
+    try:
+        return int(float(match.group(1)) * {"K": 1e3, "M": 1e6, "B": 1e9}[match.group(2).upper()])
+    except ValueError:          # '1.2.3M'
+        return None
 
 
 
@@ -71,6 +83,11 @@ class ModelPreset:
     assemble: str | None = None
     requires: tuple[str, ...] = ()
     hub_id: str | None = None
+
+    @property
+    def parameter_count(self) -> int | None:
+        """The parameter count `params` states, or None."""
+        return parse_parameter_count(self.params)
 
     @property
     def modules(self) -> tuple[str, ...]:

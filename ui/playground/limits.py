@@ -78,6 +78,23 @@ def from_env(environ: Mapping[str, str] | None = None, **overrides) -> Limits:
     return Limits(**values)
 
 
+# Where models load (not a limit, read the same way): SPEC_DEVICE / SPEC_DTYPE, then app.py's --device / --dtype.
+PLACEMENT_ENV = {"device": "SPEC_DEVICE", "dtype": "SPEC_DTYPE"}
+
+
+def placement_from_env(environ: Mapping[str, str] | None = None, **overrides) -> dict[str, str | None]:
+    """{"device": ..., "dtype": ...}: SPEC_DEVICE / SPEC_DTYPE, then `overrides` (app.py's flags; None means "not
+    given"). None values keep load_model's defaults: CUDA when present, float32 on the CPU and for models of 0.5B
+    parameters or less, bfloat16 above. The model registry checks the values (`ModelRegistry.place`)."""
+    environ = os.environ if environ is None else environ
+    values = {field: environ[var].strip() or None for field, var in PLACEMENT_ENV.items() if var in environ}
+    values.update({field: value for field, value in overrides.items() if value is not None})
+    unknown = set(values) - set(PLACEMENT_ENV)
+    if unknown:
+        raise ValueError(f"unknown placement settings {sorted(unknown)}")
+    return {field: values.get(field) for field in PLACEMENT_ENV}
+
+
 _current = from_env()
 
 

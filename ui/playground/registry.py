@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -206,10 +205,8 @@ def availability(name: str) -> tuple[bool, str]:
 
 def parse_params(text: str) -> int | None:
     """'135M' -> 135_000_000, '1.7B' -> 1_700_000_000; None when the preset does not say."""
-    match = re.fullmatch(r"\s*([\d.]+)\s*([KMB])\s*", text or "", re.IGNORECASE)
-    if not match:
-        return None
-    return int(float(match.group(1)) * {"K": 1e3, "M": 1e6, "B": 1e9}[match.group(2).upper()])
+    from spec_engine.models import parse_parameter_count
+    return parse_parameter_count(text)
 
 
 @functools.lru_cache(maxsize=64)
@@ -227,7 +224,8 @@ def parameter_count(name: str) -> int | None:
 
 
 def free_memory_bytes(device) -> int | None:
-    """Free memory where the weights will live: the GPU's, else the system's available RAM."""
+    """Free memory where the weights will live: the GPU's (`device` is a CUDA device), else the system's available
+    RAM. The registry passes the device it loads to, resolved (None there means CUDA when present)."""
     import torch
     if device is not None and torch.device(device).type == "cuda":
         return int(torch.cuda.mem_get_info(torch.device(device))[0])
@@ -309,7 +307,7 @@ class ModelRegistry:
     def __init__(self, loader=None, device=None, dtype=None, pinned=None, max_extra: int | None = None,
                  free_memory: Callable | None = None, estimate: Callable[[str], int | None] | None = None):
         self._loader = loader or se.load_model
-        self._device, self._dtype = device, dtype
+        self._device, self._dtype = device, dtype       # None: load_model's defaults (see `place`)
         self._lock = threading.Lock()
         self._load_gate = threading.Lock()          # one load at a time: memory is measured between loads
         self._loading: dict[str, _Loading] = {}
@@ -319,6 +317,23 @@ class ModelRegistry:
         self._max_extra = max_extra
         self._free_memory = free_memory or free_memory_bytes
         self._estimate = estimate or self.estimate_bytes
+
+    # ---- placement
+
+    def place(self, device: str | None = None, dtype: str | None = None) -> None:
+        """Where and in what dtype models load (app.py's --device / --dtype, SPEC_DEVICE / SPEC_DTYPE), before the
+        first load. None keeps load_model's default: CUDA when present, else the CPU; float32 on the CPU and for
+        models of 0.5B parameters or less, bfloat16 above. Both are checked here, so a typo fails at start-up."""
+        from spec_engine import models
+        device_checked = models.resolve_device(device)
+        if dtype is not None:
+            models.resolve_dtype(dtype, device_checked)
+        self._device, self._dtype = device, dtype
+
+    def load_device(self):
+        """The torch.device models load to (the configured one, else CUDA when present, else the CPU)."""
+        from spec_engine import models
+        return models.resolve_device(self._device)
 
     # ---- loading
 
@@ -473,8 +488,9 @@ class ModelRegistry:
         needed = self._estimate(name)
         if needed is None:
             return
+        device = self.load_device()         # the memory the weights will take: the GPU's when loading to CUDA
         while True:
-            free = self._free_memory(self._device)
+            free = self._free_memory(device)
             if free is None or free - MEMORY_HEADROOM >= needed:
                 return
             with self._lock:
@@ -500,12 +516,13 @@ class ModelRegistry:
             torch.cuda.empty_cache()
 
     def estimate_bytes(self, name: str) -> int | None:
-        """Memory a load of `name` needs: parameters x bytes per parameter x MEMORY_FACTOR."""
+        """Memory a load of `name` needs: parameters x bytes per parameter (of the dtype it will load in) x
+        MEMORY_FACTOR."""
         params = parameter_count(name)
         if params is None:
             return None
         from spec_engine import models
-        dtype = models.resolve_dtype(self._dtype, models.resolve_device(self._device))
+        dtype = models.resolve_dtype(self._dtype, self.load_device(), params)
         return int(params * dtype.itemsize * MEMORY_FACTOR)
 
 

@@ -167,6 +167,8 @@ def build(settings: RunSettings, state: SessionState, registry: reg.ModelRegistr
         label = f"early-exit:{len(target.model.model.layers) - len(drafter.skip_layers)}"
     if record is None:
         record = state.new_run(settings, label, input_ids[0].tolist())
+    dtype = getattr(target, "dtype", None)
+    record.dtype = str(dtype).removeprefix("torch.") if dtype is not None else ""   # bf16: near-ties may differ
     opts = RenderOptions(show_spaces=show_spaces, greedy=settings.greedy, rule=settings.rule)
     return Prepared(settings, target, input_ids, decoder, record, registry.labeler(target), opts,
                     reg.eos_ids(target), budget, held)

@@ -83,6 +83,7 @@ class RunRecord:
     recorded: bool = False
     timing: Timing | None = None                        # the speed measurement behind tokens/s and the speedup
     plain: tuple | None = None                          # (BaselineResult, time.time()) measured for this run
+    dtype: str = ""                                     # the target's dtype ("float32", "bfloat16"; "" unknown)
 
     @property
     def baseline_key(self) -> tuple:
@@ -140,6 +141,7 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
         "speedup": None,
         "matches_baseline": None,
         "first_difference": None,
+        "dtype": record.dtype or None,
     }
     if baseline is not None and baseline.tokens_per_second > 0 and out["tokens_per_second"] > 0:
         out["baseline_tokens_per_second"] = baseline.tokens_per_second

@@ -389,6 +389,17 @@ def cost_chips(s: dict) -> list[tuple[str, str, str]]:
             ("predicted speedup", f"×{predicted:.2f}", "good" if predicted >= 1 else "bad")]
 
 
+REDUCED_PRECISION_NOTE = ("This model runs in {dtype}: checking several draft tokens in one forward rounds "
+                          "differently from decoding one token at a time, so where two tokens are nearly tied greedy "
+                          "decoding may pick another one than plain decoding. The rule is still exact; in float32 "
+                          "(the server's --dtype float32) the texts match token for token.")
+
+
+def reduced_precision(dtype: str | None) -> bool:
+    """The run's dtype rounds coarser than float32 (bf16, fp16): a greedy run may then part from plain decoding."""
+    return bool(dtype) and dtype not in ("float32", "float64")
+
+
 def stats_html(summary: dict | None, message: str = "") -> str:
     """The headline numbers of a run (a summary dict from `state.summarize`)."""
     if not summary:
@@ -409,14 +420,19 @@ def stats_html(summary: dict | None, message: str = "") -> str:
         chips += cost_chips(s)
     else:
         chips.append(("speedup", "baseline pending", "pending"))
+    note = ""
     if s.get("matches_baseline") is not None:
         same = s["matches_baseline"]
+        low_precision = reduced_precision(s.get("dtype"))
+        # In fp32 a difference is a bug; in bf16 / fp16 it is rounding (see REDUCED_PRECISION_NOTE), not red.
         chips.append(("same text as plain", "yes" if same else f'no (token {s.get("first_difference")})',
-                      "good" if same else "bad"))
+                      "good" if same else "pending" if low_precision else "bad"))
+        if low_precision:
+            note = f'<div class="msg note" data-note="dtype">{esc(REDUCED_PRECISION_NOTE.format(dtype=s["dtype"]))}</div>'
     html_chips = "".join(f'<div class="chip {cls}" data-stat="{esc(key)}"{title_attr(key)}><span class="k">{esc(key)}'
                          f'</span><span class="v">{esc(value)}</span></div>' for key, value, cls in chips)
     msg = f'<div class="msg">{esc(message)}</div>' if message else ""
-    return f'<div class="spec-stats">{html_chips}{msg}</div>'
+    return f'<div class="spec-stats">{html_chips}{note}{msg}</div>'
 
 
 def tokenization_html(text: str, rows: list[tuple[str, list[tuple[int, Piece]]]]) -> str:
