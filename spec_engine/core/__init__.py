@@ -8,6 +8,7 @@
     decoder.py    the loop (draft, score, verify, commit, trim) and plain decoding
     events.py     the typed per-round events and run summaries; metrics.py: the speedup formula's terms
     timing.py     clock reads that wait for the device first (CUDA runs kernels asynchronously)
+    timing.py     clock reads that wait for the device (CUDA runs kernels asynchronously)
     speed.py      the one seam where an optional speed layer (spec_engine/accel) plugs in
 
 Rule: nothing here imports the speed layer, the drafters, the models, the classroom or the UI
