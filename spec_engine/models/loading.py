@@ -29,7 +29,7 @@ from spec_engine.core import speed
 from spec_engine.paths import cache_root
 from spec_engine.models.presets import (CACHE_MARKER, OFFLINE_HUB_REASON, QUANTIZATIONS, _DTYPES, _HUB_ID,
                                         _STALE_TEMP_SECONDS, ModelLoadError, ModelPreset, Progress, _find_spec,
-                                        _package_dir, hub_offline_reason, list_presets)
+                                        _package_dir, hub_cached, hub_offline_reason, hub_source, list_presets)
 
 # On an accelerator, models of at most this many parameters load in float32 by default (see resolve_dtype).
 FP32_MAX_PARAMETERS = 500_000_000
@@ -113,10 +113,10 @@ def load_model(
     if preset is not None and preset.kind == "gguf-package" and _packaged_or_offline(preset):
         model, tokenizer, source = _load_packaged(preset, device, dtype, quantization, report)
     elif preset is not None and preset.kind == "gguf-package":
-        report(f"{preset.package} is not installed; loading {preset.hub_id} from the Hub instead")
-        model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, placement, report)
+        report(f"{preset.package} is not installed; loading {preset.hub_id} instead")
+        model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, placement, report, preset.gated)
     elif preset is not None:
-        model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, placement, report)
+        model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, placement, report, preset.gated)
     else:
         model, tokenizer, source = _load_path_or_hub(name_or_path, device, dtype, placement, report)
     _freeze(model)
@@ -190,11 +190,14 @@ def parameter_count(name_or_path: str, preset: ModelPreset | None = None) -> int
     path = Path(source).expanduser()
     if path.is_dir():
         source = str(path)
-    elif not _HUB_ID.fullmatch(source) or hub_offline_reason() is not None:
+    elif not _HUB_ID.fullmatch(source):
+        return None
+    local_only = hub_offline_reason() is not None
+    if local_only and not path.is_dir() and not hub_cached(source):
         return None
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False, local_files_only=local_only)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
         return sum(p.numel() for p in model.parameters())
@@ -240,27 +243,40 @@ def _load_path_or_hub(name: str, device, dtype, placement: dict, report):
     )
 
 
-def _load_hub(hub_id: str, device, dtype, placement: dict, report):
+def _load_hub(hub_id: str, device, dtype, placement: dict, report, gated: bool = False):
+    """A Hub id: downloaded (or refreshed) while the Hub is reachable; offline, read from the local Hugging Face cache
+    when it holds the model (source "hub-cache:<id>"), else refused with what would work."""
     reason = hub_offline_reason()
-    if reason is not None:
+    from_cache = reason is not None and hub_cached(hub_id)
+    if reason is not None and not from_cache:
         offline = ", ".join(p.name for p in list_presets() if p.offline)
         raise ModelLoadError(
-            f"{hub_id} {OFFLINE_HUB_REASON}: {reason}. Offline presets: {offline}; "
-            f"or pass a local directory holding the model"
+            f"{hub_id} {OFFLINE_HUB_REASON}: {reason}, and the local Hugging Face cache does not hold it. "
+            f"Offline presets: {offline}; or pass a local directory holding the model"
         )
-    report(f"loading {hub_id} from the Hugging Face Hub")
+    if from_cache:
+        report(f"loading {hub_id} from the local Hugging Face cache (the Hub is offline here: {reason})")
+    else:
+        report(f"loading {hub_id} from the Hugging Face Hub")
     try:
-        model, tokenizer = _from_pretrained(hub_id, device, dtype, **placement, use_safetensors=True)
+        model, tokenizer = _from_pretrained(hub_id, device, dtype, **placement, use_safetensors=True,
+                                            local_files_only=from_cache)
     except OSError as exc:
-        raise ModelLoadError(f"could not load {hub_id} from the Hugging Face Hub: {exc}") from exc
-    return model, tokenizer, f"hub:{hub_id}"
+        hint = (f" ({hub_id} is gated on the Hub: it needs a token (HF_TOKEN) of an account that accepted its "
+                "license)") if gated and not from_cache else ""
+        where = "the local Hugging Face cache" if from_cache else "the Hugging Face Hub"
+        raise ModelLoadError(f"could not load {hub_id} from {where}: {exc}{hint}") from exc
+    return model, tokenizer, f"{'hub-cache' if from_cache else 'hub'}:{hub_id}"
 
 
-def _from_pretrained(source: str, device, dtype, quantization=None, device_map=None, use_safetensors: bool | None = None):
-    """Load with from_pretrained; hub downloads insist on safetensors so no pickle is ever unpickled."""
+def _from_pretrained(source: str, device, dtype, quantization=None, device_map=None, use_safetensors: bool | None = None,
+                     local_files_only: bool = False):
+    """Load with from_pretrained; hub downloads insist on safetensors so no pickle is ever unpickled.
+    `local_files_only`: read the Hugging Face cache, never the network."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False, "use_safetensors": use_safetensors}
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False, "use_safetensors": use_safetensors,
+                              "local_files_only": local_files_only}
     if quantization:
         kwargs.update(quantization_config=_bnb_config(quantization, dtype))
     if quantization or device_map:
@@ -268,7 +284,7 @@ def _from_pretrained(source: str, device, dtype, quantization=None, device_map=N
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     if not (quantization or device_map):
         model.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=local_files_only)
     return model, tokenizer
 
 
@@ -284,10 +300,11 @@ def _bnb_config(quantization: str, dtype: torch.dtype):
 
 
 def _packaged_or_offline(preset: ModelPreset) -> bool:
-    """Use the packaged GGUF when it is installed; without it, a machine with the Hub (a Space) loads the
-    same model from its hub id, and an offline one gets the install command from locate_gguf."""
+    """Use the packaged GGUF when it is installed; without it, the same model loads from its hub id when the local
+    Hugging Face cache holds it or the Hub is reachable (a Space), and otherwise locate_gguf says what to install.
+    The same decision as presets.load_source, which the UI's availability reads."""
     installed = all(_find_spec(module) is not None for module in preset.modules)
-    return installed or not preset.hub_id or hub_offline_reason() is not None
+    return installed or not preset.hub_id or hub_source(preset.hub_id, preset.gated)[0] is None
 
 
 def _load_packaged(preset: ModelPreset, device, dtype, quantization, report):
@@ -316,9 +333,11 @@ def locate_gguf(preset: ModelPreset) -> Path:
     """The GGUF file of a packaged preset, assembling it first when the package ships it in parts."""
     missing = [module for module in preset.modules if _find_spec(module) is None]
     if missing:
+        instead = f" (its hub id cannot replace it here: {hub_source(preset.hub_id, preset.gated)[1]})" \
+            if preset.hub_id else ""
         raise ModelLoadError(
             f"model {preset.name!r} needs the Python package {missing[0]}, which is not installed. "
-            f"Install it with: {preset.install_command}"
+            f"Install it with: {preset.install_command}{instead}"
         )
     if preset.gguf_file:
         path = _package_dir(preset.package) / preset.gguf_file

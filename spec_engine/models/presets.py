@@ -83,6 +83,7 @@ class ModelPreset:
     assemble: str | None = None
     requires: tuple[str, ...] = ()
     hub_id: str | None = None
+    gated: bool = False         # the hub id is gated on the Hub: a download needs a token with access (HF_TOKEN)
 
     @property
     def parameter_count(self) -> int | None:
@@ -141,6 +142,7 @@ _MODEL_FIELDS: dict[str, tuple[type, bool]] = {
     "assemble": (str, False),
     "requires": (list, False),
     "hub_id": (str, False),
+    "gated": (bool, False),
 }
 _PAIR_FIELDS: dict[str, tuple[type, bool]] = {
     "target": (str, True),
@@ -262,6 +264,8 @@ def _parse_preset(entry: dict, where: str) -> ModelPreset:
     hub_id = entry.get("hub_id")
     if hub_id is not None and not _HUB_ID.fullmatch(hub_id):
         raise ValueError(f"{where}: field 'hub_id' must look like 'owner/name' (got {hub_id!r})")
+    if "gated" in entry and hub_id is None:
+        raise ValueError(f"{where}: field 'gated' describes the 'hub_id', which is not set")
     if kind == "gguf-package":
         _check_packaged_fields(entry, where)
     else:
@@ -283,6 +287,7 @@ def _parse_preset(entry: dict, where: str) -> ModelPreset:
         assemble=entry.get("assemble"),
         requires=tuple(requires),
         hub_id=hub_id,
+        gated=entry.get("gated", False),
     )
 
 
@@ -346,29 +351,94 @@ def _check_pair(pair: ModelPair, presets: dict[str, ModelPreset], where: str) ->
 
 
 def is_offline_available(preset: ModelPreset | str) -> tuple[bool, str]:
-    """Whether ``preset`` can be loaded on this machine right now, and why (for a UI).
+    """Whether ``preset`` can be loaded on this machine right now, and why (for a UI). It agrees with load_model:
+    see `load_source`.
 
-    Cheap: it looks for the packages without importing them and never downloads.
+    Cheap: it looks for the packages without importing them, reads the Hugging Face cache's index and never
+    downloads.
     """
+    source, reason = load_source(preset)
+    return source is not None, reason
+
+
+def load_source(preset: ModelPreset | str) -> tuple[str | None, str]:
+    """Where load_model would take ``preset`` from now, and why: ("package", ...) the packaged GGUF;
+    ("hub-cache", ...) its hub id, already in the local Hugging Face cache; ("hub", ...) its hub id, downloaded;
+    (None, what would fix it). A packaged preset whose package is missing (a Space installs only
+    requirements.txt) falls back to its hub id, as the loader does."""
     if isinstance(preset, str):
         preset = resolve_preset(preset)
     if preset.kind == "hub":
-        if hub_offline_reason() is not None:
-            return False, OFFLINE_HUB_REASON
-        return True, f"downloads {preset.hub_id} from the Hugging Face Hub"
+        return hub_source(preset.hub_id, preset.gated)
     missing = [module for module in preset.modules if _find_spec(module) is None]
-    if missing:
-        return False, f"package {missing[0]} is not installed; install it with: {preset.install_command}"
-    if preset.gguf_file and not (_package_dir(preset.package) / preset.gguf_file).is_file():
-        return False, f"{preset.gguf_file} is missing from package {preset.package}; reinstall it with: {preset.install_command}"
-    return True, f"ships in the {preset.package} package"
+    if not missing:
+        if preset.gguf_file and not (_package_dir(preset.package) / preset.gguf_file).is_file():
+            return None, (f"{preset.gguf_file} is missing from package {preset.package}; "
+                          f"reinstall it with: {preset.install_command}")
+        return "package", f"ships in the {preset.package} package"
+    install = f"package {missing[0]} is not installed; install it with: {preset.install_command}"
+    if not preset.hub_id:
+        return None, install
+    source, reason = hub_source(preset.hub_id, preset.gated)
+    if source is None:
+        return None, f"{install} (its hub id cannot replace it here: {reason})"
+    return source, f"package {missing[0]} is not installed; {reason}"
+
+
+def hub_source(hub_id: str, gated: bool = False) -> tuple[str | None, str]:
+    """How the Hub id ``hub_id`` can be loaded now: ("hub-cache", ...) when the local Hugging Face cache holds it
+    (offline too), ("hub", ...) when the Hub is reachable, else (None, why). A ``gated`` id that is not cached needs
+    a token (HF_TOKEN, a Space secret) of an account that accepted its license."""
+    if hub_cached(hub_id):
+        return "hub-cache", f"loads {hub_id} from the local Hugging Face cache"
+    if hub_offline_reason() is not None:
+        return None, OFFLINE_HUB_REASON
+    if gated and not _hub_token():
+        return None, (f"{hub_id} is gated on the Hugging Face Hub: it needs a token (HF_TOKEN) of an account that "
+                      f"accepted its license")
+    return "hub", f"downloads {hub_id} from the Hugging Face Hub" + (" (gated: uses your HF_TOKEN)" if gated else "")
+
+
+# What a Hub id needs in the cache to load: transformers' config, safetensors weights (the loader never reads
+# pickles) and a tokenizer.
+_CACHED_CONFIG = "config.json"
+_CACHED_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+_CACHED_TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
+
+
+def hub_cached(hub_id: str) -> bool:
+    """Whether the local Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub) holds ``hub_id`` at its main revision:
+    config, safetensors weights and a tokenizer, found by huggingface_hub's own lookup (refs/main -> snapshot).
+    Never touches the network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def has(filename: str) -> bool:
+        try:
+            return isinstance(try_to_load_from_cache(hub_id, filename), str)
+        except (ValueError, OSError):       # a malformed id, an unreadable cache
+            return False
+
+    return has(_CACHED_CONFIG) and any(map(has, _CACHED_WEIGHTS)) and any(map(has, _CACHED_TOKENIZER))
+
+
+def _hub_token() -> str | None:
+    """The Hugging Face token huggingface_hub would send (HF_TOKEN, or a saved login), or None."""
+    try:
+        from huggingface_hub import get_token
+        return get_token()
+    except Exception:       # an unreadable token file: no token
+        return None
 
 
 def hub_offline_reason() -> str | None:
-    """Why the Hugging Face Hub cannot be used, or None when it can."""
+    """Why the Hugging Face Hub cannot be used, or None when it can: the library's own offline setting
+    (HF_HUB_OFFLINE, also read live from the environment), else a probe of the endpoint."""
     for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if os.environ.get(variable, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
             return f"{variable} is set"
+    from huggingface_hub import constants
+    if constants.HF_HUB_OFFLINE:
+        return "huggingface_hub is in offline mode (HF_HUB_OFFLINE)"
     host, port = _hub_endpoint()
     if not _can_connect(host, port):
         return f"{host} is unreachable"

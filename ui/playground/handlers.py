@@ -44,7 +44,6 @@ PLOT_INTERVAL = 1.0
 UI_MAX_NEW_TOKENS = 1024        # the engine allows 2048; the server's cap is limits.current().max_new_tokens
 SWEEP_K = (1, 2, 3, 4, 6, 8, 12)
 MISMATCH_MAX_NEW_TOKENS = 40
-MISMATCH_DRAFT_MODEL = "gemma-3-270m"
 
 RUN_INPUTS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
               "chat", "skip_layers", "exit_after", "auto_baseline", "show_spaces")
@@ -391,12 +390,15 @@ def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens,
 
 
 def mismatch_drafts(target: str) -> list[tuple[str, str, str]]:
-    """(draft value, label, what the target receives) for the tokenizer-mismatch demo."""
+    """(draft value, label, what the target receives) for the tokenizer-mismatch demo; the different-tokenizer draft
+    is the packaged Gemma where installed, else GPT-2 from the Hub (reg.mismatch_draft_model)."""
+    draft = reg.mismatch_draft_model()
+    them, us = reg.short_name(draft), reg.short_name(target)
     return [
-        (f"{MISMATCH_DRAFT_MODEL}:naive-ids", "(a) naive ids", "Gemma's token ids, reused as SmolLM2 ids"),
-        (f"{MISMATCH_DRAFT_MODEL}:cross-tokenizer", "(b) cross-tokenizer", "Gemma's text, re-tokenized by SmolLM2"),
-        ("prompt-lookup", "(c) same tokenizer", "SmolLM2 ids copied from the context"),
-        ("layer-skip", "(c') same tokenizer", "SmolLM2 ids from the target minus some layers"),
+        (f"{draft}:naive-ids", "(a) naive ids", f"{them}'s token ids, reused as {us} ids"),
+        (f"{draft}:cross-tokenizer", "(b) cross-tokenizer", f"{them}'s text, re-tokenized by {us}"),
+        ("prompt-lookup", "(c) same tokenizer", f"{us} ids copied from the context"),
+        ("layer-skip", "(c') same tokenizer", f"{us} ids from the target minus some layers"),
     ]
 
 
@@ -470,7 +472,8 @@ def tokenization_demo(views, target: str) -> str:
         return ""
     text = same.labeler.text(same.record.tokens[:14])
     rows = []
-    for name in (target, MISMATCH_DRAFT_MODEL):
+    drafts = [prep.record.settings.draft.partition(":")[0] for _, _, _, prep in views if ":" in prep.record.settings.draft]
+    for name in (target, *drafts[:1]):
         loaded = reg.REGISTRY.loaded(name)
         if loaded is None:
             continue

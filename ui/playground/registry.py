@@ -186,19 +186,43 @@ def tokenizer_family(name: str) -> str | None:
         return None
 
 
+def short_name(name: str) -> str:
+    """A preset's display name without its parenthesis: 'Gemma 3 270M', 'SmolLM2 135M Instruct'."""
+    return display_name(name).split(" (")[0]
+
+
 def availability(name: str) -> tuple[bool, str]:
+    """Whether `name` loads here, and why: the engine's answer (spec_engine.models.load_source), which agrees with
+    its loader; custom Hub ids only where the server allows them."""
     from spec_engine import models
     if name not in preset_names():
         if not limits.current().allow_custom_models:
             return False, "not a preset, and custom models are switched off on this server"
-        reason = models.hub_offline_reason()
-        if reason is not None:
-            return False, f"{models.OFFLINE_HUB_REASON}: {reason}"
-        return True, f"downloads {name} from the Hugging Face Hub"
+        source, why = models.hub_source(name)
+        if source is None:
+            return False, f"{models.OFFLINE_HUB_REASON}: {models.hub_offline_reason()}"
+        return True, why
     try:
         return models.is_offline_available(name)
     except ValueError as exc:
         return False, str(exc)
+
+
+# The tokenizer-mismatch demo's different-tokenizer draft, in order of preference: Gemma 3 where its package (or the
+# Hugging Face cache) has it, else GPT-2, which is not gated on the Hub (a Space installs no model package and
+# usually has no HF_TOKEN).
+MISMATCH_DRAFT_MODELS = ("gemma-3-270m", "gpt2")
+
+
+def mismatch_draft_model() -> str:
+    """The first of MISMATCH_DRAFT_MODELS that loads without a download, else the first a download gives (not gated
+    first), else the first (its load then says what is missing)."""
+    from spec_engine import models
+    sources = {name: models.load_source(name)[0] for name in MISMATCH_DRAFT_MODELS}
+    local = [name for name in MISMATCH_DRAFT_MODELS if sources[name] in ("package", "hub-cache")]
+    download = sorted((name for name in MISMATCH_DRAFT_MODELS if sources[name] == "hub"),
+                      key=lambda name: se.resolve_preset(name).gated)
+    return (local or download or list(MISMATCH_DRAFT_MODELS))[0]
 
 
 # ----------------------------------------------------------------------------------------- memory
