@@ -10,6 +10,11 @@ Limits for a public server (each flag overrides its SPEC_* environment variable;
     --queue-size N          requests waiting before "queue is full" (SPEC_QUEUE_SIZE)
     --concurrency N         runs decoding at once; 1 keeps timings honest (SPEC_CONCURRENCY)
 
+The same file serves every Space hardware tier: CPU basic, a dedicated GPU, and ZeroGPU (SPACES_ZERO_GPU set by the
+Space): there the models load at start-up on the main thread and every model computation runs in a
+`spaces.GPU` function (ui/playground/compute.py); SPEC_ZEROGPU_MODELS names the models to load (default: the
+default target and Gemma-3-270M for the tokenizer-mismatch demo).
+
 Where models load (SPEC_DEVICE, SPEC_DTYPE):
     --device D              cpu, cuda, cuda:1, ... (default: CUDA when present, else the CPU)
     --dtype T               float32 | bfloat16 | float16 (default: float32 on the CPU and, on a GPU, for models of
@@ -19,7 +24,9 @@ import argparse
 import logging
 import sys
 
-try:   # ZeroGPU on Hugging Face Spaces wants `spaces` imported before torch; elsewhere it is absent
+import os
+
+try:   # ZeroGPU on Hugging Face Spaces wants `spaces` imported before torch; elsewhere it is absent or inert
     import spaces  # noqa: F401
 except ImportError:
     pass
@@ -28,7 +35,7 @@ from gradio import queueing
 from gradio.server_messages import ProcessCompletedMessage
 
 from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
-from ui.playground import limits
+from ui.playground import compute, handlers, limits
 from ui.playground import registry
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
@@ -91,11 +98,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def configure(argv: list[str]) -> None:
     """Limits and placement from SPEC_* variables, then the flags in `argv`; before the demo is built (it starts
-    loading the default target)."""
+    loading the default target). On ZeroGPU the models are loaded here, on the main thread (`zerogpu_models`)."""
     flags = vars(parse_args(argv))
     placement = limits.placement_from_env(device=flags.pop("device"), dtype=flags.pop("dtype"))
     limits.configure(limits.from_env(**flags))
     registry.REGISTRY.place(**placement)
+    if compute.ZEROGPU:
+        registry.REGISTRY.preload(zerogpu_models())
+
+
+def zerogpu_models() -> list[str]:
+    """What a ZeroGPU Space serves (no model loads after start-up there): SPEC_ZEROGPU_MODELS (comma separated),
+    else the default target and the tokenizer-mismatch demo's draft, those of them that can load here."""
+    from spec_engine.models import default_model_name
+    names = [n.strip() for n in os.environ.get("SPEC_ZEROGPU_MODELS", "").split(",") if n.strip()]
+    names = names or [default_model_name(), handlers.MISMATCH_DRAFT_MODEL]
+    return [name for name in dict.fromkeys(names) if registry.availability(name)[0]]
 
 
 logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")

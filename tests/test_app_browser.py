@@ -171,13 +171,13 @@ def test_closing_the_tab_ends_its_run_on_the_server(page, playground):
     max_new.press("Enter")
     tab.click("#spec-run")
     tab.wait_for_function("document.querySelectorAll('#spec-tokens .tokens .round').length >= 3", timeout=120_000)
-    running = [s for s in sessions() if s.active is not None and s.active.decoder is not None]
+    running = [s for s in sessions() if s.active is not None and s.active.work is not None]
     assert len(running) == 1
     tab.close()
     record = running[0].active.record
     deadline = time.monotonic() + 30
-    while running[0].active.decoder is not None and time.monotonic() < deadline:
+    while running[0].active.work is not None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert running[0].active.decoder is None                       # released: caches dropped
+    assert running[0].active.work is None                          # released: GPU function closed, caches dropped
     assert record.stop_reason == "cancelled" and len(record.tokens) < 600   # ended by the closed tab, not by itself
     assert reg.REGISTRY.holds("smollm2-135m-instruct") == 0

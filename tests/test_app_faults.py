@@ -385,7 +385,7 @@ def running_session(client, demo, min_rounds=3, max_new_tokens=None):
 
 
 def ended_and_freed(state, registry) -> bool:
-    return state.active.decoder is None and registry.holds(TARGET) == 0
+    return state.active.work is None and registry.holds(TARGET) == 0
 
 
 @pytest.fixture

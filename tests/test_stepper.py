@@ -264,7 +264,7 @@ def test_finder_handlers_say_when_the_run_ends_without_the_round():
     import gradio as gr
     from ui.classroom import tabs as classroom
     s = session(SCRIPT)
-    out = list(classroom.find_round({}, s, stepper.rejects_at(4), "round rejecting draft 4"))
+    out = list(classroom.find_round({}, s, "reject:4", "round rejecting draft 4"))
     status = out[-1][1 + classroom.STEP_OUTPUTS.index("status")]
     assert "No round rejecting draft 4 in this run (the run ended: max_new_tokens, 3 rounds)" in status
     assert s.stepper.position == 0 and s.stepper.finished

@@ -40,24 +40,38 @@ def tiny_settings(**kw):
     return RunSettings(**values)
 
 
+def tiny_prep(settings, state, ids, show_spaces=False):
+    """A prepared tiny run with its record, as handlers.fold makes one (runner.prepare, then runner.begin)."""
+    options = RenderOptions(show_spaces=show_spaces, greedy=settings.greedy, rule=settings.rule)
+    prep = runner.Prepared(settings, tuple(ids[0].tolist()), TinyLabeler(), options)
+    runner.begin(prep, state, "tiny-draft", "")
+    state.active = prep
+    return prep
+
+
+def stream(decoder, ids, settings, should_stop=None):
+    s = settings
+    return decoder.stream(ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(), seed=s.seed,
+                          should_stop=should_stop)
+
+
 def live_tiny_run(target, draft, show_spaces=False, with_baseline=True, **kw):
-    """What handlers.decode does, with the tiny models: prepare by hand, runner.rounds, timed run and baseline,
-    finish."""
+    """What handlers.decode does, with the tiny models and no GPU function: the rounds folded into the record,
+    the timed run and the baseline, finish."""
     settings = tiny_settings(**kw)
     state = SessionState()
     ids = torch.tensor([[1, 2, 3, 0]])
     decoder = se.SpeculativeDecoder(target, se.ModelDrafter(draft), rule=settings.rule)
-    record = state.new_run(settings, "tiny-draft", ids[0].tolist())
-    options = RenderOptions(show_spaces=show_spaces, greedy=settings.greedy, rule=settings.rule)
-    prep = runner.Prepared(settings, None, ids, decoder, record, TinyLabeler(), options, None)
-    state.active = prep
-    for _ in runner.rounds(prep, state):
-        pass
+    prep = tiny_prep(settings, state, ids, show_spaces)
+    for round_event in stream(decoder, ids, settings):
+        runner.record_round(prep, state, round_event)
     if with_baseline:
-        list(runner.timed(prep, state))         # the speed measured without drawing, as handlers.measure does
-        state.baselines[record.baseline_key] = se.autoregressive_generate(
+        s = settings                 # the speed measured without drawing, as compute.run_job does
+        runner.keep_timing(prep.record, state, decoder.generate(ids, k=s.k, max_new_tokens=s.max_new_tokens,
+                                                                sampling=s.sampling(), seed=s.seed))
+        state.baselines[prep.record.baseline_key] = se.autoregressive_generate(
             target, ids, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling(), seed=settings.seed)
-    state.finish(record)
+    state.finish(prep.record)
     return prep, state
 
 
@@ -122,11 +136,11 @@ def test_a_stopped_run_replays_with_the_stop_status(target, draft):
     settings = tiny_settings(max_new_tokens=40)
     state = SessionState()
     ids = torch.tensor([[1, 2, 3, 0]])
-    record = state.new_run(settings, "tiny-draft", ids[0].tolist())
-    prep = runner.Prepared(settings, None, ids, se.SpeculativeDecoder(target, se.ModelDrafter(draft)), record,
-                           TinyLabeler(), RenderOptions(), None)
-    state.active = prep
-    for ev in runner.rounds(prep, state):
+    prep = tiny_prep(settings, state, ids)
+    record = prep.record
+    for ev in stream(se.SpeculativeDecoder(target, se.ModelDrafter(draft)), ids, settings, state.stop_event.is_set):
+        if not runner.record_round(prep, state, ev):
+            break
         if ev.index == 2:
             live = next(handlers.stop(state))                     # what the Stop button renders, mid-run
     assert record.stop_reason == "cancelled" and len(record.rounds) == 3

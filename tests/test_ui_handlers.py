@@ -120,7 +120,7 @@ def test_stop_ends_the_run_within_one_round_and_records_it_once(playground_regis
 
 def test_closing_the_run_generator_ends_the_run_at_once_and_frees_it(playground_registry, every_round):
     """What Gradio does to the handler on a cancelled job or a closed tab: it closes the generator. No round runs
-    after that, and the run's decoder and its hold on the model are released in the same call."""
+    after that, and the run's GPU function (its decoder) and its hold on the model are released in the same call."""
     state = SessionState()
     gen = handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=200), state)
     for out in gen:
@@ -128,10 +128,11 @@ def test_closing_the_run_generator_ends_the_run_at_once_and_frees_it(playground_
             break
     prep = state.active
     rounds = len(prep.record.rounds)
-    assert prep.decoder is not None and playground_registry.holds(TARGET) == 1
+    work = prep.work
+    assert work is not None and work.gi_frame is not None and playground_registry.holds(TARGET) == 1
     gen.close()
-    assert prep.decoder is None and playground_registry.holds(TARGET) == 0
-    assert prep.budget.should_stop()                 # anything the run started (a baseline worker) stops too
+    assert prep.work is None and work.gi_frame is None and playground_registry.holds(TARGET) == 0
+    assert prep.record.stop_reason == "cancelled"
     time.sleep(0.3)                                  # ~10 rounds' time: an engine left running elsewhere would show
     assert len(prep.record.rounds) == rounds and len(prep.record.tokens) < 200
 

@@ -19,6 +19,7 @@ import torch
 import spec_engine as se
 from spec_engine.classroom import lab, toy
 
+from ui.playground import compute as gpu_calls
 from ui.playground import handlers, limits, runner, validate
 from ui.views import lab_plots
 from ui.playground import registry as reg
@@ -174,23 +175,42 @@ def toy_setup(toy_prompt: str) -> LabSetup:
                     lambda seq: tokenizer.decode(seq), toy.DESCRIPTION, f'"{toy_prompt.strip()}"', threads=1)
 
 
+@dataclass(frozen=True)
+class Current:
+    """The main panel's choice for the lab, checked: what the GPU function needs to build it again."""
+    prompt: str
+    target: str
+    draft: str
+    chat: bool
+    skip_layers: str
+    exit_after: int
+
+
 def current_setup(prompt, target, draft, chat, skip_layers, exit_after, held: list[str]):
-    """The main panel's target and draft, loaded through the registry and held (their names are appended to
-    `held`; the caller releases them). Yields progress messages; returns a LabSetup."""
+    """The main panel's target and draft, checked, loaded through the registry and held (their names are appended
+    to `held`; the caller releases them). Yields progress messages; returns (Current, label, model note, prompt
+    note): the GPU function builds the models' side from the Current (`current_models`)."""
     prompt, target = validate.check_prompt(prompt), validate.check_target(target)
     draft = validate.check_draft(draft, target)
     kind, spec = reg.split_draft(draft)
     models = yield from runner.load([target] + ([spec.model] if spec.model else []), reg.REGISTRY, held)
     loaded = models[target]
     skip_layers, exit_after = validate.check_layers(skip_layers, exit_after, draft, loaded)
-    options = reg.DraftOptions(skip_layers=skip_layers, exit_after=exit_after)
     labeler = reg.REGISTRY.labeler(loaded)
     short = prompt.strip().replace("\n", " ")
-    return LabSetup(loaded.model, lambda: kind.build(spec, loaded, models.get(spec.model), options),
-                    loaded.encode_prompt(prompt, chat=bool(chat)),
-                    lambda seq: " ".join(show_text(labeler(t)) for t in seq),
-                    f"{reg.display_name(target)} with draft {draft}",
-                    f'the main panel\'s prompt "{short[:80]}{"…" if len(short) > 80 else ""}"')
+    return (Current(prompt, target, draft, bool(chat), skip_layers, exit_after),
+            lambda seq: " ".join(show_text(labeler(t)) for t in seq), f"{reg.display_name(target)} with draft {draft}",
+            f'the main panel\'s prompt "{short[:80]}{"…" if len(short) > 80 else ""}"')
+
+
+def current_models(current: Current) -> LabSetup:
+    """In the GPU function: the target, a drafter factory and the prompt's ids for a checked Current."""
+    kind, spec = reg.split_draft(current.draft)
+    loaded = gpu_calls.loaded(current.target)
+    draft = gpu_calls.loaded(spec.model) if spec.model else None
+    options = reg.DraftOptions(skip_layers=current.skip_layers, exit_after=current.exit_after)
+    return LabSetup(loaded.model, lambda: kind.build(spec, loaded, draft, options),
+                    loaded.encode_prompt(current.prompt, chat=current.chat), None, "", "")
 
 
 def status_text(run: LabRun, progress_note: str) -> str:
@@ -229,7 +249,47 @@ def initial_outputs() -> dict:
             "table": pd.DataFrame([], columns=lab_plots.LAB_COLUMNS)}
 
 
-@handlers.gpu
+@dataclass(frozen=True)
+class LabJob:
+    """One lab run for `lab_job`: the toy pair with `toy_prompt`, or the main panel's `current` models."""
+    settings: LabSettings
+    toy_prompt: str
+    current: Current | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Exact:
+    """The target's exact distribution over continuations, and the seconds its enumeration took."""
+    distribution: dict
+    seconds: float
+
+
+@gpu_calls.gpu(gpu_calls.job_seconds)
+def lab_job(job: LabJob, stop: gpu_calls.Stop):
+    """Yields Exact, then every sampler's SamplerDraws as they grow (at most every UPDATE_INTERVAL seconds, and at
+    the sampler's end); ends early at Stop or at the job's deadline."""
+    s = job.settings
+    setup = toy_setup(job.toy_prompt) if job.current is None else current_models(job.current)
+    budget = runner.Budget(stop, job.seconds)
+    budget.start()
+    start = perf_counter()
+    exact = lab.exact_distribution(setup.target_model, setup.input_ids[0].tolist(), s.depth, s.sampling)
+    yield Exact(exact, perf_counter() - start)
+    with intra_op_threads(setup.threads):
+        for sampler in EXACT_SIDE + (WRONG_SIDE if s.wrong_rules else []):
+            last, draws = perf_counter(), None
+            for draws in lab.draw(setup.target_model, setup.make_drafter, setup.input_ids, s.depth, s.k, s.sampling,
+                                  s.n, sampler, s.seed, should_stop=budget.should_stop):
+                if perf_counter() - last >= UPDATE_INTERVAL:
+                    last = perf_counter()
+                    yield draws
+            if draws is not None:
+                yield draws
+            if budget.should_stop():
+                return
+
+
 def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wrong_rules, level,
             prompt, target, draft, chat, skip_layers, exit_after, state, progress=gr.Progress()):
     """'Run the exactness lab' / api_name="lab_exactness": streams partial histograms, then the final ones.
@@ -242,49 +302,47 @@ def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wro
     try:
         with handlers.friendly_errors():
             if model == "current":
-                setup = yield from handlers.relay(
+                chosen = yield from handlers.relay(
                     current_setup(prompt, target, draft, chat, skip_layers, exit_after, held),
                     lambda m: (esc(m),) + skip, state.stop_event)
-                if setup is None:
+                if chosen is None:
                     return
+                current, label, model_note, prompt_note = chosen
             else:
                 setup = toy_setup(toy_prompt)
+                current, label, model_note, prompt_note = None, setup.label, setup.model_note, setup.prompt_note
             yield ("Enumerating the exact distribution…",) + skip
-            budget.start()
-            start = perf_counter()
-            exact = lab.exact_distribution(setup.target_model, setup.input_ids[0].tolist(), settings.depth,
-                                           settings.sampling)
-            run = LabRun(setup.label, setup.model_note, setup.prompt_note, settings, exact, [],
-                         perf_counter() - start)
-            yield from draw_all(setup, run, level, budget, progress)
+            samplers = len(EXACT_SIDE + (WRONG_SIDE if settings.wrong_rules else []))
+            job = LabJob(settings, toy_prompt, current,
+                         gpu_calls.call_seconds(budget, samplers * settings.n * (settings.depth + 1)))
+            yield from draw_all(LabRun(label, model_note, prompt_note, settings, {}, [], 0.0), job, level, state,
+                                progress)
     finally:
         budget.cancel.set()
         for name in held:
             reg.REGISTRY.release(name)
 
 
-def draw_all(setup: LabSetup, run: LabRun, level: str, budget, progress):
-    """Every sampler's draws into `run`, streaming a view at most every UPDATE_INTERVAL seconds."""
+def draw_all(run: LabRun, job: LabJob, level: str, state, progress):
+    """`lab_job`'s results into `run`, streaming a view for each (they come at most every UPDATE_INTERVAL s)."""
     s = run.settings
     samplers = EXACT_SIDE + (WRONG_SIDE if s.wrong_rules else [])
-    total, last = s.n * len(samplers), perf_counter()
-    with intra_op_threads(setup.threads):
-        for index, sampler in enumerate(samplers):
-            name = lab_plots.SAMPLER_NAMES[sampler]
-            stream = lab.draw(setup.target_model, setup.make_drafter, setup.input_ids, s.depth, s.k,
-                              s.sampling, s.n, sampler, s.seed, should_stop=budget.should_stop)
-            for draws in stream:
-                if draws.n == 1:
-                    run.draws.append(draws)
-                now = perf_counter()
-                if now - last >= UPDATE_INTERVAL:
-                    last = now
-                    progress((index * s.n + draws.n) / total, desc=f"{name}: {draws.n}/{s.n}")
-                    yield lab_view(run, level, f"Drawing: {name}, {draws.n} of {s.n}…")
-            if budget.should_stop():
-                why = "Stopped" if budget.stop_event.is_set() else f"Time limit ({budget.seconds:g} s) reached"
-                yield lab_view(run, level, f"{why}: the numbers above use the draws made so far.")
-                return
+    total = s.n * len(samplers)
+    for item in gpu_calls.pull(lab_job(job, gpu_calls.Stop(state.stop_event)), state.stop_event):
+        if isinstance(item, Exact):
+            run.exact, run.seconds_exact = item.distribution, item.seconds
+            continue
+        if run.draws and run.draws[-1].sampler == item.sampler:
+            run.draws[-1] = item             # the same sampler's draws, grown (a copy when it crossed processes)
+        else:
+            run.draws.append(item)
+        name = lab_plots.SAMPLER_NAMES[item.sampler]
+        progress((samplers.index(item.sampler) * s.n + item.n) / total, desc=f"{name}: {item.n}/{s.n}")
+        yield lab_view(run, level, f"Drawing: {name}, {item.n} of {s.n}…")
+    if len(run.draws) < len(samplers) or any(d.n < s.n for d in run.draws):
+        why = "Stopped" if state.stop_event.is_set() else f"Time limit ({job.seconds:g} s) reached"
+        yield lab_view(run, level, f"{why}: the numbers above use the draws made so far.")
+        return
     yield lab_view(run, level, f"Done: {total} continuations in {sum(d.seconds for d in run.draws):.1f} s.")
 
 

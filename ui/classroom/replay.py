@@ -163,7 +163,7 @@ def replay_parts(trace: tr.Trace):
         at, by = trace.display.get("baseline_at"), trace.display.get("baseline_run")
         if isinstance(at, (int, float)):
             scratch.baseline_info[record.baseline_key] = {"at": float(at), "run_id": by}
-    prep = runner.Prepared(settings, None, None, None, record, labeler, options, None)
+    prep = runner.Prepared(settings, record.prompt_ids, labeler, options, record)
     return prep, scratch, labeler
 
 

@@ -1,20 +1,27 @@
 """Step-through: advance one speculative round at a time, go back, and see every number of the round.
 
 `Stepper` is the pure state machine: the rounds recorded so far and a position (how many are shown).
-Forward moves the position and computes a new round (through `advance`, e.g. `decoder.step`) only when the
-position is at the end; Back and Reset never touch the engine. `StepSession` adds what rendering needs
-(labeler, render options, one HTML fragment per round) and the engine state of one visitor. The renderers
-below turn the current round into a decision table, a residual bar chart and the KV cache before and after
-trimming; like the rest of `ui/`, they only read events.
+Forward moves the position and computes a new round (through `advance`) only when the position is at the end;
+Back and Reset never touch the engine. `StepSession` adds what rendering needs (labeler, render options, one HTML
+fragment per round). New rounds come from the GPU function `step_job` (one call per handler call, inside
+`engine`), which keeps the engine state of a live session between calls where its process lives on, and otherwise
+decodes the recorded rounds again (same seed, same rounds: checked). The renderers below turn the current round
+into a decision table, a residual bar chart and the KV cache before and after trimming; like the rest of `ui/`,
+they only read events.
 """
 from __future__ import annotations
 
 import threading
+import uuid
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import spec_engine as se
 
+from ui.playground import compute, runner
+from ui.playground import registry as reg
 from ui.views import plots, render
 from ui.views.render import RenderOptions, esc, fmt_prob, show_text
 from ui.playground.state import RunSettings, SessionState
@@ -49,6 +56,8 @@ STEP_CSS = """
 
 
 KV_BAR_PX = 60        # the longest cache's bar
+NONE, NEXT, ALL_ACCEPTED = "none", "next", "all-accepted"      # what a step_job computes (`wanted_by`)
+LIVE_SESSIONS = 8         # step-through engine states kept per process (least recently used dropped)
 
 
 class Stepper:
@@ -146,6 +155,7 @@ class StepSession:
     options: RenderOptions
     origin: str = "live"                      # "live" (models) or "trace" (a loaded trace, no models)
     baseline: object = None
+    key: str = ""                             # a live session's engine state is kept under this id (step_job)
     fragments: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -160,15 +170,129 @@ class StepSession:
 
 
 def start_live(settings: RunSettings, registry, show_spaces: bool = False) -> Iterator[str]:
-    """Load (yielding progress), prefill, and return a StepSession whose Forward runs one `decoder.step`."""
-    from ui.playground import runner
+    """Load (yielding progress), check, build and prefill (a `step_job` asked for no round); returns a live
+    StepSession whose Forward computes rounds inside `engine`."""
     prep = yield from runner.prepare(settings, SessionState(), registry, show_spaces)   # scratch: not the history
-    s = prep.settings
-    state = prep.decoder.start(prep.input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
-                               seed=s.seed, eos_token_id=prep.eos)
-    stepper = Stepper(lambda: prep.decoder.step(state))
-    return StepSession(stepper, s, prep.record.draft_label, list(prep.record.prompt_ids), prep.prompt_text,
-                       prep.labeler, prep.options)
+    key = uuid.uuid4().hex
+    built = [item for item in step_job(StepJob(settings, prep.prompt_ids, key, (), 0, NONE, step_seconds(settings)),
+                                       compute.Stop()) if isinstance(item, compute.Built)]
+    return StepSession(Stepper(outside_engine), settings, built[0].label, list(prep.prompt_ids), prep.prompt_text,
+                       prep.labeler, prep.options, key=key)
+
+
+def outside_engine() -> se.RoundEvent:
+    raise RuntimeError("a live step-through computes rounds only inside stepper.engine(...)")
+
+
+@contextmanager
+def engine(session: StepSession | None, until: str = NEXT):
+    """For one handler call: the session's new rounds (if it needs any) come from one `step_job`, asked for rounds
+    until `until` holds (NEXT: one round; "reject:i"; ALL_ACCEPTED), which is what Forward or a finder consumes."""
+    if session is None or not session.key:       # a trace, or a session whose rounds come from elsewhere
+        yield
+        return
+    events = session.stepper.events
+    job = StepJob(session.settings, tuple(session.prompt_ids), session.key,
+                  tuple(t for ev in events for t in ev.emitted), len(events), until, step_seconds(session.settings))
+    work = step_job(job, compute.Stop())          # started (a GPU call) only if a round is asked for
+
+    def advance() -> se.RoundEvent:
+        for item in work:
+            if isinstance(item, se.RoundEvent):
+                return item
+        raise RuntimeError("the step-through's engine ended before the run did")
+
+    session.stepper._advance = advance
+    try:
+        yield
+    finally:
+        work.close()
+        session.stepper._advance = outside_engine
+
+
+# ------------------------------------------------------------------------------------------- the GPU function
+
+
+
+def step_seconds(settings: RunSettings) -> float:
+    return compute.call_seconds(runner.Budget(threading.Event()), settings.max_new_tokens)
+
+
+def wanted_by(until: str) -> Callable[[se.RoundEvent], bool]:
+    if until == NEXT:
+        return lambda ev: True
+    if until == ALL_ACCEPTED:
+        return all_accepted
+    if until.startswith("reject:"):
+        return rejects_at(int(until.partition(":")[2]))
+    raise ValueError(f"unknown step target {until!r}")
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """Rounds for one step-through: after the `rounds` it has recorded (which emitted `done`), until `until`."""
+
+    settings: RunSettings
+    prompt_ids: tuple[int, ...]
+    key: str                        # the session's id: its engine state is kept under it
+    done: tuple[int, ...]
+    rounds: int
+    until: str
+    seconds: float
+
+
+@dataclass
+class LiveEngine:
+    job: StepJob
+    decoder: se.SpeculativeDecoder
+    state: object                   # the decoder's DecodeState
+    rounds: int
+    built: compute.Built
+
+
+_live: OrderedDict[str, LiveEngine] = OrderedDict()
+_live_lock = threading.Lock()
+
+
+def live_engine(job: StepJob) -> LiveEngine:
+    """The engine state after the job's recorded rounds: the one this process kept for the session if it is at the
+    same round, else built anew and the recorded rounds decoded again, checked to give the same tokens."""
+    with _live_lock:
+        entry = _live.pop(job.key, None)
+    same = entry is not None and (entry.job.settings, entry.job.prompt_ids) == (job.settings, job.prompt_ids)
+    if same and entry.rounds == job.rounds:
+        return entry
+    s = job.settings
+    decoder, input_ids, target, built = compute.build(s, job.prompt_ids)
+    state = decoder.start(input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(), seed=s.seed,
+                          eos_token_id=reg.eos_ids(target))
+    tokens: list[int] = []
+    for _ in range(job.rounds):
+        tokens += decoder.step(state).emitted
+    if tokens != list(job.done):
+        raise ValueError("This step-through cannot be resumed the same way on this server: press Reset.")
+    return LiveEngine(job, decoder, state, job.rounds, built)
+
+
+@compute.gpu(compute.job_seconds)
+def step_job(job: StepJob, stop: compute.Stop) -> Iterator:
+    """Yields Built, then the rounds after the recorded ones until one satisfies `job.until` or the run ends."""
+    entry = live_engine(job)
+    yield entry.built
+    wanted = None if job.until == NONE else wanted_by(job.until)
+    try:
+        while wanted is not None and entry.state.stop_reason is None:
+            event = entry.decoder.step(entry.state)
+            entry.rounds += 1
+            yield event
+            if wanted(event):
+                break
+    finally:
+        if entry.state.stop_reason is None:          # a finished run needs no engine state
+            with _live_lock:
+                _live[job.key] = entry
+                while len(_live) > LIVE_SESSIONS:
+                    _live.popitem(last=False)
 
 
 def from_trace(trace) -> StepSession:

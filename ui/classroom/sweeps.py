@@ -7,16 +7,19 @@ that spread, and settings that gave identical rounds are named. The runs are don
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 import pandas as pd
 
 import spec_engine as se
 from spec_engine.classroom import sweep
 
-from ui.playground import handlers, runner, validate
+from ui.playground import compute, handlers, runner, validate
 from ui.views import lab_plots
 from ui.classroom import lab as exactness_lab
 from ui.playground import registry as reg
+from ui.playground.state import RunSettings
 from ui.views.render import esc
 
 AXIS_CHOICES = [("k = 1..8", "k"), ("temperature 0..1.5", "temperature"), ("drafts", "draft")]
@@ -121,7 +124,6 @@ def check_repeats(repeats) -> int:
     return handlers.as_int("repeats", repeats, 1, sweep.MAX_REPEATS)
 
 
-@handlers.gpu
 def run_sweep(axis, values, prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
               skip_layers, exit_after, state, repeats=sweep.DEFAULT_REPEATS, fixed_length=False,
               progress=gr.Progress()):
@@ -145,6 +147,42 @@ def run_sweep(axis, values, prompt, target, draft, k, temperature, top_p, top_k,
             reg.REGISTRY.release(name)
 
 
+@dataclass(frozen=True)
+class SweepJob:
+    """One sweep for `sweep_job`: the main panel's settings and the points, checked."""
+    axis: str
+    points: tuple
+    settings: RunSettings
+    prompt_ids: tuple[int, ...]
+    repeats: int
+    fixed_length: bool
+    seconds: float
+
+
+@compute.gpu(compute.job_seconds)
+def sweep_job(job: SweepJob, stop: compute.Stop):
+    """Yields a SweepRow after every run (spec_engine.classroom.sweep.run_sweep); ends early at Stop or at the
+    job's deadline."""
+    import torch
+    s = job.settings
+    drafts = {p.draft: reg.split_draft(p.draft) for p in job.points}
+    target = compute.loaded(s.target)
+    models = {spec.model: compute.loaded(spec.model) for _, spec in drafts.values() if spec.model}
+    options = reg.DraftOptions(skip_layers=s.skip_layers, exit_after=s.exit_after, fixed_length=job.fixed_length)
+
+    def make_drafter(name: str) -> se.Drafter:
+        kind, spec = drafts[name]
+        return kind.build(spec, target, models.get(spec.model), options)
+
+    input_ids = torch.tensor([list(job.prompt_ids)], dtype=torch.long, device=target.device)
+    for p in job.points:
+        se.validate_request(target.model, input_ids, p.k, s.max_new_tokens, p.sampling)
+    budget = runner.Budget(stop, job.seconds)
+    budget.start()
+    yield from sweep.run_sweep(target.model, make_drafter, input_ids, job.axis, list(job.points), s.max_new_tokens,
+                               s.seed, s.rule, reg.eos_ids(target), budget.should_stop, repeats=job.repeats)
+
+
 def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progress, repeats: int = 1,
                fixed_length: bool = False):
     skip = (gr.skip(),) * (len(OUTPUTS) - 1)
@@ -152,38 +190,26 @@ def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progr
         points = sweep.sweep_points(axis, values, settings.draft, settings.k, settings.sampling())
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    drafts = {p.draft: reg.split_draft(p.draft) for p in points}
-    names = [settings.target] + [spec.model for _, spec in drafts.values() if spec.model]
+    names = [settings.target] + [spec.model for _, spec in (reg.split_draft(p.draft) for p in points) if spec.model]
     models = yield from handlers.relay(runner.load(names, reg.REGISTRY, held), lambda m: (esc(m),) + skip,
                                        budget.stop_event)
     if models is None:
         return
-    target_model = models[settings.target]
-    options = reg.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after,
-                               fixed_length=fixed_length)
-
-    def make_drafter(name: str) -> se.Drafter:
-        kind, spec = drafts[name]
-        return kind.build(spec, target_model, models.get(spec.model), options)
-
-    input_ids = target_model.encode_prompt(settings.prompt, chat=settings.chat)
-    for p in points:
-        se.validate_request(target_model.model, input_ids, p.k, settings.max_new_tokens, p.sampling)
+    prompt_ids = runner.encode(models[settings.target], settings.prompt, settings.chat)
     about, sized, total = describe(settings, repeats, fixed_length), not fixed_length, len(points) * repeats
+    job = SweepJob(axis, tuple(points), settings, tuple(prompt_ids), repeats, fixed_length,
+                   compute.call_seconds(budget, 2 * total * settings.max_new_tokens))
     rows: list[sweep.SweepRow] = []
-    budget.start()
     progress(0, desc=f"run 1 of {total}")
     yield sweep_view(rows, axis, f"Running {total} runs ({len(points)} settings × {repeats}; plain decoding is "
                                  f"measured once per sampling setting and pass)… {about}", sized)
-    for row in sweep.run_sweep(target_model.model, make_drafter, input_ids, axis, points, settings.max_new_tokens,
-                               settings.seed, settings.rule, reg.eos_ids(target_model), budget.should_stop,
-                               repeats=repeats):
+    for row in compute.pull(sweep_job(job, compute.Stop(budget.stop_event)), budget.stop_event):
         rows.append(row)
         progress(len(rows) / total, desc=f"{len(rows)} of {total} runs done")
         yield sweep_view(rows, axis, f"Measured {axis} = {row.value}, repeat {row.repeats} of {repeats} "
                                      f"({len(rows)} of {total} runs)… {about}", sized)
-    if budget.should_stop():
-        why = "Stopped" if budget.stop_event.is_set() else f"Time limit ({budget.seconds:g} s) reached"
+    if len(rows) < total:
+        why = "Stopped" if budget.stop_event.is_set() else f"Time limit ({job.seconds:g} s) reached"
         yield sweep_view(rows, axis, f"{why} after {len(rows)} of {total} runs (a run cut short is not shown). "
                                      f"{about}", sized)
         return

@@ -66,12 +66,12 @@ def start(values: dict):
 
 
 def advance(session) -> bool:
-    """One step forward under the session's lock; False when there is nothing more to show."""
-    with session.lock:
+    """One step forward under the session's lock (a new round from the engine at the end of the recording);
+    False when there is nothing more to show."""
+    with session.lock, stepper.engine(session):
         return session.stepper.forward() is not None
 
 
-@handlers.gpu
 def step_forward(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
                  exit_after, show_spaces, session):
     """Forward / api_name="step": show the next round (computed by the engine only at the end of the
@@ -86,7 +86,6 @@ def step_forward(prompt, target, draft, k, temperature, top_p, top_k, max_new_to
         yield step_view(session)
 
 
-@handlers.gpu
 def step_reset(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
                exit_after, show_spaces, session):
     """Reset / api_name="step_reset": a new session with the current controls, no round shown yet (the prompt
@@ -106,15 +105,16 @@ def draft_position(value) -> int:
     return int(value)
 
 
-def find_round(values: dict, session, wanted, what: str):
+def find_round(values: dict, session, until: str, what: str):
     """Generator behind the finders: start a session if there is none, then go forward (computing rounds with
-    the engine, as Forward does) to the next round for which `wanted` holds; say so when the run ends first."""
+    the engine, as Forward does) to the next round for which `until` holds (stepper.wanted_by); say so when the
+    run ends first."""
     if session is None:
         session = yield from start(values)
     yield message(f"Looking for the next {what}…")
-    with session.lock:
+    with session.lock, stepper.engine(session, until):
         shown = session.stepper.position
-        found = session.stepper.find(wanted)
+        found = session.stepper.find(stepper.wanted_by(until))
         ended = f"the run ended: {session.stop_reason}" if session.stepper.finished else "no more recorded rounds"
         total = len(session.stepper.events)
     if found is not None:
@@ -128,7 +128,6 @@ def find_round(values: dict, session, wanted, what: str):
     yield step_view(session, gr.Timer(active=False), note=note)
 
 
-@handlers.gpu
 def step_find_rejection(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                         skip_layers, exit_after, show_spaces, position, session):
     """'Next round rejecting draft i': forward to the next round whose first rejection is draft i (1-based)."""
@@ -139,17 +138,16 @@ def step_find_rejection(prompt, target, draft, k, temperature, top_p, top_k, max
         k = session.settings.k if session is not None else settings_from(values).k
         if i > k:
             raise validate.refusal(f"Draft position {i} is past k = {k}: a round drafts at most k tokens.")
-        yield from find_round(values, session, stepper.rejects_at(i), f"round rejecting draft {i}")
+        yield from find_round(values, session, f"reject:{i}", f"round rejecting draft {i}")
 
 
-@handlers.gpu
 def step_find_accepted(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                        skip_layers, exit_after, show_spaces, session):
     """'Next all-accepted round': forward to the next round that accepted every draft."""
     values = dict(zip(STEP_INPUTS, (prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule,
                                     chat, skip_layers, exit_after, show_spaces)))
     with handlers.friendly_errors():
-        yield from find_round(values, session, stepper.all_accepted, "round with every draft accepted")
+        yield from find_round(values, session, stepper.ALL_ACCEPTED, "round with every draft accepted")
 
 
 # "Show me" for the step-through's lesson: one click from the tab to a round that rejects the 4th of 5 drafts.
@@ -162,7 +160,6 @@ LESSON_CONTROLS = ("prompt", "draft", "k", "temperature", "top_p", "top_k", "max
 LESSON_POSITION = 4
 
 
-@handlers.gpu
 def step_lesson(target, show_spaces):
     """'Show me: draft 4 of 5 rejected': sets the controls to the lesson's settings (visibly, on the left), starts
     a step-through with them and goes to the first round whose 4th draft is the rejected one."""
@@ -173,7 +170,7 @@ def step_lesson(target, show_spaces):
     controls = tuple(lesson[name] for name in LESSON_CONTROLS) + (LESSON_POSITION,)
     first = True
     with handlers.friendly_errors():
-        for out in find_round(values, None, stepper.rejects_at(LESSON_POSITION),
+        for out in find_round(values, None, f"reject:{LESSON_POSITION}",
                               f"round rejecting draft {LESSON_POSITION}"):
             yield out + (controls if first else (gr.skip(),) * len(controls))
             first = False
@@ -187,7 +184,6 @@ def step_back(session):
     return step_view(session)
 
 
-@handlers.gpu
 def step_tick(*args):
     """Autoplay: one Forward per timer tick; the timer stops itself at the end of the run."""
     values, session = dict(zip(STEP_INPUTS, args[:-1])), args[-1]

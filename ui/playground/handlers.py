@@ -1,13 +1,15 @@
 """Gradio handlers: generators that turn settings into streamed UI updates.
 
 They validate inputs with `validate` (user mistakes become `gr.Error`; the same checks run earlier as the
-events' `validator=`), call `runner` and render with `render` and `plots`. Every output tuple follows RUN_OUTPUTS
-(or MISMATCH_OUTPUTS); values not worth resending are `gr.skip()`. Per-user data lives in the `SessionState`
-passed in; the only process-wide objects are the model registry and the limits.
+events' `validator=`), prepare a run with `runner`, ask a GPU function (`compute.run_job`) for its results, fold
+them into the session (`fold`) and render with `render` and `plots`. Every output tuple follows RUN_OUTPUTS (or
+MISMATCH_OUTPUTS); values not worth resending are `gr.skip()`. Per-user data lives in the `SessionState` passed
+in and never reaches a GPU function (on ZeroGPU those run in another process: see compute.py); the only
+process-wide objects are the model registry and the limits.
 
 Computing handlers yield once per engine round (an all-skip update between renders), so when Gradio closes
 the generator (Stop's `cancels=`, a cancelled API job, a closed tab) it ends within one round; every run ends
-in `runner.release`, which drops its caches and the models it held, however it ended.
+in `runner.release`, which closes its GPU function and lets go of the models it held, however it ended.
 """
 from __future__ import annotations
 
@@ -21,20 +23,13 @@ import pandas as pd
 
 import spec_engine as se
 
-from ui.playground import limits, runner, validate
+from ui.playground import compute, limits, runner, validate
 from ui.views import plots, render
 from ui.playground import registry as reg
 from ui.playground.presets import Presets
 from ui.playground.state import HISTORY_COLUMNS, RunSettings, SessionState
 
 log = logging.getLogger("ui.playground.handlers")
-
-try:   # ZeroGPU on Hugging Face Spaces: the decorated handlers get a GPU while they run
-    import spaces   # type: ignore[import-not-found]
-    gpu = spaces.GPU(duration=120)
-except Exception:   # not on a Space, or no `spaces` package: run as is
-    def gpu(fn):
-        return fn
 
 RENDER_INTERVAL = 0.15          # seconds between streamed UI updates (the final round is always sent)
 # Seconds between streamed updates of the plots and the KV table (the tokens and stats go every RENDER_INTERVAL):
@@ -133,7 +128,7 @@ def status_text(record, summary: dict, running: bool) -> str:
     if running:
         return f"Decoding… round {summary['rounds']}, {summary['new_tokens']} tokens"
     reason = {"eos": "end of sequence", "max_new_tokens": "max new tokens reached", "cancelled": "stopped",
-              runner.TIME_LIMIT: f"stopped at this server's time limit ({limits.current().max_run_seconds:g} s)"
+              runner.TIME_LIMIT: f"stopped at this server's time limit ({record.time_limit or limits.current().max_run_seconds:g} s)"
               }.get(record.stop_reason or "", record.stop_reason or "done")
     return f"Run {record.run_id} finished: {reason} after {summary['rounds']} rounds, {summary['new_tokens']} tokens"
 
@@ -208,66 +203,81 @@ def initial_outputs() -> dict[str, object]:
 SKIP_RUN = (gr.skip(),) * len(RUN_OUTPUTS)
 
 
+def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget: runner.Budget):
+    """Run `job` on the GPU function and fold each result into the session before yielding it: Built starts the
+    run's record (and the handler's deadline), rounds go into the record, the timed run becomes its speed and
+    plain decoding its baseline. Ends early when Stop is set or the Stop handler has recorded the live run."""
+    prep.work = compute.run_job(job, compute.Stop(state.stop_event))
+    recorded = lambda: job.live and prep.record is not None and prep.record.recorded      # noqa: E731
+    try:
+        for item in compute.pull(prep.work, state.stop_event, recorded):
+            if isinstance(item, compute.Built):
+                runner.begin(prep, state, item.label, item.dtype).time_limit = job.seconds
+                budget.start()
+            elif isinstance(item, se.RoundEvent):
+                if not runner.record_round(prep, state, item):
+                    return
+            elif isinstance(item, se.GenerationResult):
+                runner.keep_timing(prep.record, state, item)
+            elif isinstance(item, se.BaselineResult):
+                runner.keep_baseline(prep.record, state, item)
+            yield item
+    finally:
+        if job.live:
+            runner.end_rounds(prep, state)
+
+
+SETTLE_SECONDS = 1.0    # lets the browser finish drawing the last live updates (Plotly included) before the engine is timed
+MEASURING = {"timed": "Measuring the speed without drawing: speculative decoding",
+             "plain": "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"}
+
+
 def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_baseline: bool):
     """The run pipeline as UI updates: load (progress), rounds drawn live (throttled), then the speed measurement
-    with nothing drawn (`measure`), then the final view."""
+    with nothing drawn (both sides of the speedup, back to back: the run decoded again, then plain decoding), then
+    the final view. Plain decoding is measured anew every time, never taken from the session's cache: on a shared
+    machine the load drifts between runs, and only measurements made back to back compare."""
     state.stop_event.clear()
     budget = runner.Budget(state.stop_event)
-    prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, show_spaces, budget, hold=True),
+    prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, show_spaces, hold=True),
                             message_view, state.stop_event)
     if prep is None:
         yield message_view("Stopped while loading; the model keeps loading in the background for the next run.")
         return
     try:
-        state.active = prep
-        last, last_plots = 0.0, float("-inf")          # the first update draws the plots
-        for event in runner.rounds(prep, state):
-            now = perf_counter()
-            if (event.finished or now - last >= RENDER_INTERVAL) and not state.stop_event.is_set():
-                # The last live update carries no plots: they are drawn once, after the speed is measured.
-                with_plots = not event.finished and now - last_plots >= PLOT_INTERVAL
-                last, last_plots = now, now if with_plots else last_plots
-                yield run_view(prep, state, with_plots=with_plots)
+        passes = 3 if auto_baseline else 1          # the live run, then the timed run and plain decoding
+        job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, passes * settings.max_new_tokens),
+                             live=True, timed=auto_baseline, plain=auto_baseline,
+                             settle=0.0 if compute.ZEROGPU else SETTLE_SECONDS)   # on ZeroGPU no browser shares the GPU
+        last, last_plots, label = 0.0, float("-inf"), ""       # the first update draws the plots
+        for item in fold(prep, state, job, budget):
+            if isinstance(item, compute.Built):
+                state.active = prep
+                yield SKIP_RUN
+            elif isinstance(item, se.RoundEvent):
+                now = perf_counter()
+                if (item.finished or now - last >= RENDER_INTERVAL) and not state.stop_event.is_set():
+                    # The last live update carries no plots: they are drawn once, after the speed is measured.
+                    with_plots = not item.finished and now - last_plots >= PLOT_INTERVAL
+                    last, last_plots = now, now if with_plots else last_plots
+                    yield run_view(prep, state, with_plots=with_plots)
+                else:
+                    yield SKIP_RUN                # one message per round: a cancel or a closed tab lands here
             else:
-                yield SKIP_RUN                # one message per round: a cancel or a closed tab lands here
+                label = MEASURING[item.name] if isinstance(item, compute.Phase) else label
+                yield message_view(f"{label}… {item}" if isinstance(item, str) else f"{label}…")
         record = prep.record
-        if record.recorded:        # the Stop handler recorded and rendered it; a later view would only race with it
+        if record is None or record.recorded:   # the Stop handler recorded and rendered it; a later view would race
             return
-        if auto_baseline and record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
-            yield from measure(prep, state, budget)
-            if record.recorded:
-                return
         state.finish(record)
         status = None
-        if budget.timed_out and record.stop_reason != runner.TIME_LIMIT and record.timing is None:
+        if auto_baseline and record.timing is None and record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
             status = status_text(record, state.summary(record), running=False) + " (the speed measurement hit the time limit)"
         yield run_view(prep, state, status=status, final=True)
     finally:
         runner.release(prep, reg.REGISTRY)
 
 
-SETTLE_SECONDS = 1.0    # lets the browser finish drawing the last live updates (Plotly included) before the engine is timed
-
-
-def measure(prep: runner.Prepared, state: SessionState, budget: runner.Budget):
-    """Both sides of the speedup, measured the same way and back to back: the speculative run decoded again, then
-    plain decoding, each in a worker thread with nothing drawn meanwhile (only a one-line progress message goes to
-    the page). Plain decoding is measured anew every time, never taken from the session's cache: on a shared
-    machine the load drifts between runs, and only measurements made back to back compare."""
-    record = prep.record
-    label = "Measuring the speed without drawing: speculative decoding"
-    yield message_view(f"{label}…")
-    state.stop_event.wait(SETTLE_SECONDS)
-    timing = yield from relay(runner.timed(prep, state, budget), lambda m: message_view(f"{label}… {m}"))
-    if timing is None or budget.timed_out:
-        return
-    label = "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"
-    yield message_view(f"{label}…")
-    yield from relay(runner.baseline(prep.target, record, state, force=True, budget=budget),
-                     lambda m: message_view(f"{label}… {m}"))
-
-
-@gpu
 def run(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
         exit_after, auto_baseline, show_spaces, state: SessionState):
     """Run button / api_name="run": streams one update per round (at most every RENDER_INTERVAL s)."""
@@ -287,7 +297,7 @@ def stop(state: SessionState):
     after the Stop's view on two busy cores) and would put "Decoding…" back on screen."""
     state.stop_event.set()
     prep = getattr(state, "active", None)
-    if prep is None or prep.record.recorded or not prep.record.rounds:
+    if prep is None or prep.record is None or prep.record.recorded or not prep.record.rounds:
         yield (gr.skip(),) * len(RUN_OUTPUTS)
         return
     state.finish(prep.record, "cancelled")
@@ -298,31 +308,39 @@ def stop(state: SessionState):
         yield view
 
 
-@gpu
 def measure_baseline(state: SessionState):
     """'Measure the speedup again' button: measure the latest run's speed again, both sides without drawing (its
     speculative decoding with a fresh drafter, and plain decoding with the same prompt, settings and seed), then
     show the speedup everywhere (every run in the history with the same baseline key uses the new baseline)."""
     shown = getattr(state, "active", None)
-    if shown is None or not shown.record.rounds:
+    if shown is None or shown.record is None or not shown.record.rounds:
         raise gr.Error("Run something first: the baseline uses the latest run's prompt, settings and seed.",
+                       print_exception=False)
+    record = shown.record
+    if record.stop_reason in ("cancelled", runner.TIME_LIMIT):
+        raise gr.Error("The latest run was stopped before its end: run it to the end, then measure.",
                        print_exception=False)
     state.stop_event.clear()
     budget = runner.Budget(state.stop_event)
-    record = shown.record
     with friendly_errors():
         yield message_view("Loading the models to measure the speed again…")
         prep = yield from relay(runner.prepare(record.settings, state, reg.REGISTRY, shown.options.show_spaces,
-                                               budget, hold=True, record=record), message_view, state.stop_event)
+                                               hold=True, record=record), message_view, state.stop_event)
         if prep is None:
             yield message_view("Measurement stopped.")
             return
         try:
-            if record.stop_reason in ("cancelled", runner.TIME_LIMIT):
-                raise gr.Error("The latest run was stopped before its end: run it to the end, then measure.",
-                               print_exception=False)
-            yield from measure(prep, state, budget)
-            if record.timing is None or state.baseline_for(record) is None:
+            job = compute.RunJob(record.settings, prep.prompt_ids, compute.call_seconds(budget, 2 * record.settings.max_new_tokens),
+                                 live=False, timed=True, plain=True)
+            timing, plain, label = None, None, ""
+            for item in fold(prep, state, job, budget):
+                if isinstance(item, se.GenerationResult):
+                    timing = item.stop_reason != "cancelled"
+                elif isinstance(item, se.BaselineResult):
+                    plain = item.stop_reason != "cancelled"
+                label = MEASURING[item.name] if isinstance(item, compute.Phase) else label
+                yield message_view(f"{label}… {item}" if isinstance(item, str) else f"{label}…")
+            if not (timing and plain):
                 yield message_view("Measurement stopped.")
                 return
             state.active = prep
@@ -331,32 +349,18 @@ def measure_baseline(state: SessionState):
             runner.release(prep, reg.REGISTRY)
 
 
-def drive(prep: runner.Prepared, state: SessionState, view, label: str):
-    """Run a prepared run to its end without rendering it: a throttled progress message, else an all-skip
-    update, once per round (so the generator can be closed within one round)."""
-    last = 0.0
-    for event in runner.rounds(prep, state):
-        now = perf_counter()
-        if event.finished or now - last >= RENDER_INTERVAL:
-            last = now
-            tokens = event.committed_len - len(prep.record.prompt_ids)
-            yield view(f"{label}: round {event.index + 1}, {tokens} tokens")
-        else:
-            yield view(None)
+def progress_line(prep: runner.Prepared, event: se.RoundEvent, label: str) -> str:
+    return f"{label}: round {event.index + 1}, {event.committed_len - len(prep.prompt_ids)} tokens"
 
 
-@gpu
 def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
             exit_after, auto_baseline, show_spaces, state: SessionState):
-    """Run the current settings for several k (one plain-decoding baseline serves all) into the history.
-    The whole sweep shares one time budget."""
+    """Run the current settings for several k (one plain-decoding baseline serves all) into the history. The
+    runs are driven without drawing (a throttled progress line) and share one time budget."""
     base = parse_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                           skip_layers, exit_after)
     state.stop_event.clear()
     budget = runner.Budget(state.stop_event)
-
-    def progress(message):
-        return SKIP_RUN if message is None else message_view(message)
 
     with friendly_errors():
         for n, k_value in enumerate(SWEEP_K):
@@ -364,22 +368,37 @@ def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens,
                 break
             settings = dataclasses.replace(base, k=k_value)
             label = f"Sweep {n + 1}/{len(SWEEP_K)}: k = {k_value}"
-            preparing = runner.prepare(settings, state, reg.REGISTRY, bool(show_spaces), budget, hold=True)
+            preparing = runner.prepare(settings, state, reg.REGISTRY, bool(show_spaces), hold=True)
             prep = yield from relay(preparing, lambda m: message_view(f"{label}: {m}"), state.stop_event)
             if prep is None:
                 return
             try:
-                state.active = prep
+                plain = settings.baseline_key(prep.prompt_ids) not in state.baselines
+                job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, (1 + plain) * settings.max_new_tokens),
+                                     live=True, plain=plain)
                 yield message_view(f"{label}: decoding…")
-                yield from drive(prep, state, progress, label)
-                if prep.record.recorded:
+                last = 0.0
+                for item in fold(prep, state, job, budget):
+                    if isinstance(item, compute.Built):
+                        state.active = prep
+                        yield SKIP_RUN
+                    elif isinstance(item, se.RoundEvent):
+                        now = perf_counter()
+                        if item.finished or now - last >= RENDER_INTERVAL:
+                            last = now
+                            yield message_view(progress_line(prep, item, label))
+                        else:
+                            yield SKIP_RUN
+                    elif isinstance(item, compute.Phase):
+                        yield message_view(f"{label}: measuring plain decoding once for the sweep…")
+                    elif isinstance(item, str):
+                        yield message_view(f"{label}: measuring plain decoding… {item}")
+                    else:
+                        yield SKIP_RUN
+                if prep.record is None or prep.record.recorded:
                     return
                 if prep.record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
                     runner.keep_live_timing(prep.record, state)     # nothing was drawn while it ran
-                if state.baseline_for(prep.record) is None and not budget.timed_out:
-                    yield message_view(f"{label}: measuring plain decoding once for the sweep…")
-                    yield from relay(runner.baseline(prep.target, prep.record, state, budget=budget),
-                                     lambda m: message_view(f"{label}: measuring plain decoding… {m}"))
                 state.finish(prep.record)
                 yield run_view(prep, state, status=f"{label} done", final=True)
             finally:
@@ -402,7 +421,6 @@ def mismatch_drafts(target: str) -> list[tuple[str, str, str]]:
     ]
 
 
-@gpu
 def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
     """Same prompt, greedy, k=4, with a naive-id draft, a cross-tokenizer draft and same-tokenizer drafts."""
     clean, problems = validate.check_mismatch(prompt, target, max_new_tokens, chat)
@@ -415,9 +433,6 @@ def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
     results, views = [], []
     skip = (gr.skip(),) * (len(MISMATCH_OUTPUTS) - 1)
 
-    def progress(message):
-        return (gr.skip(),) + skip if message is None else (message,) + skip
-
     with friendly_errors():
         drafts = mismatch_drafts(clean["target"])
         for draft, label, receives in drafts:
@@ -429,13 +444,23 @@ def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
             # Each draft gets an equal share of the server's time limit: a slow first draft (Gemma's naive ids on a
             # busy CPU) must not leave the others no time, or the chart would compare one run with nothing.
             share = budget.seconds / len(drafts)
-            prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, budget=budget, hold=True,
-                                                   share=share), lambda m: (f"{label}: {m}",) + skip, state.stop_event)
+            prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, hold=True),
+                                    lambda m: (f"{label}: {m}",) + skip, state.stop_event)
             if prep is None:
                 break
             try:
                 yield (f"{label}: decoding {n_tokens} tokens…",) + skip
-                yield from drive(prep, state, progress, label)
+                job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, settings.max_new_tokens, share))
+                last = 0.0
+                for item in fold(prep, state, job, budget):
+                    now = perf_counter()
+                    if isinstance(item, se.RoundEvent) and (item.finished or now - last >= RENDER_INTERVAL):
+                        last = now
+                        yield (progress_line(prep, item, label),) + skip
+                    else:
+                        yield (gr.skip(),) + skip
+                if prep.record is None:
+                    break
                 runner.keep_live_timing(prep.record, state)         # nothing was drawn while it ran
                 state.finish(prep.record)
             finally:
@@ -486,7 +511,7 @@ def tokenization_demo(views, target: str) -> str:
 def rerender(show_spaces, state: SessionState):
     """'Show spaces' toggle: re-render the current run's rounds."""
     prep = getattr(state, "active", None)
-    if prep is None or not prep.record.rounds:
+    if prep is None or prep.record is None or not prep.record.rounds:
         return gr.skip()
     prep.options = dataclasses.replace(prep.options, show_spaces=bool(show_spaces))
     prep.record.fragments = [render.round_html(ev, prep.labeler, prep.options) for ev in prep.record.rounds]

@@ -1,7 +1,8 @@
 """Process-wide model registry and the draft catalogue.
 
 Models are loaded once per process (one entry per name, loading in a background thread so a handler can
-stream progress, one load at a time) and then shared read-only by every session: runs never write to a model,
+stream progress, one load at a time; on ZeroGPU all of them at start-up on the main thread, see `preload`) and
+then shared read-only by every session: runs never write to a model,
 and each run builds its own drafter (drafters hold one run's caches). This is the only process-wide state of
 the UI.
 
@@ -195,6 +196,8 @@ def availability(name: str) -> tuple[bool, str]:
     """Whether `name` loads here, and why: the engine's answer (spec_engine.models.load_source), which agrees with
     its loader; custom Hub ids only where the server allows them."""
     from spec_engine import models
+    if REGISTRY.closed and REGISTRY.loaded(name) is None:
+        return False, "this server serves only the models it loaded at start-up"
     if name not in preset_names():
         if not limits.current().allow_custom_models:
             return False, "not a preset, and custom models are switched off on this server"
@@ -341,6 +344,7 @@ class ModelRegistry:
         self._max_extra = max_extra
         self._free_memory = free_memory or free_memory_bytes
         self._estimate = estimate or self.estimate_bytes
+        self._closed = False                        # after `preload`: nothing more is loaded
 
     # ---- placement
 
@@ -366,6 +370,10 @@ class ModelRegistry:
         ModelCapacityError when every slot for an extra model is held by a running generation."""
         with self._lock:
             entry = self._loading.get(name)
+            if (entry is None or entry.error is not None) and self._closed:
+                raise ModelCapacityError(f"This server serves only the models it loaded at start-up "
+                                         f"({', '.join(map(display_name, self.loaded_names()))}); "
+                                         f"{display_name(name)} is not one of them.")
             if entry is None or entry.error is not None:
                 if name not in self._pinned:
                     self._make_room(name)
@@ -377,7 +385,25 @@ class ModelRegistry:
             entry.last_used = time.monotonic()
             return entry
 
-    def _load(self, name: str) -> None:
+    def preload(self, names: list[str]) -> None:
+        """Load `names` now, in the calling thread, pinned; then load nothing more (`start` refuses other models).
+        For ZeroGPU (compute.py): its emulation of CUDA on the main process works on the main thread only, so the
+        models must be loaded there at start-up (app.py), never in the registry's background thread; nothing is
+        computed on that process, so there is no memory check on a GPU it does not hold and no warm-up."""
+        for name in names:
+            self._pinned.add(name)
+            self._loading[name] = _Loading(None, threading.Event(), started=time.perf_counter())
+            self._load(name, startup=True)
+            if self._loading[name].error is not None:
+                raise self._loading[name].error
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        """True once `preload` has run: no other model will load."""
+        return self._closed
+
+    def _load(self, name: str, startup: bool = False) -> None:
         entry = self._loading[name]
 
         def progress(message: str) -> None:
@@ -389,10 +415,12 @@ class ModelRegistry:
                 raise ValueError(f"{name!r} is not a preset; the app does not load models from local paths")
             entry.message = "waiting for another model to finish loading"
             with self._load_gate:
-                self._check_memory(name)
+                if not startup:
+                    self._check_memory(name)
                 loaded = self._loader(name, device=self._device, dtype=self._dtype, progress=progress)
-                warm_up(loaded, prepack=name in self._pinned, progress=progress)
-                if name in self._pinned and hasattr(loaded, "encode_prompt"):
+                if not startup:
+                    warm_up(loaded, prepack=name in self._pinned, progress=progress)
+                if name in self._pinned and hasattr(loaded, "encode_prompt") and not startup:
                     warm_up_default_run(loaded, progress)
             entry.result = loaded
             entry.message = f"ready ({loaded.device}, {str(loaded.dtype).removeprefix('torch.')}, {loaded.load_seconds:.1f} s)"

@@ -1,19 +1,19 @@
-"""Gradio-free glue between settings, the model registry and the engine.
+"""Gradio-free glue on the handler's side (the main process): settings -> a prepared run, and the GPU functions'
+results -> the session.
 
-`prepare` loads what a run needs (yielding progress messages) and builds a fresh drafter and decoder;
-`rounds` drives the engine, records each RoundEvent in the session's RunRecord and renders it once;
-`timed` and `baseline` measure the speedup: the speculative run is decoded again, and plain decoding once, with
-nothing drawn while they run (a worker thread; the handler only yields a short progress line), so both sides of
-the speedup are measured the same way, whatever the live view cost the run it drew. User mistakes surface as
-ValueError with a message meant for people.
+`prepare` loads what a run needs (yielding progress messages) and holds the models, encodes the prompt and checks
+the request; the engine itself runs in a GPU function (compute.py), which yields plain results. The fold functions
+(`begin`, `record_round`, `end_rounds`, `keep_timing`, `keep_baseline`, `keep_live_timing`) put those results into
+the session's RunRecord, so per-session state never crosses into the GPU function (on ZeroGPU that runs in another
+process, see compute.py). User mistakes surface as ValueError with a message meant for people.
 
-A run owns everything mutable it touches (its drafter, both KV caches, its torch.Generator); the models are
-shared read-only. A `Budget` says when a handler call must stop: Stop pressed, the caller gone, or its
-wall-clock cap reached; the engine asks it once per round. `release` drops the run's decoder (and with it
-the caches) and lets go of the models it held, so a finished, stopped or abandoned run keeps no memory.
+A `Budget` says when a handler call must stop: Stop pressed, the caller gone, or its wall-clock cap reached.
+`release` closes the run's GPU function (its decoder, drafter and caches go with it) and lets go of the models it
+held, so a finished, stopped or abandoned run keeps no memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -62,6 +62,12 @@ class Budget:
                                  self._deadline if self.own_deadline else None) if d is not None]
         return min(deadlines) if deadlines else None
 
+    @property
+    def remaining(self) -> float:
+        """Seconds of decoding left: all of them before `start()`."""
+        deadline = self.deadline
+        return self.seconds if deadline is None else max(0.0, deadline - monotonic())
+
     def start(self) -> None:
         if self.parent is not None:
             self.parent.start()
@@ -82,20 +88,20 @@ class Budget:
 
 @dataclass
 class Prepared:
+    """A run as its handler keeps it: the settings, the prompt's ids, how to render it, and its record once the
+    GPU function has built the run (`begin`)."""
+
     settings: RunSettings
-    target: object                 # spec_engine.models.LoadedModel
-    input_ids: object              # LongTensor [1, T]
-    decoder: se.SpeculativeDecoder
-    record: RunRecord
+    prompt_ids: tuple[int, ...]
     labeler: object
     options: RenderOptions
-    eos: object
-    budget: Budget | None = None
+    record: RunRecord | None = None
     held: list[str] = field(default_factory=list)     # registry names this run holds (released by `release`)
+    work: Iterator | None = None                       # the GPU function's results while it runs
 
     @property
     def prompt_text(self) -> str:
-        return self.labeler.text(self.record.prompt_ids)
+        return self.labeler.text(self.prompt_ids)
 
 
 def load(names: list[str], registry: reg.ModelRegistry, held: list[str] | None = None) -> Iterator[str]:
@@ -126,12 +132,19 @@ def load(names: list[str], registry: reg.ModelRegistry, held: list[str] | None =
     return loaded
 
 
-def prepare(settings: RunSettings, state: SessionState, registry: reg.ModelRegistry,
-            show_spaces: bool = False, budget: Budget | None = None, hold: bool = False,
-            record: RunRecord | None = None, share: float | None = None) -> Iterator[str]:
-    """Load, build and check a run. With `hold`, the models stay held until `release(prep, registry)`. With
-    `record` (a finished run), the fresh decoder belongs to that run instead of a new one (to time it again). With
-    `share` (seconds), the run also stops after that long, within the handler's deadline (`Budget.child`)."""
+def encode(target, prompt: str, chat: bool) -> list[int]:
+    """The prompt's ids as the engine will see them, computed on the CPU: the handler's process never moves a
+    tensor to the GPU (on ZeroGPU it may not, outside its main thread)."""
+    import torch
+    on_cpu = dataclasses.replace(target, device=torch.device("cpu"))    # the same tokenizer, no weights copied
+    return on_cpu.encode_prompt(prompt, chat=chat)[0].tolist()
+
+
+def prepare(settings: RunSettings, state: SessionState, registry: reg.ModelRegistry, show_spaces: bool = False,
+            hold: bool = False, record: RunRecord | None = None) -> Iterator[str]:
+    """Load (yielding progress) and check a run; returns a Prepared. With `hold`, the models stay held until
+    `release(prep, registry)`. With `record` (a finished run), the GPU function's results belong to that run
+    instead of a new one (to time it again)."""
     kind, spec = reg.split_draft(settings.draft)
     ok, reason = kind.available(settings.target)
     if not ok:
@@ -139,131 +152,76 @@ def prepare(settings: RunSettings, state: SessionState, registry: reg.ModelRegis
     held: list[str] | None = [] if hold else None
     models = yield from load([settings.target] + ([spec.model] if spec.model else []), registry, held)
     try:
-        return build(settings, state, registry, models, kind, spec, show_spaces,
-                     None if budget is None else budget.child(share), held or [], record)
+        target = models[settings.target]
+        prompt_ids = encode(target, settings.prompt, settings.chat)
+        validate.check_prompt_fits(len(prompt_ids), settings.max_new_tokens, se.context_length(target.model),
+                                   settings.target)
+        if spec.mode == "same-tokenizer":
+            validate.check_same_tokenizer(target, models[spec.model], spec.model)
+        options = RenderOptions(show_spaces=show_spaces, greedy=settings.greedy, rule=settings.rule)
+        return Prepared(settings, tuple(prompt_ids), registry.labeler(target), options, record, held or [])
     except BaseException:
         for name in held or []:
             registry.release(name)
         raise
 
 
-def build(settings: RunSettings, state: SessionState, registry: reg.ModelRegistry, models: dict, kind, spec,
-          show_spaces: bool, budget: Budget | None, held: list[str], record: RunRecord | None = None) -> Prepared:
-    target = models[settings.target]
-    sampling = settings.sampling()
-    input_ids = target.encode_prompt(settings.prompt, chat=settings.chat)
-    context = se.context_length(target.model)
-    validate.check_prompt_fits(int(input_ids.shape[1]), settings.max_new_tokens, context, settings.target)
-    if spec.mode == "same-tokenizer":
-        validate.check_same_tokenizer(target, models[spec.model], spec.model)
-    options = reg.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
-    drafter = kind.build(spec, target, models.get(spec.model), options)
-    decoder = se.SpeculativeDecoder(target.model, drafter, rule=settings.rule)
-    se.validate_request(target.model, input_ids, settings.k, settings.max_new_tokens, sampling)
-    label = reg.draft_label(settings.draft)
-    if kind.key == "layer-skip" and settings.skip_layers.strip():
-        label += f" skip {','.join(map(str, drafter.skip_layers))}"
-    elif kind.key == "early-exit":
-        label = f"early-exit:{len(target.model.model.layers) - len(drafter.skip_layers)}"
-    if record is None:
-        record = state.new_run(settings, label, input_ids[0].tolist())
-    dtype = getattr(target, "dtype", None)
-    record.dtype = str(dtype).removeprefix("torch.") if dtype is not None else ""   # bf16: near-ties may differ
-    opts = RenderOptions(show_spaces=show_spaces, greedy=settings.greedy, rule=settings.rule)
-    return Prepared(settings, target, input_ids, decoder, record, registry.labeler(target), opts,
-                    reg.eos_ids(target), budget, held)
-
-
 def release(prep: Prepared | None, registry: reg.ModelRegistry) -> None:
-    """The run is over (finished, stopped, timed out or abandoned): stop anything it started, drop its decoder
-    (drafter and caches) and the models it held. The record, labeler and settings stay for the views."""
+    """The run is over (finished, stopped, timed out or abandoned): close its GPU function (its decoder and caches
+    go with it) and let go of the models it held. The record, labeler and settings stay for the views."""
     if prep is None:
         return
-    if prep.budget is not None:
-        prep.budget.cancel.set()
-    prep.decoder = None
-    prep.target = None
+    work, prep.work = prep.work, None
+    if work is not None:
+        work.close()
     held, prep.held = prep.held, []
     for name in held:
         registry.release(name)
 
 
-def rounds(prep: Prepared, state: SessionState) -> Iterator[se.RoundEvent]:
-    """Run the engine; every event is stored in the record (rendered once) before it is yielded. Ends early,
-    dropping the round in flight, once the Stop handler has recorded the run. The budget's deadline ends it
-    as "time limit"."""
-    s = prep.settings
-    should_stop = state.stop_event.is_set if prep.budget is None else prep.budget.should_stop
-    if prep.budget is not None:
-        prep.budget.start()
-    stream = prep.decoder.stream(prep.input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
-                                 seed=s.seed, eos_token_id=prep.eos, should_stop=should_stop)
-    try:
-        yield from record_rounds(prep, state, stream)
-    finally:
-        with state.lock:    # closed from outside before its last round: a cancelled API job, a closed tab
-            if prep.record.stop_reason is None and not (prep.record.rounds and prep.record.rounds[-1].finished):
-                prep.record.stop_reason = "cancelled"
+# ------------------------------------------------------------------------- the GPU function's results
+
+def begin(prep: Prepared, state: SessionState, label: str, dtype: str) -> RunRecord:
+    """The GPU function has built the run: its record, a new run of the session unless `prepare` was given one."""
+    if prep.record is None:
+        prep.record = state.new_run(prep.settings, label, prep.prompt_ids)
+    prep.record.dtype = dtype                      # bf16: near-ties may differ from plain decoding
+    return prep.record
 
 
-def record_rounds(prep: Prepared, state: SessionState, stream) -> Iterator[se.RoundEvent]:
-    for event in stream:
-        fragment = round_html(event, prep.labeler, prep.options)
-        with state.lock:
-            if prep.record.recorded:      # Stop already recorded the run as it stood: drop the late round
-                return
-            prep.record.fragments.append(fragment)
-            prep.record.rounds.append(event)
-            if event.stop_reason:
-                timed_out = (event.stop_reason == "cancelled" and prep.budget is not None and prep.budget.timed_out
-                             and not state.stop_event.is_set())
-                prep.record.stop_reason = TIME_LIMIT if timed_out else event.stop_reason
-        yield event
+def record_round(prep: Prepared, state: SessionState, event: se.RoundEvent) -> bool:
+    """Store a live round in the record (rendered once). False, and the round dropped, once the Stop handler has
+    recorded the run as it stood. A run the engine cancelled without the session's Stop ran out of time."""
+    fragment = round_html(event, prep.labeler, prep.options)
+    record = prep.record
+    with state.lock:
+        if record.recorded:
+            return False
+        record.fragments.append(fragment)
+        record.rounds.append(event)
+        if event.stop_reason:
+            timed_out = event.stop_reason == "cancelled" and not state.stop_event.is_set()
+            record.stop_reason = TIME_LIMIT if timed_out else event.stop_reason
+    return True
 
 
-def in_worker(work, budget: Budget, label: str) -> Iterator[str]:
-    """Run `work()` in a worker thread while yielding "N s" progress lines; returns its result (re-raises its
-    error). Nothing else runs on the engine's path meanwhile: the handler only wakes every BASELINE_POLL seconds.
-    If the handler is closed (Stop, a closed tab), `budget.cancel` stops the work within one token or round."""
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["result"] = work()
-        except BaseException as exc:   # re-raised in the handler's thread
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=run, name=label, daemon=True)
-    began = monotonic()
-    worker.start()
-    try:
-        while True:
-            worker.join(BASELINE_POLL)
-            if not worker.is_alive():
-                break
-            yield f"{monotonic() - began:.0f} s"
-    finally:
-        if worker.is_alive():
-            budget.cancel.set()
-            worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
+def end_rounds(prep: Prepared, state: SessionState) -> None:
+    """The live run is over: one closed before its last round (Stop, a cancelled API job, a closed tab) is
+    recorded as cancelled."""
+    record = prep.record
+    if record is None:
+        return
+    with state.lock:
+        if record.stop_reason is None and not (record.rounds and record.rounds[-1].finished):
+            record.stop_reason = "cancelled"
 
 
-def timed(prep: Prepared, state: SessionState, budget: Budget | None = None) -> Iterator[str]:
-    """Decode the run again with its own settings and seed and nothing drawn, and keep that timing as the run's
-    speed (`RunRecord.timing`). The live run drew every round in the browser on the same cores, which slows the
-    engine by a different amount for every run; plain decoding is measured without drawing, so the speculative
-    side is too. The rounds must equal the live ones (same seed, same code): otherwise the timing is not kept.
-    Returns the Timing, or None if it was stopped."""
-    record, s = prep.record, prep.settings
-    budget = budget or Budget(state.stop_event)
-    budget.start()
-    result = yield from in_worker(
-        lambda: prep.decoder.generate(prep.input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
-                                      seed=s.seed, eos_token_id=prep.eos, should_stop=budget.should_stop),
-        budget, "timed-run")
+def keep_timing(record: RunRecord, state: SessionState, result: se.GenerationResult) -> Timing | None:
+    """The run decoded again with its own settings and seed and nothing drawn becomes its speed
+    (`RunRecord.timing`). The live run drew every round in the browser on the same cores, which slows the engine
+    by a different amount for every run; plain decoding is measured without drawing, so the speculative side is
+    too. The rounds must equal the live ones (same seed, same code): otherwise the timing is not kept. None if the
+    timed run was stopped."""
     if result.stop_reason == "cancelled":
         return None
     same = result.tokens == record.tokens and len(result.rounds) == len(record.rounds)
@@ -283,26 +241,42 @@ def keep_live_timing(record: RunRecord, state: SessionState) -> None:
                                at=time.time(), how="run without drawing")
 
 
-def baseline(target, record: RunRecord, state: SessionState, force: bool = False, budget: Budget | None = None):
-    """Plain decoding with the run's settings, cached per baseline key (`force` measures again: timings on a
-    shared machine vary), in a worker thread with nothing drawn (`in_worker`). Returns the BaselineResult, or
-    None if Stop, the caller's departure or the time limit ended it."""
-    cached = state.baselines.get(record.baseline_key)
-    if cached is not None and not force:
-        return cached
-    import torch
-    budget = budget or Budget(state.stop_event)
-    budget.start()
-    s = record.settings
-    ids = torch.tensor([list(record.prompt_ids)], dtype=torch.long, device=target.device)
-    result = yield from in_worker(
-        lambda: se.autoregressive_generate(target.model, ids, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
-                                           seed=s.seed, eos_token_id=reg.eos_ids(target),
-                                           should_stop=budget.should_stop),
-        budget, "plain-decoding")
+def keep_baseline(record: RunRecord, state: SessionState, result: se.BaselineResult) -> se.BaselineResult | None:
+    """Plain decoding with the run's settings, measured right after it: the session's baseline for its key, and
+    the run's own. None if it was stopped."""
     if result.stop_reason == "cancelled":
         return None
     state.add_baseline(record.baseline_key, result, run_id=record.run_id)
     with state.lock:
         record.plain = (result, state.baseline_info[record.baseline_key]["at"])
     return result
+
+
+def in_worker(work, budget: Budget, label: str) -> Iterator[str]:
+    """Run `work()` in a worker thread while yielding "N s" progress lines; returns its result (re-raises its
+    error). Nothing else runs on the engine's path meanwhile: the caller only wakes every BASELINE_POLL seconds.
+    If the caller is closed (Stop, a closed tab), `budget.cancel` stops the work within one token or round."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = work()
+        except BaseException as exc:   # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name=label, daemon=True)
+    began = monotonic()
+    worker.start()
+    try:
+        while True:
+            worker.join(BASELINE_POLL)
+            if not worker.is_alive():
+                break
+            yield f"{monotonic() - began:.0f} s"
+    finally:
+        if worker.is_alive():
+            budget.cancel.set()
+            worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]

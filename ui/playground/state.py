@@ -84,6 +84,7 @@ class RunRecord:
     timing: Timing | None = None                        # the speed measurement behind tokens/s and the speedup
     plain: tuple | None = None                          # (BaselineResult, time.time()) measured for this run
     dtype: str = ""                                     # the target's dtype ("float32", "bfloat16"; "" unknown)
+    time_limit: float | None = None                     # the decoding budget it ran under (seconds)
 
     @property
     def baseline_key(self) -> tuple:
