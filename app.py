@@ -35,7 +35,7 @@ from gradio import queueing
 from gradio.server_messages import ProcessCompletedMessage
 
 from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
-from ui.playground import compute, handlers, limits
+from ui.playground import compute, limits
 from ui.playground import registry
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
@@ -112,7 +112,7 @@ def zerogpu_models() -> list[str]:
     else the default target and the tokenizer-mismatch demo's draft, those of them that can load here."""
     from spec_engine.models import default_model_name
     names = [n.strip() for n in os.environ.get("SPEC_ZEROGPU_MODELS", "").split(",") if n.strip()]
-    names = names or [default_model_name(), handlers.MISMATCH_DRAFT_MODEL]
+    names = names or [default_model_name(), registry.mismatch_draft_model()]
     return [name for name in dict.fromkeys(names) if registry.availability(name)[0]]
 
 
