@@ -56,10 +56,7 @@ def warp(logits: torch.Tensor, params: SamplingParams, members: list | None = No
         return one_hot_argmax(logits)
     found = speed.active().warp_rows(logits, params)
     if found is not None:
-        probs, rows_members = found
-        if members is not None:
-            members.extend(rows_members)
-        return probs
+        return kept_with_members(found, members)
     logits = logits / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -83,12 +80,15 @@ def top_p_filter(probs: torch.Tensor, top_p: float, members: list | None = None)
     (core/speed.py) and then append each row's members, most likely first, to `members`.
     """
     found = speed.active().top_p_rows(probs, top_p)
-    if found is not None:
-        kept, rows_members = found
-        if members is not None:
-            members.extend(rows_members)
-        return kept
-    return topk_top_p(probs, top_p)
+    return kept_with_members(found, members) if found is not None else topk_top_p(probs, top_p)
+
+
+def kept_with_members(found: tuple, members: list | None) -> torch.Tensor:
+    """A speed layer's (probs, each row's members) -> probs, the members appended to `members` when it is a list."""
+    probs, rows_members = found
+    if members is not None:
+        members.extend(rows_members)
+    return probs
 
 
 def topk_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
