@@ -28,13 +28,19 @@ class ExamplePrompt:
     chat: bool = True
 
 
+# A scenario's draft may name this instead of a model ("mismatch:naive-ids"): the tokenizer-mismatch demo's draft
+# where the presets load (registry.mismatch_draft_model: packaged Gemma 3 here, GPT-2 on a Space), and "{mismatch}"
+# in its caption becomes that model's short name.
+MISMATCH = "mismatch"
+
+
 @dataclass(frozen=True)
 class Scenario:
     id: str
     label: str
     prompt: str            # the prompt text (a prompt id in the file is resolved on load)
     chat: bool
-    draft: str             # a draft choice value: "layer-skip", "cross-tokenizer:gemma-3-270m", ...
+    draft: str             # a draft choice value: "layer-skip", "gemma-3-270m:cross-tokenizer", ...
     k: int
     temperature: float
     top_p: float
@@ -213,14 +219,20 @@ def parse_scenario(entry, where: str, prompts: dict[str, ExamplePrompt], draft_c
     seed = e.get("seed", 0)
     if seed < 0:
         fail("seed", f"must be >= 0, got {seed}")
-    problem = draft_check(e["draft"])
+    draft, caption = e["draft"], " ".join(e["caption"].split())
+    if draft.partition(":")[0] == MISMATCH:         # the tokenizer-mismatch demo's draft, whichever loads here
+        from ui.playground import registry
+        model = registry.mismatch_draft_model()
+        draft = model + draft[len(MISMATCH):]
+        caption = caption.replace("{" + MISMATCH + "}", registry.short_name(model))
+    problem = draft_check(draft)
     if problem:
         fail("draft", problem)
     if "target" in e:
         problem = target_check(e["target"])
         if problem:
             fail("target", problem)
-    return Scenario(id=e["id"], label=e["label"], prompt=text, chat=chat, draft=e["draft"], k=e["k"],
+    return Scenario(id=e["id"], label=e["label"], prompt=text, chat=chat, draft=draft, k=e["k"],
                     temperature=e["temperature"], top_p=e["top_p"], top_k=e["top_k"],
-                    max_new_tokens=e["max_new_tokens"], rule=e["rule"], seed=seed,
-                    caption=" ".join(e["caption"].split()), target=e.get("target"))
+                    max_new_tokens=e["max_new_tokens"], rule=e["rule"], seed=seed, caption=caption,
+                    target=e.get("target"))

@@ -196,7 +196,9 @@ def availability(name: str) -> tuple[bool, str]:
     """Whether `name` loads here, and why: the engine's answer (spec_engine.models.load_source), which agrees with
     its loader; custom Hub ids only where the server allows them."""
     from spec_engine import models
-    if REGISTRY.closed and REGISTRY.loaded(name) is None:
+    if REGISTRY.loaded(name) is not None:        # in memory: nothing to install or download
+        return True, "loaded"
+    if REGISTRY.closed:
         return False, "this server serves only the models it loaded at start-up"
     if name not in preset_names():
         if not limits.current().allow_custom_models:
