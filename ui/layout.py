@@ -12,7 +12,7 @@ import gradio as gr
 import spec_engine as se
 
 from ui.classroom import tabs as classroom, sweeps
-from ui.playground import handlers, limits
+from ui.playground import handlers, limits, share
 from ui.views import plots, render
 from ui.classroom import lab as exactness_lab
 from ui.playground import registry as reg
@@ -126,6 +126,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 with gr.Row():
                     out["forward_plot"] = gr.Plot(initial["forward_plot"], show_label=False, elem_id="plot-forward")
                     out["speed_plot"] = gr.Plot(initial["speed_plot"], show_label=False, elem_id="plot-speed")
+        shared = share.build_panel(demo, c, scenario, caption, presets, default_target)   # links, equivalent code
         with gr.Tabs():
             with gr.Tab("Compare runs") as compare_tab:
                 axis = gr.Radio(list(plots.COMPARE_AXES), value="k", label="Compare by")
@@ -201,7 +202,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         demo.load(functools.partial(handlers.model_status, default_target), None, [model_md], **private)
         for tab in (compare_tab, kv_tab, mm_tab):   # plots drawn while their tab was hidden get their width now
             tab.select(None, None, None, js=RESIZE_JS, **private)
-    demo.spec_components = {**c, **out, **mm, **lab, "scenario": scenario, "example": example,
+    demo.spec_components = {**c, **out, **mm, **lab, **shared, "scenario": scenario, "example": example,
                             "present": present}   # for tests
     return demo
 
