@@ -131,6 +131,9 @@ def snippets(settings, target_path: str | None = None, draft_path: str | None = 
     if draft_plan.why_none:
         notes.append(draft_plan.why_none + " The snippets decode without that draft: the same output "
                                            "distribution (for greedy, the same text), without its speed-up.")
+    if draft_plan.kind == "lookup" and draft_plan.min_ngram > 1:
+        notes.append(f"transformers' prompt lookup has no shortest n-gram: it also proposes after matches shorter "
+                     f"than {draft_plan.min_ngram} tokens (vLLM's prompt_lookup_min does carry it).")
     if not settings.greedy:
         notes.append("Sampled runs follow the same distribution everywhere, but each library draws its own random "
                      "numbers: the seed reproduces a run within one library, not across them.")
