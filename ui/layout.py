@@ -72,7 +72,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 caption = gr.Markdown("", elem_id="spec-caption")
                 example = gr.Dropdown([(p.label, p.id) for p in presets.prompts], value=None, label="Example prompt")
                 c["prompt"] = gr.Textbox(presets.prompts[0].text, lines=5, max_lines=14, label="Prompt", elem_id="spec-prompt")
-                c["chat"] = gr.Checkbox(True, label="Apply the chat template")
+                c["chat"] = gr.Checkbox(True, label="Apply the chat template", elem_id="spec-chat")
                 custom = limits.current().allow_custom_models
                 c["target"] = gr.Dropdown(reg.target_choices(), value=default_target, label="Target model",
                                           info="Hub models are listed but need network access"
@@ -84,14 +84,15 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 draft_info = gr.Markdown(reg.kind_by_key(start_draft).lesson, elem_id="spec-draft-info")
                 c["k"] = gr.Slider(1, se.MAX_K, value=start_k, step=1, label="k: draft tokens per round (at most; drafts are cut to what pays)", elem_id="spec-k")
                 with gr.Row():
-                    c["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
-                    c["top_p"] = gr.Slider(0.05, 1, value=1, step=0.01, label="top-p")
+                    c["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
+                                                 elem_id="spec-temperature")
+                    c["top_p"] = gr.Slider(0.05, 1, value=1, step=0.01, label="top-p", elem_id="spec-top-p")
                 with gr.Row():
-                    c["top_k"] = gr.Number(0, precision=0, minimum=0, label="top-k (0 = off)")
+                    c["top_k"] = gr.Number(0, precision=0, minimum=0, label="top-k (0 = off)", elem_id="spec-top-k")
                     c["max_new_tokens"] = gr.Slider(1, limits.current().max_new_tokens, value=64, step=1,
                                                     label="max new tokens", elem_id="spec-max-new")
-                    c["seed"] = gr.Number(0, precision=0, minimum=0, label="seed")
-                c["rule"] = gr.Radio(handlers.RULE_CHOICES, value="exact", label="Verification rule")
+                    c["seed"] = gr.Number(0, precision=0, minimum=0, label="seed", elem_id="spec-seed")
+                c["rule"] = gr.Radio(handlers.RULE_CHOICES, value="exact", label="Verification rule", elem_id="spec-rule")
                 with gr.Accordion("Draft options", open=False):
                     c["skip_layers"] = gr.Textbox("", label="Layer-skip: layers to skip",
                                                   placeholder=f"default: {skip_default}",
