@@ -14,9 +14,9 @@ Where there is no equivalent, the snippet says so and falls back to what gives t
 
 Option names were checked against:
 - transformers 5.24.0 (the installed package: `GenerationConfig`, `generate()`); TRANSFORMERS_VERSION;
-- vLLM main as stored on 2026-12-01: vllm/config/speculative.py at commit 002e77c1 and vllm/sampling_params.py at
+- vLLM main, read on 2026-12-01: vllm/config/speculative.py at commit 002e77c1 and vllm/sampling_params.py at
   commit 00388f65 (VLLM_CHECKED); older releases spelled some differently (e.g. top_k=-1 to disable);
-- llama.cpp main as stored on 2026-12-01: common/arg.cpp at commit 0017d6fb (LLAMA_CPP_CHECKED), where the older
+- llama.cpp main, read on 2026-12-01: common/arg.cpp at commit 0017d6fb (LLAMA_CPP_CHECKED), where the older
   `--draft-max` / `--draft-min` are removed in favour of `--spec-draft-n-max` / `--spec-draft-n-min`.
 The option names each snippet may use are recorded below (VLLM_*_OPTIONS, LLAMA_CPP_OPTIONS) and
 tests/test_equivalent_code.py holds every generated snippet against them.
@@ -32,9 +32,9 @@ from spec_engine.drafters.registry import EARLY_EXIT_AFTER, parse_draft
 from spec_engine.models import resolve_preset
 
 TRANSFORMERS_VERSION = "5.24.0"
-VLLM_CHECKED = ("vLLM main, 2026-12-01: vllm/config/speculative.py @ 002e77c1, "
+VLLM_CHECKED = ("vLLM main (read 2026-12-01): vllm/config/speculative.py @ 002e77c1, "
                 "vllm/sampling_params.py @ 00388f65")
-LLAMA_CPP_CHECKED = "llama.cpp main, 2026-12-01: common/arg.cpp @ 0017d6fb"
+LLAMA_CPP_CHECKED = "llama.cpp main (read 2026-12-01): common/arg.cpp @ 0017d6fb"
 
 # The option names the snippets may use, as the checked sources spell them.
 VLLM_LLM_OPTIONS = frozenset({"model", "speculative_config"})
