@@ -12,7 +12,7 @@ import gradio as gr
 import spec_engine as se
 
 from ui.classroom import tabs as classroom, sweeps
-from ui.playground import handlers, limits
+from ui.playground import handlers, limits, share
 from ui.views import plots, render
 from ui.classroom import lab as exactness_lab
 from ui.playground import registry as reg
@@ -72,7 +72,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 caption = gr.Markdown("", elem_id="spec-caption")
                 example = gr.Dropdown([(p.label, p.id) for p in presets.prompts], value=None, label="Example prompt")
                 c["prompt"] = gr.Textbox(presets.prompts[0].text, lines=5, max_lines=14, label="Prompt", elem_id="spec-prompt")
-                c["chat"] = gr.Checkbox(True, label="Apply the chat template")
+                c["chat"] = gr.Checkbox(True, label="Apply the chat template", elem_id="spec-chat")
                 custom = limits.current().allow_custom_models
                 c["target"] = gr.Dropdown(reg.target_choices(), value=default_target, label="Target model",
                                           info="Hub models are listed but need network access"
@@ -84,14 +84,15 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 draft_info = gr.Markdown(reg.kind_by_key(start_draft).lesson, elem_id="spec-draft-info")
                 c["k"] = gr.Slider(1, se.MAX_K, value=start_k, step=1, label="k: draft tokens per round (at most; drafts are cut to what pays)", elem_id="spec-k")
                 with gr.Row():
-                    c["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
-                    c["top_p"] = gr.Slider(0.05, 1, value=1, step=0.01, label="top-p")
+                    c["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
+                                                 elem_id="spec-temperature")
+                    c["top_p"] = gr.Slider(0.05, 1, value=1, step=0.01, label="top-p", elem_id="spec-top-p")
                 with gr.Row():
-                    c["top_k"] = gr.Number(0, precision=0, minimum=0, label="top-k (0 = off)")
+                    c["top_k"] = gr.Number(0, precision=0, minimum=0, label="top-k (0 = off)", elem_id="spec-top-k")
                     c["max_new_tokens"] = gr.Slider(1, limits.current().max_new_tokens, value=64, step=1,
                                                     label="max new tokens", elem_id="spec-max-new")
-                    c["seed"] = gr.Number(0, precision=0, minimum=0, label="seed")
-                c["rule"] = gr.Radio(handlers.RULE_CHOICES, value="exact", label="Verification rule")
+                    c["seed"] = gr.Number(0, precision=0, minimum=0, label="seed", elem_id="spec-seed")
+                c["rule"] = gr.Radio(handlers.RULE_CHOICES, value="exact", label="Verification rule", elem_id="spec-rule")
                 with gr.Accordion("Draft options", open=False):
                     c["skip_layers"] = gr.Textbox("", label="Layer-skip: layers to skip",
                                                   placeholder=f"default: {skip_default}",
@@ -126,6 +127,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 with gr.Row():
                     out["forward_plot"] = gr.Plot(initial["forward_plot"], show_label=False, elem_id="plot-forward")
                     out["speed_plot"] = gr.Plot(initial["speed_plot"], show_label=False, elem_id="plot-speed")
+        shared = share.build_panel(demo, c, scenario, caption, presets, default_target)   # links, equivalent code
         with gr.Tabs():
             with gr.Tab("Compare runs") as compare_tab:
                 axis = gr.Radio(list(plots.COMPARE_AXES), value="k", label="Compare by")
@@ -201,7 +203,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         demo.load(functools.partial(handlers.model_status, default_target), None, [model_md], **private)
         for tab in (compare_tab, kv_tab, mm_tab):   # plots drawn while their tab was hidden get their width now
             tab.select(None, None, None, js=RESIZE_JS, **private)
-    demo.spec_components = {**c, **out, **mm, **lab, "scenario": scenario, "example": example,
+    demo.spec_components = {**c, **out, **mm, **lab, **shared, "scenario": scenario, "example": example,
                             "present": present}   # for tests
     return demo
 

@@ -378,6 +378,14 @@ def _run_checks(prompt, target, draft, k, temperature, top_p, top_k, max_new_tok
     return clean, problems
 
 
+def check_fields(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
+                 skip_layers="", exit_after=0) -> tuple[dict, dict]:
+    """Every run field checked, none skipped: (clean values, {field: message}). A share link's values go through
+    this, so a link is refused exactly as a typed or API value would be (ui/playground/share.py)."""
+    return _run_checks(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
+                       skip_layers, exit_after)
+
+
 def check_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                    skip_layers="", exit_after=0) -> RunSettings:
     """Raw run inputs -> RunSettings, or InputError for the first bad field (in the order of the controls)."""
