@@ -64,9 +64,10 @@ def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION
 
 
 def curve_key(model) -> int | None:
-    """What the curve depends on besides the model: on a CPU the thread count in use, since the extra rows of a
-    verify forward are nearly free while one row cannot keep two threads busy, and the shape of the curve changes
-    with the count (bench/results/kernel-cost-fp32-2threads-epyc.md); elsewhere nothing."""
+    """What the curve depends on besides the model: on a CPU the thread count in use, because the products' cost by
+    row count changes with it (bench/results/kernel-cost-fp32-epyc.md vs kernel-cost-fp32-2threads-epyc.md: the
+    engine's blocked product over 1 / 5 / 9 rows 14.9 / 14.8 / 22.9 ms at one thread, 13.4 / 13.1 / 15.7 at two);
+    elsewhere nothing."""
     return torch.get_num_threads() if model.device.type == "cpu" else None
 
 
