@@ -347,20 +347,30 @@ def main(argv=None) -> None:
             results.append({"threads": threads, "prompt": prompt.name, "kind": prompt.kind, "runs": runs[threads],
                             "identical": identical})
             print(cell_rows(results[-1:], lookups).splitlines()[-1], flush=True)
+        report = write_report(args, argv, engine, results, lookups, arms, load_before, len(prompts))
+    print("\n" + report)
+
+
+def write_report(args, argv, engine, results: list[dict], lookups: list[str], arms: list[str], load_before,
+                 planned: int) -> str:
+    """The tables of the prompts measured so far, written to OUT.md / OUT.json after every prompt (a long run on a
+    shared machine can be stopped and still leave what it measured, marked partial)."""
     load_after = os.getloadavg()
+    done = len({r["prompt"] for r in results})
     meta = {"command": "python -m spec_engine.bench_hf " + " ".join(argv or []), "cpu": cpu_model(),
             "threads": args.threads, "model": engine.name, "dtype": str(engine.dtype), "engine source": engine.source,
             "k": args.k, "tokens": args.tokens, "repeats": args.repeats, "set": args.set_name,
+            "prompts measured": done, "prompts planned": planned,
             "hf": f"generate(prompt_lookup_num_tokens={args.k}, max_matching_ngram_size={HF_NGRAM}) on a stock model",
             "load average before (1, 5, 15 min)": load_before, "load average after": load_after,
             "torch": torch.__version__, "transformers": transformers.__version__}
+    partial = "" if done == planned else f" **Partial: {done} of {planned} prompts measured.**"
     text = "\n\n".join([f"`{meta['command']}`: {meta['cpu']}, threads {args.threads}, {engine.name} {engine.dtype}, "
                         f"greedy, k = {args.k}, up to {args.tokens} new tokens (EOS stops), {args.repeats} interleaved "
-                        f"repeats; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after.",
+                        f"repeats; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after.{partial}",
                         "Each cell: median [min-max] over repeats.", cell_rows(results, lookups),
                         summary(results, lookups), "Where the time goes (medians over prompts and repeats):",
                         time_split(results, arms), json.dumps(meta)])
-    print("\n" + text)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -369,7 +379,7 @@ def main(argv=None) -> None:
                  "runs": {arm: [{**x.__dict__, "tok_s": x.tok_s} for x in xs] for arm, xs in r["runs"].items()}}
                 for r in results]
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1), encoding="utf-8")
-
+    return text
 
 if __name__ == "__main__":
     import sys
