@@ -7,6 +7,9 @@ in one process, interleaved per prompt and repeat, medians reported. Not a test:
 For each (draft, sampling, k, prompt, repeat) it runs plain decoding, the engine and, where transformers has
 an equivalent (`prompt_lookup_num_tokens`, `assistant_model`, `assistant_tokenizer`), `generate()` with the same
 models and settings. Ratios are per prompt and repeat (same machine state), then the median over repeats.
+Its Hugging Face column runs `generate()` on the engine's own loaded model (the CPU speed layer's modules and
+attention), which is not what a user would run instead: the comparison against transformers alone, on its own stock
+model, is `python -m spec_engine.bench_hf` (issue #27), and only that one is quoted against Hugging Face.
 Runs stop at EOS like a user's would (`--no-eos` forces exactly --tokens tokens).
 
 Every row also carries the cost model of the run: c_draft = draft time per draft token and c_verify = time of a

@@ -212,7 +212,7 @@ def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
     assert all(m.packed is None for m in layers(draft))             # a draft-only model never pays the memory
     assert all(m.packed is not None for m in layers(target))
     assert not hasattr(draft, "_spec_engine_verify_costs")          # and only the target's cost curve is measured
-    assert len(target._spec_engine_verify_costs) == 18
+    assert [len(curve) for curve in target._spec_engine_verify_costs.values()] == [18]   # one thread count
     assert prepack(draft) == len(layers(draft)) and all(m.packed is not None for m in layers(draft))
 
 

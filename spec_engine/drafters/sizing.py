@@ -63,14 +63,26 @@ def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION
     return (0.0,) + tuple(m / medians[1] for m in medians[1:])
 
 
+def curve_key(model) -> int | None:
+    """What the curve depends on besides the model: on a CPU the thread count in use, because the products' cost by
+    row count changes with it (bench/results/kernel-cost-fp32-epyc.md vs kernel-cost-fp32-2threads-epyc.md: the
+    engine's blocked product over 1 / 5 / 9 rows 14.9 / 14.8 / 22.9 ms at one thread, 13.4 / 13.1 / 15.7 at two);
+    elsewhere nothing."""
+    return torch.get_num_threads() if model.device.type == "cpu" else None
+
+
 def verify_costs(model) -> tuple[float, ...]:
-    """The model's verify-cost curve (see measure_verify_costs), measured on first use and kept on the model."""
+    """The model's verify-cost curve (see measure_verify_costs) at the thread count in use, measured on first use
+    at that count and kept on the model."""
     with _LOCK:
-        costs = getattr(model, _ATTRIBUTE, None)
-        if costs is None:
-            costs = measure_verify_costs(model)
-            object.__setattr__(model, _ATTRIBUTE, costs)        # a plain attribute, not a module or a buffer
-        return costs
+        curves = getattr(model, _ATTRIBUTE, None)
+        if curves is None:
+            curves = {}
+            object.__setattr__(model, _ATTRIBUTE, curves)       # a plain attribute, not a module or a buffer
+        key = curve_key(model)
+        if key not in curves:
+            curves[key] = measure_verify_costs(model)
+        return curves[key]
 
 
 def expected_tokens(chances: Sequence[float]) -> list[float]:
