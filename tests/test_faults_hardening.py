@@ -11,6 +11,7 @@
 Figures are collected in FIGURES and printed at the end: `pytest tests/test_faults_hardening.py -s`.
 """
 import asyncio
+import contextlib
 import concurrent.futures
 import json
 import re
@@ -403,3 +404,103 @@ def test_a_job_cancelled_while_queued_never_runs_and_gives_its_place_back(playgr
         demo.close()
         limits.configure(previous)
     FIGURES["cases tried"] += 1
+
+
+# ------------------------------------------------------- 7. a long prefill against the time limit and Stop
+
+def long_prompt(tokens: int) -> str:
+    """Plain text (chat off) of at least `tokens` tokens of the default target, well inside its context."""
+    tokenizer = reg.REGISTRY.loaded(TARGET).tokenizer
+    lines = [f"Line {i}: the tide comes in and goes out again over the grey sand." for i in range(tokens // 10)]
+    text = " ".join(lines)
+    assert tokens <= len(tokenizer(text)["input_ids"]) < tokens * 2
+    return text
+
+
+def one_chunk_seconds() -> float:
+    """One prefill forward of a whole chunk, measured now (the machine's load moves it by several times)."""
+    import spec_engine as se
+    from spec_engine.core.cache import PREFILL_CHUNK, new_cache, prefill
+    model = reg.REGISTRY.loaded(TARGET).model
+    start = time.perf_counter()
+    prefill(model, [17] * PREFILL_CHUNK, new_cache(model), chunk=PREFILL_CHUNK)
+    assert se.context_length(model) > 3 * PREFILL_CHUNK + 64
+    return time.perf_counter() - start
+
+
+def decode_long_prompt(state, **kw) -> tuple[float, list]:
+    from ui.playground import handlers
+    from spec_engine.core.cache import PREFILL_CHUNK
+    prompt = long_prompt(3 * PREFILL_CHUNK)                          # three chunks and more
+    start = time.perf_counter()
+    outputs = list(handlers.run(*args(prompt=prompt, chat=False, max_new_tokens=64, draft="prompt-lookup", **kw),
+                                state))
+    return time.perf_counter() - start, outputs
+
+
+def test_a_long_prompt_stops_at_the_time_limit_while_it_is_prefilled(playground_registry):
+    """Before: the prompt was one forward, so a run stopped only after the whole prefill and a first round. Now the
+    deadline is read between chunks: no round, the time limit named, within the limit and about one chunk."""
+    from ui.playground import runner
+    from ui.playground.state import SessionState
+    chunk = one_chunk_seconds()
+    seconds = 0.3
+    previous = limits.configure(max_run_seconds=seconds)
+    state = SessionState()
+    try:
+        elapsed, outputs = decode_long_prompt(state)
+    finally:
+        limits.configure(previous)
+    record = state.current                       # a run without a round stays out of the history
+    status = str(outputs[-1][RUN_OUTPUTS.index("stats")])
+    FIGURES["cases tried"] += 1
+    FIGURES["long prefill: one chunk (s)"] = round(chunk, 1)
+    FIGURES["long prefill: stopped by a 0.3 s limit after (s)"] = round(elapsed, 1)
+    assert record.stop_reason == runner.TIME_LIMIT and not record.rounds, (record.stop_reason, len(record.rounds))
+    assert "time limit" in status and "while reading the prompt" in status
+    assert elapsed < seconds + 2.5 * chunk + 2.0
+
+
+def test_stop_during_a_long_prefill_ends_the_run(playground_registry):
+    from ui.playground import handlers
+    from ui.playground.state import SessionState
+    from test_app_faults import wait_until
+    state = SessionState()
+
+    def press_stop():
+        assert wait_until(lambda: getattr(state, "active", None) is not None, timeout=120)
+        time.sleep(0.5)                                                # inside the prefill's first chunk
+        list(handlers.stop(state))
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        stopping = pool.submit(press_stop)
+        elapsed, outputs = decode_long_prompt(state)
+        stopping.result()
+    record = state.current                       # a run without a round stays out of the history
+    status = str(outputs[-1][RUN_OUTPUTS.index("stats")])
+    FIGURES["cases tried"] += 1
+    FIGURES["long prefill: Stop ended it after (s)"] = round(elapsed, 1)
+    assert record.stop_reason == "cancelled" and not record.rounds and "stopped while reading the prompt" in status
+
+
+def test_chunked_prefill_of_a_real_prompt_keeps_greedy_identity(smollm2):
+    """SmolLM2-135M, a prompt of more than two chunks: the same greedy tokens with the default chunks as with one
+    prefill forward, with the CPU speed layer and without it."""
+    import spec_engine as se
+    from conftest import speed_layer_off
+    from spec_engine import accel
+    from spec_engine.core import speed
+    from spec_engine.core.cache import PREFILL_CHUNK
+    ids = smollm2.encode_prompt(long_prompt(2 * PREFILL_CHUNK + 1), chat=False)
+    tokens = {}
+    for layer in ("cpu", "off"):
+        previous = speed.install(accel.CpuSpeedLayer()) if layer == "cpu" else None
+        with speed_layer_off() if layer == "off" else contextlib.nullcontext():
+            for chunk in (PREFILL_CHUNK, 10**6):
+                decoder = se.SpeculativeDecoder(smollm2.model, se.PromptLookupDrafter())
+                decoder.prefill_chunk = chunk
+                tokens[layer, chunk] = decoder.generate(ids, k=4, max_new_tokens=16).tokens
+        if previous is not None:
+            speed.install(previous)
+    FIGURES["cases tried"] += 1
+    assert len(set(map(tuple, tokens.values()))) == 1 and len(tokens["cpu", PREFILL_CHUNK]) == 16, tokens

@@ -130,6 +130,8 @@ def status_text(record, summary: dict, running: bool) -> str:
     reason = {"eos": "end of sequence", "max_new_tokens": "max new tokens reached", "cancelled": "stopped",
               runner.TIME_LIMIT: f"stopped at this server's time limit ({record.time_limit or limits.current().max_run_seconds:g} s)"
               }.get(record.stop_reason or "", record.stop_reason or "done")
+    if not summary["rounds"] and record.stop_reason in ("cancelled", runner.TIME_LIMIT):
+        return f"Run {record.run_id} finished: {reason} while reading the prompt, before the first round"
     return f"Run {record.run_id} finished: {reason} after {summary['rounds']} rounds, {summary['new_tokens']} tokens"
 
 
@@ -224,7 +226,7 @@ def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget
             yield item
     finally:
         if job.live:
-            runner.end_rounds(prep, state)
+            runner.end_rounds(prep, state, budget.timed_out)
 
 
 SETTLE_SECONDS = 1.0    # lets the browser finish drawing the last live updates (Plotly included) before the engine is timed
