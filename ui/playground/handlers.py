@@ -13,6 +13,7 @@ in `runner.release`, which closes its GPU function and lets go of the models it 
 """
 from __future__ import annotations
 
+import functools
 import dataclasses
 import logging
 import time
@@ -96,6 +97,18 @@ class friendly_errors:
             log.exception("run failed")
             raise gr.Error(validate.public_message(f"Something went wrong: {type(exc).__name__}: {exc}")) from exc
         return False
+
+
+def renewing(handler):
+    """`handler` (a generator whose last argument is the session's state) with that state appended to each update,
+    for an event that lists the state as its last output. Gradio counts a gr.State's time_to_live from the latest
+    time an event output it, and never for a state that is only read, as the runs read theirs; so each update of a
+    run renews its session's. gradio_client leaves State outputs out of an API caller's results."""
+    @functools.wraps(handler)
+    def renewed(*args):
+        for update in handler(*args):
+            yield (*update, args[-1])
+    return renewed
 
 
 def relay(gen, view, stop=None):
