@@ -9,6 +9,8 @@ Limits for a public server (each flag overrides its SPEC_* environment variable;
     --max-new-tokens N      token cap of one run (SPEC_MAX_NEW_TOKENS)
     --queue-size N          requests waiting before "queue is full" (SPEC_QUEUE_SIZE)
     --concurrency N         runs decoding at once; 1 keeps timings honest (SPEC_CONCURRENCY)
+    --session-ttl S         a session's state (runs, step-through caches, trace exports) is deleted S seconds after
+                            its last use; a closed tab's within the hour, as Gradio keeps it (SPEC_SESSION_TTL)
 
 The same file serves every Space hardware tier: CPU basic, a dedicated GPU, and ZeroGPU (SPACES_ZERO_GPU set by the
 Space): there the models load at start-up on the main thread and every model computation runs in a
@@ -90,6 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, help="token cap of one run")
     parser.add_argument("--queue-size", type=int, help="requests waiting before 'queue is full'")
     parser.add_argument("--concurrency", type=int, help="runs decoding at once")
+    parser.add_argument("--session-ttl", dest="session_ttl_seconds", type=float,
+                        help="seconds a session's state is kept after its last use")
     parser.add_argument("--device", help="where models load: cpu, cuda, cuda:1 (default: CUDA when present)")
     parser.add_argument("--dtype", help="float32 | bfloat16 | float16 (default: float32 on the CPU and for models of "
                                         "0.5B parameters or less, bfloat16 above)")

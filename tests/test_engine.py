@@ -1,5 +1,6 @@
 """The engine on tiny random models: KV-cache invariants every round, a trimmed cache that is as good as a
 fresh forward, forced outcomes, EOS, cancellation, determinism, greedy identity, and bad input."""
+import contextlib
 import math
 
 import pytest
@@ -158,6 +159,69 @@ def test_cancellation_ends_within_one_round(target, draft):
     assert len(result.rounds) == 2 and result.stop_reason == "cancelled"
     base = se.autoregressive_generate(target, PROMPT, max_new_tokens=50, sampling=SAMPLED, should_stop=lambda: True)
     assert base.stop_reason == "cancelled" and len(base.tokens) == 1
+
+
+LONG_PROMPT = torch.tensor([[(7 * i + i // 5) % 8 for i in range(45)]])          # 44 prefilled tokens: 7 chunks of 7
+
+
+@pytest.mark.parametrize("layer", ["cpu_speed_layer", "speed_layer_off"])
+def test_chunked_prefill_gives_the_logits_features_and_cache_of_one_forward(target, layer, request):
+    """cache.prefill in chunks of 7 against one forward over 44 tokens: the last logits, every fed position's
+    features and the cache's next-token logits agree (to float rounding: the products have other shapes)."""
+    from conftest import speed_layer_off
+    from spec_engine.core.cache import prefill
+    ids = LONG_PROMPT[0, :-1].tolist()
+    with (speed_layer_off() if layer == "speed_layer_off" else request.getfixturevalue(layer) or contextlib.nullcontext()):
+        whole_cache, chunked_cache = new_cache(target), new_cache(target)
+        logits, features = forward_logits(target, ids, whole_cache, 1, (-1, 1))
+        chunked_logits, chunked_features = prefill(target, ids, chunked_cache, (-1, 1), chunk=7)
+        assert cache_len(chunked_cache) == cache_len(whole_cache) == len(ids)
+        nxt = [forward_logits(target, [3], cache, 1) for cache in (whole_cache, chunked_cache)]
+    torch.testing.assert_close(chunked_logits, logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunked_features, features, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nxt[1], nxt[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("layer", ["cpu_speed_layer", "speed_layer_off"])
+def test_chunked_prefill_keeps_greedy_identity_and_the_cache_invariant(target, draft, kind, layer, request):
+    """A prompt of seven chunks decodes to the same greedy tokens as with one prefill forward and as plain
+    decoding; the engine checks the KV invariant every round."""
+    from conftest import speed_layer_off
+    with (speed_layer_off() if layer == "speed_layer_off" else request.getfixturevalue(layer) or contextlib.nullcontext()):
+        runs = []
+        for chunk in (7, 10_000):
+            decoder = se.SpeculativeDecoder(target, drafters(target, draft)[kind]())
+            decoder.prefill_chunk = chunk
+            runs.append(decoder.generate(LONG_PROMPT, k=3, max_new_tokens=20, sampling=GREEDY).tokens)
+        plain = [se.autoregressive_generate(target, LONG_PROMPT, max_new_tokens=20, sampling=GREEDY,
+                                            prefill_chunk=chunk).tokens for chunk in (7, 10_000)]
+    assert runs[0] == runs[1] == plain[0] == plain[1] and len(runs[0]) == 20
+
+
+def test_stop_between_prefill_chunks_ends_the_run_before_any_round(target, draft):
+    """should_stop is asked between two chunks (never before the first): true after the second chunk, the run
+    ends with no round, stop_reason "cancelled", and the drafter was never begun."""
+    def stop_after(chunks):
+        calls = []
+        return calls, lambda: calls.append(1) or len(calls) >= chunks
+    calls, stop = stop_after(2)
+    decoder = se.SpeculativeDecoder(target, se.ModelDrafter(draft))
+    decoder.prefill_chunk = 7
+    state = decoder.start(LONG_PROMPT, k=2, max_new_tokens=20, sampling=GREEDY, should_stop=stop)
+    assert state.stop_reason == "cancelled" and len(calls) == 2 and cache_len(state.target_cache) == 14
+    assert decoder.drafter.cache is None                   # never begun
+    calls, stop = stop_after(2)
+    assert list(decoder.stream(LONG_PROMPT, k=2, max_new_tokens=20, should_stop=stop)) == []
+    calls, stop = stop_after(1)
+    result = decoder.generate(LONG_PROMPT, k=2, max_new_tokens=20, should_stop=stop)
+    assert (result.tokens, result.rounds, result.stop_reason) == ([], [], "cancelled")
+    calls, stop = stop_after(3)
+    base = se.autoregressive_generate(target, LONG_PROMPT, max_new_tokens=20, should_stop=stop, prefill_chunk=7)
+    assert (base.tokens, base.stop_reason, len(calls)) == ([], "cancelled", 3)
+    short = se.SpeculativeDecoder(target, se.ModelDrafter(draft)).generate(PROMPT, k=2, max_new_tokens=5,
+                                                                           should_stop=lambda: True)
+    assert len(short.rounds) == 1              # a prompt of one chunk asks nothing before its first round
 
 
 def test_exactly_max_new_tokens_even_when_a_round_could_overshoot(target):

@@ -11,13 +11,16 @@
 Figures are collected in FIGURES and printed at the end: `pytest tests/test_faults_hardening.py -s`.
 """
 import asyncio
+import contextlib
 import concurrent.futures
 import json
 import re
 import sys
 import time
 import uuid
+import weakref
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,6 +29,7 @@ from spec_engine.classroom import trace as tr
 from ui.classroom import tabs as classroom, replay
 from ui.playground import limits, registry as reg, validate
 from ui.playground.handlers import RUN_OUTPUTS
+from ui.playground.state import SessionState
 from test_app_faults import free_port
 from test_ui_handlers import run_args
 
@@ -403,3 +407,281 @@ def test_a_job_cancelled_while_queued_never_runs_and_gives_its_place_back(playgr
         demo.close()
         limits.configure(previous)
     FIGURES["cases tried"] += 1
+
+
+# ------------------------------------------------------- 7. a long prefill against the time limit and Stop
+
+def long_prompt(tokens: int) -> str:
+    """Plain text (chat off) of at least `tokens` tokens of the default target, well inside its context."""
+    tokenizer = reg.REGISTRY.loaded(TARGET).tokenizer
+    lines = [f"Line {i}: the tide comes in and goes out again over the grey sand." for i in range(tokens // 10)]
+    text = " ".join(lines)
+    assert tokens <= len(tokenizer(text)["input_ids"]) < tokens * 2
+    return text
+
+
+def one_chunk_seconds() -> float:
+    """One prefill forward of a whole chunk, measured now (the machine's load moves it by several times)."""
+    import spec_engine as se
+    from spec_engine.core.cache import PREFILL_CHUNK, new_cache, prefill
+    model = reg.REGISTRY.loaded(TARGET).model
+    start = time.perf_counter()
+    prefill(model, [17] * PREFILL_CHUNK, new_cache(model), chunk=PREFILL_CHUNK)
+    assert se.context_length(model) > 3 * PREFILL_CHUNK + 64
+    return time.perf_counter() - start
+
+
+def decode_long_prompt(state, **kw) -> tuple[float, list]:
+    from ui.playground import handlers
+    from spec_engine.core.cache import PREFILL_CHUNK
+    prompt = long_prompt(3 * PREFILL_CHUNK)                          # three chunks and more
+    start = time.perf_counter()
+    outputs = list(handlers.run(*args(prompt=prompt, chat=False, max_new_tokens=64, draft="prompt-lookup", **kw),
+                                state))
+    return time.perf_counter() - start, outputs
+
+
+def test_a_long_prompt_stops_at_the_time_limit_while_it_is_prefilled(playground_registry):
+    """Before: the prompt was one forward, so a run stopped only after the whole prefill and a first round. Now the
+    deadline is read between chunks: no round, the time limit named, within the limit and about one chunk."""
+    from ui.playground import runner
+    chunk = one_chunk_seconds()
+    seconds = 0.3
+    previous = limits.configure(max_run_seconds=seconds)
+    state = SessionState()
+    try:
+        elapsed, outputs = decode_long_prompt(state)
+    finally:
+        limits.configure(previous)
+    record = state.current                       # a run without a round stays out of the history
+    status = str(outputs[-1][RUN_OUTPUTS.index("stats")])
+    FIGURES["cases tried"] += 1
+    FIGURES["long prefill: one chunk (s)"] = round(chunk, 1)
+    FIGURES["long prefill: stopped by a 0.3 s limit after (s)"] = round(elapsed, 1)
+    assert record.stop_reason == runner.TIME_LIMIT and not record.rounds, (record.stop_reason, len(record.rounds))
+    assert "time limit" in status and "while reading the prompt" in status
+    assert elapsed < seconds + 2.5 * chunk + 2.0
+
+
+def test_stop_during_a_long_prefill_ends_the_run(playground_registry):
+    from ui.playground import handlers
+    from test_app_faults import wait_until
+    state = SessionState()
+
+    def press_stop():
+        assert wait_until(lambda: getattr(state, "active", None) is not None, timeout=120)
+        time.sleep(0.5)                                                # inside the prefill's first chunk
+        list(handlers.stop(state))
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        stopping = pool.submit(press_stop)
+        elapsed, outputs = decode_long_prompt(state)
+        stopping.result()
+    record = state.current                       # a run without a round stays out of the history
+    status = str(outputs[-1][RUN_OUTPUTS.index("stats")])
+    FIGURES["cases tried"] += 1
+    FIGURES["long prefill: Stop ended it after (s)"] = round(elapsed, 1)
+    assert record.stop_reason == "cancelled" and not record.rounds and "stopped while reading the prompt" in status
+
+
+def test_chunked_prefill_of_a_real_prompt_keeps_greedy_identity(smollm2):
+    """SmolLM2-135M, a prompt of more than two chunks: the same greedy tokens with the default chunks as with one
+    prefill forward, with the CPU speed layer and without it."""
+    import spec_engine as se
+    from conftest import speed_layer_off
+    from spec_engine import accel
+    from spec_engine.core import speed
+    from spec_engine.core.cache import PREFILL_CHUNK
+    ids = smollm2.encode_prompt(long_prompt(2 * PREFILL_CHUNK + 1), chat=False)
+    tokens = {}
+    for layer in ("cpu", "off"):
+        previous = speed.install(accel.CpuSpeedLayer()) if layer == "cpu" else None
+        with speed_layer_off() if layer == "off" else contextlib.nullcontext():
+            for chunk in (PREFILL_CHUNK, 10**6):
+                decoder = se.SpeculativeDecoder(smollm2.model, se.PromptLookupDrafter())
+                decoder.prefill_chunk = chunk
+                tokens[layer, chunk] = decoder.generate(ids, k=4, max_new_tokens=16).tokens
+        if previous is not None:
+            speed.install(previous)
+    FIGURES["cases tried"] += 1
+    assert len(set(map(tuple, tokens.values()))) == 1 and len(tokens["cpu", PREFILL_CHUNK]) == 16, tokens
+
+
+# ------------------------------------------------------------- 7. many sessions opened and abandoned
+
+def rss_mb(trim: bool = False) -> float:
+    """This process's resident memory after a garbage collection; with `trim`, after glibc's malloc_trim too, which
+    hands the heap's free pages back to the system (freed memory otherwise stays resident for reuse)."""
+    import ctypes
+    import gc
+    import psutil
+    gc.collect()
+    if trim:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def test_memory_stays_level_over_many_runs(client):
+    """A figure more than a new case (the first pass measured +6 MB over 30 runs by hand): RSS of the server process
+    (this one) after 2 warm-up runs and after N more in one session, each run's caches dropped when it ends."""
+    for _ in range(2):
+        client.predict(*args(max_new_tokens=8), api_name="/run")
+    before, n = rss_mb(), 20
+    for seed in range(n):
+        client.predict(*args(max_new_tokens=8, temperature=0.7, seed=seed), api_name="/run")
+    after = rss_mb()
+    FIGURES["RSS MB: before, after N runs"] = (round(before), round(after))
+    FIGURES["N runs"] = n
+    assert after - before < 30, (before, after)
+
+
+def test_abandoned_sessions_expire_with_their_kv_caches_and_exports(playground_registry):
+    """N sessions each run, export a trace and open a step-through (its KV caches stay in the process for the next
+    step), then go idle. A time to live after their last use their states are deleted: the step-through's caches,
+    the export folders and Gradio's served copies go, and the process's memory returns to its level. Before: the
+    main state was only ever read, so Gradio never started its time to live, and nothing deleted the caches or the
+    files. The time to live outlasts opening all N (~17 s each on two loaded cores), so all are held at once."""
+    import app
+    from gradio_client import Client
+    from test_app_faults import wait_until
+    from ui.classroom import stepper
+    from ui.layout import build_demo
+    ttl, n = 75.0, 3
+    previous = limits.configure(session_ttl_seconds=ttl, queue_size=64, concurrency=1, max_run_seconds=60.0)
+    demo = app.queue(build_demo(preload=False))
+    prompt = long_prompt(300)                  # each step-through keeps ~300 positions of KV, ~14 MB in float32
+    clients, caches = [], []
+
+    def open_session() -> tuple[set, list[Path]]:
+        client = Client(url, verbose=False)
+        clients.append(client)
+        client.predict(*args(max_new_tokens=8), api_name="/run")
+        copies = set(demo.spec_components["trace_file"].temp_files)
+        client.predict(api_name="/trace_export")
+        served = Path(*set(demo.spec_components["trace_file"].temp_files) - copies)   # the copy Gradio serves
+        ours = demo.state_holder.session_data[client.session_hash]
+        folders = [folder for value in ours.state_data.values() if isinstance(value, SessionState)
+                   for folder in value.exports]                                    # replay.write_temp's folder
+        before = set(stepper._live)
+        client.predict(*step_args(prompt=prompt, chat=False, max_new_tokens=64), api_name="/step_reset")
+        client.predict(*step_args(prompt=prompt, chat=False, max_new_tokens=64), api_name="/step")
+        assert served.exists() and len(folders) == 1 and folders[0].exists()
+        keys = set(stepper._live) - before
+        caches.extend(weakref.ref(stepper._live[key].state.target_cache) for key in keys)
+        return keys, [served, *folders], client.session_hash
+
+    def expired(sessions) -> bool:
+        return all(not (keys & set(stepper._live)) and not any(path.exists() for path in paths)
+                   for keys, paths, _ in sessions)
+    try:
+        port = free_port()
+        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+        url = f"http://127.0.0.1:{port}/"
+        warm = [open_session()]                                # models, kernels, allocator: the level to return to
+        assert wait_until(lambda: expired(warm), timeout=2 * ttl + 30)
+        level = rss_mb(trim=True)
+        start = time.perf_counter()
+        sessions = [open_session() for _ in range(n)]
+        assert time.perf_counter() - start < ttl and all(keys for keys, _, _ in sessions)
+        held = rss_mb(trim=True)
+        assert wait_until(lambda: expired(sessions), timeout=2 * ttl + 30)     # idle clients, still connected
+        after, trimmed = rss_mb(), rss_mb(trim=True)
+        left = [value for _, _, hash_ in sessions for value in demo.state_holder.session_data[hash_].state_data.values()
+                if isinstance(value, (SessionState, stepper.StepSession))]
+    finally:
+        for client in clients:
+            client.close()
+        demo.close()
+        limits.configure(previous)
+    FIGURES["abandoned sessions"] = n
+    FIGURES["RSS MB (trimmed): level, with N abandoned sessions; after their expiry: untrimmed, trimmed"] = (
+        round(level), round(held), round(after), round(trimmed))
+    assert not left and not [ref for ref in caches if ref() is not None]     # states and KV caches are gone
+    assert held - level > 30, (level, held)                   # the sessions' caches were there to be freed
+    assert trimmed - level < 0.5 * (held - level), (level, held, after, trimmed)
+
+
+# ------------------------------------------- 7. the browser's Stop and a closed tab, each then a normal run
+
+ENDLESS = ("Write a long, detailed guide to learning the piano, with ten numbered sections of several paragraphs "
+           "each.")     # greedy, the offline default does not reach EOS within 600 tokens (tests/test_app_browser.py)
+
+
+def page_sessions() -> list[SessionState]:
+    import app
+    holder = app.demo.server_app.state_holder
+    return [value for hash_ in list(holder.session_data) for value in holder[hash_].state_data.values()
+            if isinstance(value, SessionState)]
+
+
+def start_endless_run(page) -> SessionState:
+    """Run ENDLESS with 600 new tokens in `page` until three rounds are shown; returns the session running it."""
+    page.fill("#spec-prompt textarea", ENDLESS)
+    max_new = page.locator("#spec-max-new input[type=number]")
+    max_new.fill("600")
+    max_new.press("Enter")
+    page.click("#spec-run")
+    page.wait_for_function("document.querySelectorAll('#spec-tokens .tokens .round').length >= 3", timeout=120_000)
+    running = [s for s in page_sessions() if s.active is not None and s.active.work is not None]
+    assert len(running) == 1
+    return running[0]
+
+
+def normal_run_completes(page) -> SessionState:
+    """A short run in `page` that ends by itself (max new tokens or EOS), shown as finished."""
+    page.fill("#spec-prompt textarea", PROMPT)
+    max_new = page.locator("#spec-max-new input[type=number]")
+    max_new.fill("12")
+    max_new.press("Enter")
+    page.click("#spec-run")
+    from test_app_faults import wait_until
+
+    def done():
+        return [s for s in page_sessions() if s.current is not None and s.current.settings.prompt == PROMPT
+                and s.current.stop_reason in ("eos", "max_new_tokens") and s.current.recorded]
+    assert wait_until(lambda: done(), timeout=180)                       # ended by itself, on the server
+    page.wait_for_function("(t => t.includes('finished') && !t.includes('Stopped'))"
+                           "(document.querySelector('#spec-stats').innerText)", timeout=60_000)
+    return done()[0]
+
+
+@pytest.mark.browser
+def test_the_browser_stop_then_a_normal_run(playground, chromium):
+    from conftest import open_playground
+    from ui.playground import handlers
+    page = open_playground(chromium, playground)
+    try:
+        session = start_endless_run(page)
+        record = session.active.record
+        page.click("#spec-stop", timeout=120_000)          # the page redraws every round: slow on loaded cores
+        page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Stopped after')",
+                               timeout=30_000)
+        from test_app_faults import wait_until
+        assert wait_until(lambda: session.active.work is None, timeout=30)    # the run's GPU function is closed
+        assert record.stop_reason == "cancelled" and len(record.tokens) < 600
+        time.sleep(handlers.STOP_REASSERT_SECONDS + 1)      # Stop shows its view twice (handlers.stop)
+        after = normal_run_completes(page)
+    finally:
+        page.close()
+    FIGURES["cases tried"] += 1
+    assert after is session and after.current is not record and after.current.tokens
+
+
+@pytest.mark.browser
+def test_a_closed_tab_then_a_normal_run(playground, chromium):
+    from conftest import open_playground
+    from test_app_faults import wait_until
+    tab = open_playground(chromium, playground)
+    session = start_endless_run(tab)
+    record = session.active.record
+    tab.close()
+    assert wait_until(lambda: session.active.work is None, timeout=30)        # released when the tab went
+    assert record.stop_reason == "cancelled" and len(record.tokens) < 600
+    assert wait_until(lambda: reg.REGISTRY.holds(TARGET) == 0, timeout=60)
+    page = open_playground(chromium, playground)
+    try:
+        after = normal_run_completes(page)
+    finally:
+        page.close()
+    FIGURES["cases tried"] += 1
+    assert after is not session and after.current.tokens

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import gradio as gr
 
@@ -18,7 +19,7 @@ from ui.views import plots, render
 from ui.classroom import lab as exactness_lab
 from ui.playground import registry as reg
 from ui.playground.presets import Presets, load_presets
-from ui.playground.state import HISTORY_COLUMNS, SessionState
+from ui.playground.state import HISTORY_COLUMNS, SessionState, expire as expire_session
 
 TITLE = "Speculative decoding playground"
 INTRO = """# Speculative decoding playground
@@ -55,8 +56,11 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
     initial = handlers.initial_outputs()
     skip_default = describe_default_skip(default_target)
 
-    with gr.Blocks(title=TITLE) as demo:
-        state = gr.State(SessionState)
+    # A session's state expires session_ttl seconds after the last event that set it (handlers.renewing), and
+    # Gradio's copies of the files it served (trace exports, uploads) once as old; state.expire deletes the rest.
+    ttl = limits.current().session_ttl_seconds
+    with gr.Blocks(title=TITLE, delete_cache=(max(1, math.ceil(ttl / 10)), math.ceil(ttl))) as demo:
+        state = gr.State(SessionState, time_to_live=ttl, delete_callback=expire_session)
         gr.Markdown(INTRO)
         model_md = gr.Markdown(f"⏳ Loading {reg.display_name(default_target)}…", elem_id="spec-model-status")
         c: dict[str, gr.components.Component] = {}
@@ -165,7 +169,8 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 gr.Markdown(about_text(default_target, skip_default))
 
         run_inputs = [c[name] for name in handlers.RUN_INPUTS] + [state]
-        run_outputs = [out[name] for name in handlers.RUN_OUTPUTS]
+        run_outputs = [out[name] for name in handlers.RUN_OUTPUTS] + [state]
+        renewing = handlers.renewing
         # One model queue: at most `concurrency` runs decode at once (1 by default: honest timings); the rest wait
         # in Gradio's queue (at most limits.queue_size), which shows each waiting visitor its position.
         # preprocess=False: the validators and handlers check the raw values themselves (validate.py), so an
@@ -177,20 +182,20 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         # "queue: 2/3" before their run starts.
         checked = {"preprocess": False, "validator": handlers.validate_run, "show_progress": "minimal",
                    "show_progress_on": [out["stats"]]}
-        run_event = run_btn.click(handlers.run, run_inputs, run_outputs, api_name="run", **compute, **checked)
+        run_event = run_btn.click(renewing(handlers.run), run_inputs, run_outputs, api_name="run", **compute, **checked)
         # One click per lesson: choosing a scenario sets the controls, then runs them as the Run button would.
         scenario_event = scenario.input(
             functools.partial(handlers.apply_scenario, presets=presets, default_target=default_target), [scenario],
             [c[n] for n in SCENARIO_CONTROLS] + [caption], api_visibility="private",
-        ).success(handlers.run, run_inputs, run_outputs, api_visibility="private", **compute, **checked)
-        sweep_event = sweep_btn.click(handlers.sweep_k, run_inputs, run_outputs, api_name="sweep_k", **compute,
+        ).success(renewing(handlers.run), run_inputs, run_outputs, api_visibility="private", **compute, **checked)
+        sweep_event = sweep_btn.click(renewing(handlers.sweep_k), run_inputs, run_outputs, api_name="sweep_k", **compute,
                                       **checked)
-        base_event = baseline_btn.click(handlers.measure_baseline, [state], run_outputs, api_name="baseline", **compute)
-        mm_outputs = [mm[name] if name in mm else out[name] for name in handlers.MISMATCH_OUTPUTS]
-        mm_event = mm_btn.click(handlers.mismatch_demo, [c["prompt"], c["target"], c["max_new_tokens"], c["chat"], state],
+        base_event = baseline_btn.click(renewing(handlers.measure_baseline), [state], run_outputs, api_name="baseline", **compute)
+        mm_outputs = [mm[name] if name in mm else out[name] for name in handlers.MISMATCH_OUTPUTS] + [state]
+        mm_event = mm_btn.click(renewing(handlers.mismatch_demo), [c["prompt"], c["target"], c["max_new_tokens"], c["chat"], state],
                                 mm_outputs, api_name="mismatch", **compute, preprocess=False,
                                 validator=handlers.validate_mismatch)
-        stop_btn.click(handlers.stop, [state], run_outputs, api_name="stop", concurrency_limit=None,
+        stop_btn.click(renewing(handlers.stop), [state], run_outputs, api_name="stop", concurrency_limit=None,
                        cancels=[run_event, scenario_event, sweep_event, base_event, mm_event, *lab_events])
 
         private = {"api_visibility": "private"}

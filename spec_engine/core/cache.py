@@ -12,6 +12,13 @@ from transformers import DynamicCache
 
 from spec_engine.core import speed
 
+# Prompt tokens per prefill forward. A prompt near the context is otherwise one forward that neither a deadline nor
+# Stop can interrupt (issue #25); a chunk is one forward over tokens placed after a cache, which every verify round
+# already runs, so chunking changes no token (tests/test_engine.py::test_chunked_prefill_*). Smaller chunks cost
+# more in all (SmolLM2-135M, 512 tokens on 2 loaded cores: one forward 15-22 s, chunks of 128 tokens 28 s), so a
+# chunk is as large as a Stop may wait for: docs/hardening.md has the measurement.
+PREFILL_CHUNK = 512
+
 def new_cache(model) -> DynamicCache:
     """A dynamic cache laid out for `model` (sliding-window layers included), able to roll back."""
     cache = DynamicCache(config=model.config)
@@ -71,3 +78,22 @@ def forward_logits(model, token_ids: list[int], cache, logits_to_keep: int, feat
         features = torch.cat([out.hidden_states[layer][0] for layer in feature_layers], dim=-1)   # [n, F]
         return out.logits[0], features                                                 # [keep, vocab], [n, F]
     return out.logits[0]                                                               # [logits_to_keep, vocab]
+
+
+def prefill(model, token_ids: list[int], cache, feature_layers: tuple[int, ...] = (), should_stop=None,
+            chunk: int = PREFILL_CHUNK):
+    """Feed a prompt in forwards of at most `chunk` tokens, asking `should_stop()` between two of them; returns
+    (logits [1, vocab] of the last position, features [n, F] or None) as `forward_logits` over the whole prompt
+    would, or None when `should_stop()` turned true first (the cache then holds a prefix of the prompt: the caller
+    drops it). A prompt of one chunk is one forward, as before, and asks nothing."""
+    assert chunk >= 1
+    logits, parts = None, []
+    for begin in range(0, len(token_ids), chunk):
+        if begin and should_stop is not None and should_stop():
+            return None
+        out = forward_logits(model, token_ids[begin:begin + chunk], cache, 1, feature_layers)
+        logits, features = out if feature_layers else (out, None)
+        if features is not None:
+            parts.append(features)                                                     # [chunk, F]
+    return logits, (torch.cat(parts) if parts else None)
+

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from spec_engine.core.cache import check_invariant, forward_logits, new_cache, trim_cache, cache_len
+from spec_engine.core.cache import PREFILL_CHUNK, check_invariant, forward_logits, new_cache, prefill, trim_cache, cache_len
 from spec_engine.core.drafting import Drafter, Proposal
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, run_stats
 from spec_engine.core import timing
@@ -99,8 +99,11 @@ class SpeculativeDecoder:
     """Draft with `drafter`, verify with `target_model` under `rule` ("exact", or a wrong rule for demos).
 
     A drafter instance holds one run's draft state, so concurrent runs need their own drafters; the models
-    themselves are only read and can be shared.
+    themselves are only read and can be shared. The prompt is prefilled `prefill_chunk` tokens per forward, with
+    `should_stop` asked between two (cache.prefill).
     """
+
+    prefill_chunk = PREFILL_CHUNK
 
     def __init__(self, target_model, drafter: Drafter, rule: str = "exact"):
         if rule not in RULES:
@@ -113,8 +116,8 @@ class SpeculativeDecoder:
     def stream(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
                seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> Iterator[RoundEvent]:
         """Rounds until max_new_tokens, EOS, or `should_stop()` turns true. Validates and prefills at call time,
-        so bad input raises here rather than at the first `next()`."""
-        state = self.start(input_ids, k, max_new_tokens, sampling, seed, eos_token_id)
+        so bad input raises here rather than at the first `next()`; stopped during the prefill, it yields no round."""
+        state = self.start(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop)
         return self._rounds(state, should_stop)
 
     def _rounds(self, state: DecodeState, should_stop) -> Iterator[RoundEvent]:
@@ -122,21 +125,27 @@ class SpeculativeDecoder:
             yield self.step(state, should_stop)
 
     def start(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-              seed: int = 0, eos_token_id=None) -> DecodeState:
-        """Validate, prefill the target (all prompt tokens but the last) and the drafter."""
+              seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> DecodeState:
+        """Validate, prefill the target (all prompt tokens but the last, in chunks) and the drafter. If
+        `should_stop()` turns true between two chunks, the state comes back finished ("cancelled", no round to
+        step) and the drafter is never begun."""
         sampling = sampling or SamplingParams()
         committed = validate_request(self.target, input_ids, k, max_new_tokens, sampling)
         device = self.target.device
         generator = make_generator(device, seed)
         begin = timing.clock(device)
         target_cache = new_cache(self.target)
-        features = None
+        features, stopped = None, False
         if len(committed) > 1:
-            out = forward_logits(self.target, committed[:-1], target_cache, 1, self.drafter.feature_layers)
-            features = out[1] if self.drafter.feature_layers else None            # [T - 1, F]
-        self.drafter.begin(committed, features)
+            out = prefill(self.target, committed[:-1], target_cache, self.drafter.feature_layers, should_stop,
+                          self.prefill_chunk)
+            stopped = out is None
+            features = None if stopped else out[1]                                 # [T - 1, F] or None
+        if not stopped:
+            self.drafter.begin(committed, features)
         return DecodeState(committed, len(committed), target_cache, generator, eos_set(eos_token_id), k,
-                           max_new_tokens, sampling, prefill_seconds=timing.clock(device) - begin)
+                           max_new_tokens, sampling, prefill_seconds=timing.clock(device) - begin,
+                           stop_reason="cancelled" if stopped else None)
 
     def step(self, state: DecodeState, should_stop: Callable[[], bool] | None = None) -> RoundEvent:
         """One round: draft, score, verify, commit, trim."""
@@ -212,20 +221,23 @@ class SpeculativeDecoder:
                  seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> GenerationResult:
         device = self.target.device
         start = timing.clock(device)
-        rounds = list(self.stream(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop))
+        state = self.start(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop)
+        rounds = list(self._rounds(state, should_stop))
         total = timing.clock(device) - start
         return GenerationResult(
             tokens=[t for r in rounds for t in r.emitted], rounds=rounds, prompt_len=int(input_ids.shape[1]),
-            prefill_seconds=rounds[0].prefill_seconds, total_seconds=total, stop_reason=rounds[-1].stop_reason,
-            stats=run_stats(rounds, total))
+            prefill_seconds=state.prefill_seconds, total_seconds=total,
+            stop_reason=rounds[-1].stop_reason if rounds else state.stop_reason, stats=run_stats(rounds, total))
 
 
 def autoregressive_generate(target_model, input_ids: torch.Tensor, max_new_tokens: int = 64,
                             sampling: SamplingParams | None = None, seed: int = 0, eos_token_id=None,
-                            should_stop: Callable[[], bool] | None = None) -> BaselineResult:
+                            should_stop: Callable[[], bool] | None = None,
+                            prefill_chunk: int = PREFILL_CHUNK) -> BaselineResult:
     """Plain decoding, one target forward per token, with the same warping and sampling code as the engine. Every
     clock read waits for the device first (timing.clock), as the speculative loop's do, so a step's seconds are its
-    forward's on CUDA too, not the launch's."""
+    forward's on CUDA too, not the launch's. The prompt is prefilled as the engine does it (cache.prefill): stopped
+    between two chunks, the result has no token and stop_reason "cancelled"."""
     sampling = sampling or SamplingParams()
     prompt = validate_request(target_model, input_ids, 1, max_new_tokens, sampling)
     device = target_model.device
@@ -233,7 +245,12 @@ def autoregressive_generate(target_model, input_ids: torch.Tensor, max_new_token
     eos = eos_set(eos_token_id)
     start = timing.clock(device)
     cache = new_cache(target_model)
-    logits = forward_logits(target_model, prompt, cache, logits_to_keep=1)[-1]               # [vocab]
+    filled = prefill(target_model, prompt, cache, should_stop=should_stop, chunk=prefill_chunk)
+    if filled is None:
+        seconds = timing.clock(device) - start
+        return BaselineResult(tokens=[], prompt_len=len(prompt), prefill_seconds=seconds, total_seconds=seconds,
+                              step_seconds=[], stop_reason="cancelled")
+    logits = filled[0][-1]                                                                  # [vocab]
     prefill_seconds = timing.clock(logits.device) - start          # the logits' device: the last of a split model
     tokens, step_seconds, stop_reason = [], [], "max_new_tokens"
     while True:

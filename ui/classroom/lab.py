@@ -391,7 +391,7 @@ def build_tab(c: dict, state, resize_js: str | None = None) -> list:
             out["wrong_plot"] = gr.Plot(init["wrong_plot"], show_label=False, elem_id="lab-plot-wrong")
         out["table"] = gr.Dataframe(init["table"], headers=lab_plots.LAB_COLUMNS, interactive=False, wrap=True,
                                     label="Against the exact distribution", elem_id="lab-table")
-        out["run"] = gr.State(None)
+        out["run"] = gr.State(None, time_to_live=limits.current().session_ttl_seconds)
     inputs = [w[name] for name in ("model", "toy_prompt", "n", "depth", "k", "temperature", "top_p", "top_k", "seed",
                                    "wrong_rules")]
     inputs += [level] + [c[name] for name in ("prompt", "target", "draft", "chat", "skip_layers", "exit_after")]

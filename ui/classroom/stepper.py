@@ -24,7 +24,7 @@ from ui.playground import compute, runner
 from ui.playground import registry as reg
 from ui.views import plots, render
 from ui.views.render import RenderOptions, esc, fmt_prob, show_text
-from ui.playground.state import RunSettings, SessionState
+from ui.playground.state import RunSettings, SessionState, remove_exports
 
 CAPTION = ("**Step through one round at a time.** The draft proposes up to k tokens with probabilities q; the target "
            "scores them all in one forward pass (p). Draft token i is kept while a uniform draw u < min(1, p/q); "
@@ -156,6 +156,7 @@ class StepSession:
     origin: str = "live"                      # "live" (models) or "trace" (a loaded trace, no models)
     baseline: object = None
     key: str = ""                             # a live session's engine state is kept under this id (step_job)
+    exports: list = field(default_factory=list)   # folders of its trace exports (deleted on expiry)
     fragments: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -293,6 +294,17 @@ def step_job(job: StepJob, stop: compute.Stop) -> Iterator:
                 _live[job.key] = entry
                 while len(_live) > LIVE_SESSIONS:
                     _live.popitem(last=False)
+
+
+def expire(session: StepSession | None) -> None:
+    """The step-through's gr.State delete_callback: its session expired, so the engine state this process keeps
+    for it (the KV caches, in `_live` under its key) and its trace exports go now, not when newer sessions push
+    them out."""
+    if session is None:
+        return
+    with _live_lock:
+        _live.pop(session.key, None)
+    remove_exports(session.exports)
 
 
 def from_trace(trace) -> StepSession:

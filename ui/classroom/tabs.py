@@ -12,7 +12,7 @@ import gradio as gr
 import spec_engine as se
 from spec_engine.classroom import trace as tr
 
-from ui.playground import handlers, validate
+from ui.playground import handlers, limits, validate
 from ui.views import plots, render
 from ui.classroom import replay, stepper
 from ui.playground import registry as reg
@@ -215,8 +215,17 @@ def export_run(state: SessionState):
         path = replay.write_temp(trace)
     except ValueError as exc:
         raise validate.refusal(exc) from None
+    keep_export(state.exports, state.lock, path)
     return str(path), (f"Exported run {trace.display.get('run_id')}: {len(trace.rounds)} rounds, "
                        f"{len(trace.tokens)} tokens ({path.stat().st_size / 1024:.0f} KiB).")
+
+
+def keep_export(folders: list, lock, path) -> None:
+    """Note an export's folder in its session, whose expiry deletes it (older ones are gone already: only the
+    newest replay.KEEP_EXPORTS of the process stay)."""
+    with lock:
+        folders.append(path.parent)
+        del folders[:-replay.KEEP_EXPORTS]
 
 
 def export_steps(session):
@@ -232,6 +241,7 @@ def export_steps(session):
             path = replay.write_temp(trace)
         except ValueError as exc:
             raise validate.refusal(exc) from None
+    keep_export(session.exports, session.lock, path)
     return str(path), f"Exported the step-through: {len(rounds)} rounds, {len(trace.tokens)} tokens."
 
 
@@ -280,7 +290,8 @@ def build_tabs(c: dict, state: gr.State) -> dict:
     s: dict[str, gr.components.Component] = {}
     r: dict[str, gr.components.Component] = {}
     with gr.Tab("Step through") as step_tab:
-        step_state = gr.State(None)
+        step_state = gr.State(None, time_to_live=limits.current().session_ttl_seconds,
+                              delete_callback=stepper.expire)
         gr.Markdown(stepper.CAPTION)
         with gr.Row():
             reset_btn = gr.Button("⟲ Reset", size="sm", elem_id="step-reset")
@@ -308,7 +319,7 @@ def build_tabs(c: dict, state: gr.State) -> dict:
                               autoscroll=True, js_on_load=render.TOOLTIP_JS)
         s["explain"] = gr.Markdown("", elem_id="step-explain")
     with gr.Tab("Trace export / replay") as trace_tab:
-        replay_state = gr.State(None)
+        replay_state = gr.State(None, time_to_live=limits.current().session_ttl_seconds)
         gr.Markdown(TRACE_CAPTION)
         with gr.Row():
             export_btn = gr.Button("Export the latest run", size="sm", elem_id="trace-export")

@@ -13,6 +13,7 @@ in `runner.release`, which closes its GPU function and lets go of the models it 
 """
 from __future__ import annotations
 
+import functools
 import dataclasses
 import logging
 import time
@@ -98,6 +99,18 @@ class friendly_errors:
         return False
 
 
+def renewing(handler):
+    """`handler` (a generator whose last argument is the session's state) with that state appended to each update,
+    for an event that lists the state as its last output. Gradio counts a gr.State's time_to_live from the latest
+    time an event output it, and never for a state that is only read, as the runs read theirs; so each update of a
+    run renews its session's. gradio_client leaves State outputs out of an API caller's results."""
+    @functools.wraps(handler)
+    def renewed(*args):
+        for update in handler(*args):
+            yield (*update, args[-1])
+    return renewed
+
+
 def relay(gen, view, stop=None):
     """Re-yield a generator's progress messages as UI updates; returns its return value, or None when the
     `stop` event is set first (loading goes on in the registry's thread; this run just stops waiting)."""
@@ -130,6 +143,8 @@ def status_text(record, summary: dict, running: bool) -> str:
     reason = {"eos": "end of sequence", "max_new_tokens": "max new tokens reached", "cancelled": "stopped",
               runner.TIME_LIMIT: f"stopped at this server's time limit ({record.time_limit or limits.current().max_run_seconds:g} s)"
               }.get(record.stop_reason or "", record.stop_reason or "done")
+    if not summary["rounds"] and record.stop_reason in ("cancelled", runner.TIME_LIMIT):
+        return f"Run {record.run_id} finished: {reason} while reading the prompt, before the first round"
     return f"Run {record.run_id} finished: {reason} after {summary['rounds']} rounds, {summary['new_tokens']} tokens"
 
 
@@ -224,7 +239,7 @@ def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget
             yield item
     finally:
         if job.live:
-            runner.end_rounds(prep, state)
+            runner.end_rounds(prep, state, budget.timed_out)
 
 
 SETTLE_SECONDS = 1.0    # lets the browser finish drawing the last live updates (Plotly included) before the engine is timed

@@ -26,11 +26,13 @@ class Limits:
     queue_size: int = 64                # events waiting in Gradio's queue before "queue is full"
     concurrency: int = 1                # runs decoding at once; more share the CPU and blur the timings
     lab_max_n: int = 10_000             # the largest sample count N a lab tab may ask for
+    session_ttl_seconds: float = 3600.0  # a session's state (runs, step-through caches, exports) after its last use
 
     def __post_init__(self):
         problems = []
-        if not self.max_run_seconds > 0:
-            problems.append(f"max_run_seconds must be > 0, got {self.max_run_seconds}")
+        for name in ("max_run_seconds", "session_ttl_seconds"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if not 1 <= self.max_new_tokens <= ENGINE_MAX_NEW_TOKENS:
             problems.append(f"max_new_tokens must be in [1, {ENGINE_MAX_NEW_TOKENS}], got {self.max_new_tokens}")
         for name in ("max_prompt_chars", "queue_size", "concurrency", "lab_max_n"):
@@ -51,6 +53,7 @@ ENV = {
     "queue_size": "SPEC_QUEUE_SIZE",
     "concurrency": "SPEC_CONCURRENCY",
     "lab_max_n": "SPEC_LAB_MAX_N",
+    "session_ttl_seconds": "SPEC_SESSION_TTL",
 }
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 

@@ -205,15 +205,16 @@ def record_round(prep: Prepared, state: SessionState, event: se.RoundEvent) -> b
     return True
 
 
-def end_rounds(prep: Prepared, state: SessionState) -> None:
+def end_rounds(prep: Prepared, state: SessionState, timed_out: bool = False) -> None:
     """The live run is over: one closed before its last round (Stop, a cancelled API job, a closed tab) is
-    recorded as cancelled."""
+    recorded as cancelled, or as stopped by the time limit when `timed_out` and not by Stop (a long prompt's
+    prefill can use up the budget before the first round)."""
     record = prep.record
     if record is None:
         return
     with state.lock:
         if record.stop_reason is None and not (record.rounds and record.rounds[-1].finished):
-            record.stop_reason = "cancelled"
+            record.stop_reason = TIME_LIMIT if timed_out and not state.stop_event.is_set() else "cancelled"
 
 
 def keep_timing(record: RunRecord, state: SessionState, result: se.GenerationResult) -> Timing | None:

@@ -11,9 +11,11 @@ timed with nothing drawn, as plain decoding is), never from the live, drawn run,
 from __future__ import annotations
 
 import copy
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ui.views import metrics
 from spec_engine import judged_acceptance
@@ -178,6 +180,7 @@ class SessionState:
 
     def __init__(self):
         self.history: list[RunRecord] = []
+        self.exports: list[Path] = []                 # folders of this session's trace exports (deleted on expiry)
         self.baselines: dict[tuple, object] = {}      # baseline key -> spec_engine.BaselineResult
         self.baseline_info: dict[tuple, dict] = {}    # baseline key -> {"at": time.time(), "run_id": measured by}
         self.current: RunRecord | None = None
@@ -251,3 +254,25 @@ class SessionState:
     def clear_history(self) -> None:
         with self.lock:
             self.history.clear()
+
+
+def remove_exports(folders: list[Path]) -> None:
+    """Delete a session's trace export folders (each export has its own: replay.write_temp)."""
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    folders.clear()
+
+
+def expire(state: "SessionState | None") -> None:
+    """gr.State's delete_callback: the session's time to live has passed (or its tab closed an hour ago). Gradio
+    drops its reference; this deletes what the session left outside it (its trace exports) and its runs, in case
+    a run in flight still holds the state."""
+    if state is None:
+        return
+    remove_exports(state.exports)
+    with state.lock:
+        state.history.clear()
+        state.baselines.clear()
+        state.baseline_info.clear()
+        state.current = state.active = None
+
