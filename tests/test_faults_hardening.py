@@ -172,6 +172,9 @@ NO_VALIDATOR = {
     "set_compare_axis": "redraws the comparison of the session's runs",
     "clear_history": "its only input is the session's state",
     "model_status": "no inputs",
+    "share_link": "builds a link from the controls through validate.check_settings (/run's checks); runs nothing",
+    "equivalent": "renders code from the controls through validate.check_settings; invalid ones change nothing",
+    "restore": "the page-load event: a link's values go through validate.check_fields, or nothing is applied",
     "SessionState": "no inputs (creates the session's state)",
     "step_lesson": "fixed settings; the target it takes is checked by the handler (validate.check_settings)",
 }
