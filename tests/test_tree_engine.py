@@ -21,6 +21,8 @@ from spec_engine.core.drafting import Drafter, TreeProposal
 from spec_engine.core.tree_rule import TokenTree
 from spec_engine.drafters.base import trie_tree
 from spec_engine.drafters.lookup import TreeLookupDrafter, lookup_branches
+from spec_engine.drafters.model import DEFAULT_SKIP_LAYERS, layer_skip_view
+from spec_engine.drafters.tree import ModelTreeDrafter
 from tiny import tiny_llama
 
 GREEDY = se.SamplingParams(0.0)
@@ -112,6 +114,9 @@ def test_greedy_tree_decoding_is_plain_greedy_decoding_on_tiny_models(speed, see
         drafters = {f"lookup-{b}-{k}": (lambda b=b: TreeLookupDrafter(branches=b), k)
                     for b in (1, 2, 4) for k in (1, 3, 8)}
         drafters.update({f"oracle-{k}": (lambda k=k: OracleTreeDrafter(plain, 10, seed + k), k) for k in (1, 4, 8)})
+        draft = tiny_llama(vocab=10, layers=1, seed=seed + 10)
+        drafters.update({f"model-{w}-{k}": (lambda w=w: ModelTreeDrafter(draft, width=w), k)
+                         for w in (1, 3) for k in (1, 4, 8)})
         for name, (make, k) in drafters.items():
             result = se.SpeculativeDecoder(target, make()).generate(prompt, k=k, max_new_tokens=40, sampling=GREEDY)
             assert result.tokens == plain, name
@@ -162,18 +167,21 @@ def test_a_tree_round_with_a_chain_rule_name_says_which_rules_trees_take():
 
 @pytest.mark.slow
 def test_greedy_tree_decoding_is_plain_greedy_on_smollm2(smollm2):
-    """The offline default, speed layer as installed and off: prompt lookup's branches on a prompt that repeats."""
+    """The offline default, speed layer as installed and off, every tree drafter: prompt lookup's branches on a prompt
+    that repeats, and a layer-skip view of the target drafting top-2 siblings."""
     prompt = smollm2.encode_prompt("Repeat exactly, three times: 'the quick brown fox jumps over the lazy dog'.")
     eos = smollm2.tokenizer.eos_token_id
     for speed in SPEED.values():
         with speed():
             plain = se.autoregressive_generate(smollm2.model, prompt, max_new_tokens=48, sampling=GREEDY,
                                                eos_token_id=eos).tokens
-            for branches, k in ((3, 6), (2, 10)):
-                result = se.SpeculativeDecoder(smollm2.model, TreeLookupDrafter(branches=branches)).generate(
+            drafters = [(TreeLookupDrafter(branches=3), 6), (TreeLookupDrafter(branches=2), 10),
+                        (ModelTreeDrafter(layer_skip_view(smollm2.model, DEFAULT_SKIP_LAYERS), width=2), 6)]
+            for drafter, k in drafters:
+                result = se.SpeculativeDecoder(smollm2.model, drafter).generate(
                     prompt, k=k, max_new_tokens=48, sampling=GREEDY, eos_token_id=eos)
-                assert result.tokens == plain, smollm2.tokenizer.decode(result.tokens)
-                assert result.stats.tokens_per_round > 1.0
+                assert result.tokens == plain, (drafter.name, smollm2.tokenizer.decode(result.tokens))
+                assert result.stats.tokens_per_round > 1.0, drafter.name
 
 
 def test_tree_rounds_survive_a_trace_round_trip():
