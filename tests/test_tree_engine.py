@@ -158,11 +158,18 @@ def test_lookup_branches_take_longest_matches_first_then_shorter_ones():
         TreeLookupDrafter(branches=0)
 
 
-def test_a_tree_round_with_a_chain_rule_name_says_which_rules_trees_take():
+def test_rules_for_chains_and_rules_for_trees_name_each_other():
     target = tiny_llama(vocab=10, layers=2, seed=0)
+    prompt, params = torch.tensor([[1, 2, 3, 1, 2]]), se.SamplingParams(1.0)
     decoder = se.SpeculativeDecoder(target, TreeLookupDrafter(), rule="no_residual")
     with pytest.raises(ValueError, match="a tree round's rule must be one of"):
-        decoder.generate(torch.tensor([[1, 2, 3, 1, 2]]), k=3, max_new_tokens=5, sampling=se.SamplingParams(1.0))
+        decoder.generate(prompt, k=3, max_new_tokens=5, sampling=params)
+    decoder = se.SpeculativeDecoder(target, se.PromptLookupDrafter(sizing="full"), rule="tree_best_sibling")
+    with pytest.raises(ValueError, match="rule 'tree_best_sibling' judges draft trees; prompt-lookup"):
+        decoder.generate(prompt, k=3, max_new_tokens=5, sampling=params)
+    one = se.SpeculativeDecoder(target, TreeLookupDrafter(), rule="tree_best_sibling").generate(
+        prompt, k=3, max_new_tokens=1, sampling=params, seed=4)            # no room for drafts: a chain of none
+    assert one.tokens == se.autoregressive_generate(target, prompt, max_new_tokens=1, sampling=params, seed=4).tokens
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from spec_engine.core.drafting import Drafter, Proposal, TreeProposal
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, run_stats
 from spec_engine.core import timing
 from spec_engine.core.sampling import SamplingParams, choose_token, make_generator, top_entries
+from spec_engine.core.rule import EXACT
 from spec_engine.core.tree_rule import WRONG_TREE
 from spec_engine.core.verify import RULES, TreeVerdict, Verdict, drafted_probs, verify, verify_tree
 
@@ -156,8 +157,8 @@ class SpeculativeDecoder:
         scored = forward_logits(self.target, committed[-1:] + proposal.tokens, state.target_cache,
                                 len(proposal.tokens) + 1, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
-        verdict, target_probs, target_members = verify(self.rule, state.sampling, drafted, proposal.probs, target_logits,
-                                                       state.generator)
+        verdict, target_probs, target_members = verify(self.chain_rule(proposal), state.sampling, drafted, proposal.probs,
+                                                       target_logits, state.generator)
         verify_done = timing.clock(device)
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
@@ -172,6 +173,15 @@ class SpeculativeDecoder:
                             (target_before, draft_before), clock)
         state.index += 1
         return event
+
+    def chain_rule(self, proposal: Proposal) -> str:
+        """The rule a chain round runs. The wrong tree rule judges trees only; a round with no drafts (the last one,
+        with room for one token) emits from p under every rule, so it runs the exact one."""
+        if self.rule not in WRONG_TREE:
+            return self.rule
+        if proposal.tokens:
+            raise ValueError(f"rule {self.rule!r} judges draft trees; {self.drafter.name} proposes chains")
+        return EXACT
 
     def tree_step(self, state: DecodeState, proposal: TreeProposal, clock: RoundClock,
                   should_stop: Callable[[], bool] | None) -> RoundEvent:
