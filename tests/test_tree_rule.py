@@ -204,7 +204,7 @@ def test_the_wrong_tree_rule_drifts_from_the_target(how, shape):
     toy = Toy(SamplingParams(1.0), salt=0)
     tv = total_variation(emitted_distribution(toy, SHAPES[shape], drawn_for(SHAPES[shape], how), "tree_best_sibling"),
                          target_distribution(toy))
-    assert tv > 0.02, f"tree_best_sibling should visibly differ from the target (TV {tv:.4f})"
+    assert tv > 0.1, f"tree_best_sibling should visibly differ from the target (TV {tv:.4f})"
 
 
 @pytest.mark.parametrize("drawn", ["with_replacement", "without_replacement", "deterministic"])
