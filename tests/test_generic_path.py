@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 EXACTNESS_SUITES = [
     "tests/test_verify_enumeration.py",    # the rule, reference and engine, enumerated
+    "tests/test_tree_rule.py",             # the tree rule, enumerated (warp's generic code under it)
+    "tests/test_tree_engine.py",           # tree forward, KV compaction, greedy tree identity
     "tests/test_sampling.py",              # warp equals Hugging Face's processors
     "tests/test_engine.py",                # KV invariants every round, greedy identity on tiny models
     "tests/test_statistical.py",           # chi-square for every drafter and rule

@@ -52,6 +52,7 @@ ROUND_TYPES = {
     "draft_cache_len_before": "int?", "draft_cache_len": "int?", "committed_len": int, "draft_seconds": float,
     "verify_seconds": float, "round_seconds": float, "prefill_seconds": float, "finished": bool,
     "stop_reason": "str?", "note": "str?",
+    "tree_parents": "nodes?", "tree_path": "nodes?", "tree_tried": "nodes?",     # tree rounds only (core/tree_rule.py)
 }
 ROUND_OPTIONAL = {f.name for f in dataclasses.fields(RoundEvent)
                   if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
@@ -240,6 +241,9 @@ def _typed(where: str, kind, value, limit: int):
         return value
     if kind is str:
         return _str(where, value)
+    if kind == "nodes?":                 # tree node indices; -1 is the root
+        return None if value is None else [_int(f"{where}[{i}]", x, -1, MAX_K - 1)
+                                           for i, x in enumerate(_list(where, value, limit))]
     if isinstance(kind, str) and kind.endswith("?"):
         return None if value is None else _typed(where, {"id?": "id", "int?": int, "str?": str}[kind], value, limit)
     if kind == "id":

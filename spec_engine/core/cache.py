@@ -97,3 +97,57 @@ def prefill(model, token_ids: list[int], cache, feature_layers: tuple[int, ...] 
             parts.append(features)                                                     # [chunk, F]
     return logits, (torch.cat(parts) if parts else None)
 
+
+def tree_attention_mask(parents: list[int], cached: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The additive mask [1, 1, n + 1, cached + n + 1] of a tree forward over [root, node 0..n-1] after `cached`
+    positions: every row sees the cached text and the root (the last committed token); node i also sees its own
+    ancestors and itself, and nothing else of the tree. 0 where visible, the dtype's minimum where not."""
+    n = len(parents)
+    visible = torch.zeros(n + 1, cached + n + 1, dtype=torch.bool, device=device)
+    visible[:, :cached + 1] = True                                            # the committed text and the root
+    for i, parent in enumerate(parents):
+        row = i + 1
+        if parent >= 0:
+            visible[row, cached + 1:] = visible[parent + 1, cached + 1:]      # the parent's ancestors, topological
+        visible[row, cached + row] = True
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+@torch.inference_mode()
+def forward_tree_logits(model, root: int, tokens: list[int], parents: list[int], depths: list[int], cache) -> torch.Tensor:
+    """Score a token tree in one forward: feed [root, tokens...] after what `cache` holds, node i at position
+    (cache length + depths[i]) under `tree_attention_mask`; returns logits [n + 1, vocab] (after the root, then
+    after each node). The cache then holds every node's entries; `keep_path` keeps the accepted ones.
+
+    Always transformers' forward with the mask as `attention_mask` (transformers takes a 4-D mask as given): the
+    speed layer's lean forward (core/speed.py `forward`) has no mask argument, so it is not asked. Its products and
+    attention function still run inside `products()`; both take the mask as the stock ones do."""
+    layers = getattr(cache, "layers", [])
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        raise ValueError("tree drafts need a model without sliding-window attention layers (their KV cannot be "
+                         "compacted yet)")
+    device = model.device
+    start = cache_len(cache)
+    input_ids = torch.tensor([[root, *tokens]], dtype=torch.long, device=device)                  # [1, n + 1]
+    position_ids = torch.tensor([[start, *(start + d for d in depths)]], dtype=torch.long, device=device)   # [1, n + 1]
+    mask = tree_attention_mask(parents, start, model.dtype, device)              # [1, 1, n + 1, start + n + 1]
+    with speed.active().products():
+        out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True,
+                    logits_to_keep=len(tokens) + 1)
+    return out.logits[0]                                                                           # [n + 1, vocab]
+
+
+@torch.inference_mode()
+def keep_path(cache, start: int, sources: list[int]) -> None:
+    """Move the entries at positions `sources` (increasing, each >= start) to start, start + 1, ... in every layer
+    and drop everything after them: a tree's accepted path takes its place after the committed text."""
+    assert sources == sorted(sources) and all(s >= start for s in sources), (start, sources)
+    for layer in cache.layers:
+        moves = [(start + j, s) for j, s in enumerate(sources) if s != start + j]
+        if moves:
+            to = torch.tensor([m[0] for m in moves], device=layer.keys.device)
+            frm = torch.tensor([m[1] for m in moves], device=layer.keys.device)
+            layer.keys[..., to, :] = layer.keys[..., frm, :]          # the gather copies first: overlaps are safe
+            layer.values[..., to, :] = layer.values[..., frm, :]
+    trim_cache(cache, start + len(sources))

@@ -12,12 +12,15 @@ from typing import Callable, Iterator
 
 import torch
 
-from spec_engine.core.cache import PREFILL_CHUNK, check_invariant, forward_logits, new_cache, prefill, trim_cache, cache_len
-from spec_engine.core.drafting import Drafter, Proposal
+from spec_engine.core.cache import (PREFILL_CHUNK, cache_len, check_invariant, forward_logits, forward_tree_logits,
+                                    keep_path, new_cache, prefill, trim_cache)
+from spec_engine.core.drafting import Drafter, Proposal, TreeProposal
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, run_stats
 from spec_engine.core import timing
 from spec_engine.core.sampling import SamplingParams, choose_token, make_generator, top_entries
-from spec_engine.core.verify import RULES, Verdict, drafted_probs, verify
+from spec_engine.core.rule import EXACT
+from spec_engine.core.tree_rule import WRONG_TREE
+from spec_engine.core.verify import RULES, TreeVerdict, Verdict, drafted_probs, verify, verify_tree
 
 MAX_K = 16
 MAX_NEW_TOKENS = 2048
@@ -96,7 +99,8 @@ class DecodeState:
 
 
 class SpeculativeDecoder:
-    """Draft with `drafter`, verify with `target_model` under `rule` ("exact", or a wrong rule for demos).
+    """Draft with `drafter`, verify with `target_model` under `rule` ("exact", or a wrong rule for demos: the chain's
+    wrong rules for chain proposals, "tree_best_sibling" for tree proposals).
 
     A drafter instance holds one run's draft state, so concurrent runs need their own drafters; the models
     themselves are only read and can be shared. The prompt is prefilled `prefill_chunk` tokens per forward, with
@@ -106,8 +110,8 @@ class SpeculativeDecoder:
     prefill_chunk = PREFILL_CHUNK
 
     def __init__(self, target_model, drafter: Drafter, rule: str = "exact"):
-        if rule not in RULES:
-            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+        if rule not in RULES + WRONG_TREE:
+            raise ValueError(f"rule must be one of {RULES + WRONG_TREE}, got {rule!r}")
         drafter.check_target(target_model)
         self.target = target_model
         self.drafter = drafter
@@ -156,12 +160,14 @@ class SpeculativeDecoder:
         n_draft = min(state.k, state.max_new_tokens - state.generated - 1)     # a round emits up to n_draft + 1
         proposal = self.drafter.propose(committed, n_draft, state.sampling, state.generator) if n_draft else Proposal([], None)
         draft_done = timing.clock(device)
+        if isinstance(proposal, TreeProposal):
+            return self.tree_step(state, proposal, RoundClock(round_start, draft_done, draft_done), should_stop)
         drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=device)                       # [n]
         scored = forward_logits(self.target, committed[-1:] + proposal.tokens, state.target_cache,
                                 len(proposal.tokens) + 1, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
-        verdict, target_probs, target_members = verify(self.rule, state.sampling, drafted, proposal.probs, target_logits,
-                                                       state.generator)
+        verdict, target_probs, target_members = verify(self.chain_rule(proposal), state.sampling, drafted, proposal.probs,
+                                                       target_logits, state.generator)
         verify_done = timing.clock(device)
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
@@ -176,6 +182,73 @@ class SpeculativeDecoder:
                             (target_before, draft_before), clock)
         state.index += 1
         return event
+
+    def chain_rule(self, proposal: Proposal) -> str:
+        """The rule a chain round runs. The wrong tree rule judges trees only; a round with no drafts (the last one,
+        with room for one token) emits from p under every rule, so it runs the exact one."""
+        if self.rule not in WRONG_TREE:
+            return self.rule
+        if proposal.tokens:
+            raise ValueError(f"rule {self.rule!r} judges draft trees; {self.drafter.name} proposes chains")
+        return EXACT
+
+    def tree_step(self, state: DecodeState, proposal: TreeProposal, clock: RoundClock,
+                  should_stop: Callable[[], bool] | None) -> RoundEvent:
+        """A tree round after drafting: score every node in one forward (tree attention), verify on the tree, commit
+        the accepted path and the token after it, move the path's KV entries into place and drop the rest."""
+        if self.drafter.feature_layers:
+            raise ValueError("tree drafts from the target's features are not supported yet")
+        tree, committed = proposal.tree, state.committed
+        start = len(committed)            # the cache holds committed[:-1]; the accepted path's entries go here
+        target_logits = forward_tree_logits(self.target, committed[-1], tree.tokens, tree.parents, tree.depths(),
+                                            state.target_cache)                                  # [n + 1, vocab]
+        verdict, target_rows = verify_tree(self.rule, state.sampling, tree, proposal.probs, target_logits,
+                                           state.generator)
+        verified = timing.clock(self.target.device)
+        emitted, hit_eos = cut_at_eos([tree.tokens[i] for i in verdict.accepted] + [verdict.next_token], state.eos)
+        committed += emitted
+        target_before, draft_before = cache_len(state.target_cache), self.drafter.cache_len()
+        keep_path(state.target_cache, start, [start + i for i in verdict.accepted])
+        trim_cache(state.target_cache, len(committed) - 1)           # EOS may end the round inside the path
+        self.drafter.rollback(committed, None)
+        check_invariant(state.target_cache, len(committed) - 1, "target")
+        state.stop_reason = ("eos" if hit_eos else "max_new_tokens" if state.generated >= state.max_new_tokens
+                             else "cancelled" if should_stop is not None and should_stop() else None)
+        event = self._tree_event(state, proposal, verdict, target_rows, emitted, (target_before, draft_before),
+                                 RoundClock(clock.start, clock.drafted, verified))
+        state.index += 1
+        return event
+
+    def _tree_event(self, state: DecodeState, proposal: TreeProposal, verdict: TreeVerdict, target_rows: torch.Tensor,
+                    emitted: list[int], caches_before: tuple[int, int | None], clock: RoundClock) -> RoundEvent:
+        """A tree round as an event: `drafted` lists every node, `tree_parents` / `tree_path` say how they hang and
+        which were kept; p and q of each node are read under its parent's row."""
+        tree = proposal.tree
+        n = len(tree.tokens)
+        accepted = min(len(verdict.accepted), len(emitted))
+        tail = emitted[accepted:]
+        last = verdict.accepted[-1] if verdict.accepted else -1
+        rejected_all = bool(tree.children(last))                      # the token is a correction, not a bonus
+        rows = torch.tensor([parent + 1 for parent in tree.parents], dtype=torch.long, device=target_rows.device)
+        ids = torch.tensor(tree.tokens, dtype=torch.long, device=target_rows.device)
+        p_nodes = target_rows[rows, ids].tolist() if n else []
+        q_nodes = [1.0] * n if proposal.probs is None else proposal.probs[rows.to(proposal.probs.device),
+                                                                           ids.to(proposal.probs.device)].tolist()
+        top_values, top_ids = top_entries(target_rows, TARGET_TOP)                               # [n + 1, m]
+        target_before, draft_before = caches_before
+        return RoundEvent(
+            index=state.index, drafted=list(tree.tokens), accepted=accepted, emitted=emitted,
+            correction=tail[0] if tail and rejected_all else None, bonus=tail[0] if tail and not rejected_all else None,
+            target_probs=p_nodes, draft_probs=q_nodes, accept_probs=verdict.accept_probs, uniforms=verdict.uniforms,
+            next_top=verdict.next_probs_top,
+            target_top=[list(zip(ids_row, values_row)) for ids_row, values_row in zip(top_ids.tolist(), top_values.tolist())],
+            k=state.k, target_cache_len_before=target_before, target_cache_len=cache_len(state.target_cache),
+            draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
+            committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
+            verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(target_rows.device) - clock.start,
+            prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
+            finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note,
+            tree_parents=list(tree.parents), tree_path=verdict.accepted[:accepted], tree_tried=verdict.tried)
 
     def _event(self, state: DecodeState, proposal: Proposal, verdict: Verdict, drafted: torch.Tensor,
                target_probs: torch.Tensor, target_members, emitted: list[int], caches_before: tuple[int, int | None],

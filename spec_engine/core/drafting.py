@@ -1,7 +1,8 @@
 """What the loop asks of a draft source: the protocol every drafter speaks (drafters/ holds the drafters):
 
     begin(prompt_ids, target_features)           reset state for a new run (and prefill its cache, if any)
-    propose(committed, k, params, generator)     -> Proposal: up to k target-token ids + what they were drawn from
+    propose(committed, k, params, generator)     -> Proposal: up to k target-token ids + what they were drawn from,
+                                                    or TreeProposal: a token tree of up to k nodes (core/tree_rule.py)
     rollback(committed, target_features)         learn how the round went; trim own state to the committed text
 
 `target_features` is None unless the drafter lists `feature_layers` (indices into transformers' `hidden_states`,
@@ -25,6 +26,7 @@ from torch import nn
 
 from spec_engine.core.cache import cache_len
 from spec_engine.core.sampling import SamplingParams
+from spec_engine.core.tree_rule import TokenTree
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,16 @@ class Proposal:
     tokens: list[int]                    # up to k target-token ids
     probs: torch.Tensor | None           # [len(tokens), target_vocab] draft distributions, or None (one-hot)
     note: str | None = None              # e.g. how a cross-tokenizer boundary was handled
+
+
+@dataclass(frozen=True)
+class TreeProposal:
+    """A draft tree: several continuations verified in one target forward (the engine's tree path). A chain is the
+    tree with one child per node. Sampled trees must report, per node with children, the distribution its children
+    were drawn from, and say in `tree.drawn` how (with or without replacement): the tree rule depends on it."""
+    tree: TokenTree                      # up to k nodes
+    probs: torch.Tensor | None           # [n + 1, target_vocab] q at the root and after each node, or None (deterministic)
+    note: str | None = None
 
 
 class Drafter:

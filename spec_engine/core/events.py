@@ -45,15 +45,25 @@ class RoundEvent:
     finished: bool = False
     stop_reason: str | None = None      # "max_new_tokens" | "eos" | "cancelled" on the last round
     note: str | None = None             # drafter remark, e.g. a cross-tokenizer boundary fix
+    # A tree round (core/tree_rule.py) lists every node in `drafted`; `accepted` counts the nodes on the accepted path,
+    # `target_probs` / `draft_probs` are each node's p and q under its parent's row, and `accept_probs` / `uniforms`
+    # belong to the siblings judged, in order (`tree_tried`; empty under greedy). None for chain rounds.
+    tree_parents: list[int] | None = None     # each node's parent (-1: the root, the last committed token)
+    tree_path: list[int] | None = None        # the accepted nodes, root's child first
+    tree_tried: list[int] | None = None       # the nodes judged, in order (sampling)
 
     @property
     def rejected(self) -> int | None:
-        """The rejected draft token, if any."""
+        """The rejected draft token, if any (a chain's; a tree round has no single one: None)."""
+        if self.tree_parents is not None:
+            return None
         return self.drafted[self.accepted] if self.accepted < len(self.drafted) else None
 
     @property
     def discarded(self) -> list[int]:
-        """Draft tokens after the rejected one: never judged, thrown away."""
+        """Draft tokens after the rejected one: never judged, thrown away (a tree round: every node off the path)."""
+        if self.tree_parents is not None:
+            return [t for i, t in enumerate(self.drafted) if i not in set(self.tree_path or [])]
         return self.drafted[self.accepted + 1:]
 
     def to_dict(self) -> dict:

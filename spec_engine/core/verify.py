@@ -27,6 +27,7 @@ from spec_engine.core import speed
 from spec_engine.core.rule import EXACT, WRONG
 from spec_engine.core.rule import residual as residual_distribution       # normalize(max(0, p - q))
 from spec_engine.core.sampling import SamplingParams, sample_at, top_entries, top_p_members, unit_draw, warp
+from spec_engine.core.tree_rule import TREE_RULES, TokenTree, tree_greedy_step, tree_step
 
 RULES = (EXACT, *WRONG)
 WRONG_RULES = WRONG
@@ -234,3 +235,42 @@ def _greedy_membership(drafted: torch.Tensor, target_logits: torch.Tensor, membe
     next_token = int(target_logits[accepted].argmax())
     decided = min(accepted + 1, n)
     return Verdict(accepted, next_token, inside[:decided].tolist(), [], [(next_token, 1.0)])
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    """A verified tree round: the accepted path (node indices, root's child first) and the token after it, with what
+    the display shows. tried / accept_probs / uniforms: the siblings judged, in order (sampling only; greedy follows
+    the argmax)."""
+    accepted: list[int]
+    next_token: int
+    tried: list[int]
+    accept_probs: list[float]
+    uniforms: list[float]
+    next_probs_top: list[tuple[int, float]]
+
+
+def verify_tree(rule: str, params: SamplingParams, tree: TokenTree, draft_probs: torch.Tensor | None,
+                target_logits: torch.Tensor, generator: torch.Generator) -> tuple[TreeVerdict, torch.Tensor]:
+    """tree (n nodes), draft_probs [n + 1, vocab] or None (deterministic), target_logits [n + 1, vocab] -> (verdict,
+    the rows the display reads [n + 1, vocab]). Greedy: `tree_greedy_step`. Sampling: the reference itself,
+    `tree_rule.tree_step`, fed one uniform per node and then the CDF point from `generator` (all n uniforms are drawn
+    whether read or not, so a run's draws do not depend on the outcome)."""
+    if rule not in TREE_RULES:
+        raise ValueError(f"a tree round's rule must be one of {TREE_RULES}, got {rule!r}")
+    n = len(tree.tokens)
+    assert target_logits.shape[0] == n + 1 and (draft_probs is None or draft_probs.shape[0] == n + 1)
+    if params.greedy:
+        path, token = tree_greedy_step(target_logits, tree)
+        display = torch.softmax(target_logits.float(), dim=-1)
+        return TreeVerdict(path, token, [], [], [], [(token, 1.0)]), display
+    if draft_probs is None and any(how != "deterministic" for how in tree.drawn):
+        raise ValueError("a sampled tree needs draft_probs for its nodes whose children were drawn")
+    target_probs = warp(target_logits, params)                                                   # [n + 1, vocab]
+    uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=torch.float64).tolist()
+    point = float(unit_draw(generator, target_probs.device))
+    step = tree_step(target_probs, None if draft_probs is None else draft_probs.to(target_probs.dtype), tree,
+                     uniforms, point, rule)
+    tried = [node for node, _ in step.tried]
+    return TreeVerdict(step.accepted, step.token, tried, [chance for _, chance in step.tried],
+                       [uniforms[node] for node in tried], top_candidates(step.next_probs)), target_probs

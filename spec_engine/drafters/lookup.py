@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from spec_engine.core.sampling import SamplingParams
-from spec_engine.drafters.base import Drafter, Proposal, common_prefix_len
+from spec_engine.drafters.base import Drafter, Proposal, TreeProposal, common_prefix_len, trie_tree
 from spec_engine.drafters.sizing import best_draft_length, verify_costs
 
 
@@ -154,6 +154,60 @@ class LookupFirstDrafter(Drafter):
 def fixed_length_lookup() -> PromptLookupDrafter:
     """LookupFirstDrafter's lookup with cost sizing off: a match proposes up to k copied tokens."""
     return PromptLookupDrafter(min_ngram=LOOKUP_FIRST_MIN_NGRAM, sizing="full")
+
+
+TREE_LOOKUP_BRANCHES = 3      # not yet measured (issue #26 item 3 sizes trees from the verify-cost curve)
+TREE_LOOKUP_NOTE = "copied by prompt lookup, several matches as branches"
+
+
+class TreeLookupDrafter(Drafter):
+    """Prompt lookup as a draft tree: the continuations of up to `branches` earlier occurrences of the text's
+    newest tokens (longest matches first, the latest occurrence first among equals), merged into one deterministic
+    tree of at most k nodes (`base.trie_tree`). Where one match copies the wrong continuation, another may copy the
+    right one, and the target judges all of them in one forward. The first branch gets what the others leave
+    of the k nodes (each other branch gets k // branches). No model, no cache; every round is a TreeProposal
+    (possibly of no nodes: the target then adds one token)."""
+
+    def __init__(self, branches: int = TREE_LOOKUP_BRANCHES, max_ngram: int = PROMPT_LOOKUP_MAX_NGRAM,
+                 min_ngram: int = PROMPT_LOOKUP_MIN_NGRAM):
+        if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
+            raise ValueError(f"branches must be an integer >= 1, got {branches!r}")
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.branches, self.max_ngram, self.min_ngram = branches, max_ngram, min_ngram
+        self.name = f"tree-lookup(branches<={branches})"
+
+    def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> TreeProposal:
+        found = lookup_branches(committed, k, self.branches, self.max_ngram, self.min_ngram)
+        share = k // len(found) if found else 0
+        budgets = [k - share * (len(found) - 1)] + [share] * (len(found) - 1)
+        tree = trie_tree(found, budgets)
+        return TreeProposal(tree, None, note=TREE_LOOKUP_NOTE if tree.tokens else None)
+
+
+def lookup_branches(tokens: list[int], k: int, branches: int, max_ngram: int, min_ngram: int) -> list[list[int]]:
+    """Up to `branches` distinct continuations (each up to k tokens) that followed earlier occurrences of the
+    text's last n tokens, n from the longest match down to min_ngram, the latest occurrence first."""
+    longest, _ = longest_suffix_match(tokens, max_ngram)
+    seq = np.asarray(tokens, dtype=np.int64)
+    found: list[list[int]] = []
+    for n in range(longest, min_ngram - 1, -1):
+        for end in match_ends(seq, n)[::-1].tolist():
+            continuation = tokens[end + 1:end + 1 + k]
+            if continuation and continuation not in found:
+                found.append(continuation)
+                if len(found) == branches:
+                    return found
+    return found
+
+
+def match_ends(seq: np.ndarray, n: int) -> np.ndarray:
+    """Ascending positions e < len - 1 where seq[e - n + 1 .. e] equals the last n tokens."""
+    ends = np.flatnonzero(seq[:-1] == seq[-1])
+    for back in range(1, n):
+        ends = ends[ends >= back]
+        ends = ends[seq[ends - back] == seq[-1 - back]]
+    return ends
 
 
 def longest_suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:

@@ -1,0 +1,302 @@
+"""Exact enumeration for the tree rule (core/tree_rule.py): on a tiny vocabulary, speculative rounds that draft a
+token tree and verify it with recursive rejection sampling emit tokens with exactly the target's warped
+probabilities (the joint law of the first LENGTH tokens, to 1e-9 in float64), for trees of several shapes, siblings
+drawn with replacement, without replacement and deterministically (top-k of q), and several warping settings. The
+same enumeration shows the deliberately wrong tree rule drifts. A chain tree is the chain rule draw for draw, and
+greedy on every tree is plain greedy decoding.
+
+The enumerator follows test_verify_enumeration.py: every tree the drafter could draw after every context, weighted
+by its probability under q (with replacement: the product of q; without: each draw renormalized over what is left;
+deterministic: the top-k of q, weight 1), and every cell of the rule's random draws. A node's uniform matters only
+through `u < acceptance probability`, the point only through the CDF of the distribution the token comes from: the
+cells are cut where the verdict says and the rule is evaluated at each cell's midpoint, so a rule that reports one
+probability and uses another lands its outcomes in the wrong cells and fails.
+"""
+import itertools
+import math
+import zlib
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import torch
+
+from spec_engine.core.rule import speculative_step
+from spec_engine.core.sampling import SamplingParams, warp
+from spec_engine.core.tree_rule import TokenTree, tree_greedy_step, tree_step
+
+VOCAB = 3
+LENGTH = 3     # the joint law of the first 3 emitted tokens: a 2-level tree's whole path plus the token after it
+
+
+def toy_logits(kind: str, context: tuple, salt: int) -> torch.Tensor:
+    seed = zlib.crc32(repr((kind, context, salt)).encode())
+    return torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2.0
+
+
+class Toy:
+    """A context-dependent target p and draft q over VOCAB tokens, both warped with the same settings."""
+
+    def __init__(self, params: SamplingParams, salt: int):
+        self.params, self.salt = params, salt
+
+    @lru_cache(maxsize=None)
+    def p(self, context: tuple) -> torch.Tensor:
+        return warp(toy_logits("target", context, self.salt), self.params)
+
+    @lru_cache(maxsize=None)
+    def q(self, context: tuple) -> torch.Tensor:
+        return warp(toy_logits("draft", context, self.salt), self.params)
+
+
+# Shapes: parents of each node. A chain, one node with 2 and 3 children, two 2-level trees.
+SHAPES = {"chain": [-1, 0], "fan2": [-1, -1], "fan3": [-1, -1, -1], "fan2x2": [-1, -1, 0, 0], "fork": [-1, -1, 0, 1, 0]}
+MIXED = "mixed"           # the root's children top-k (deterministic), everything below drawn with replacement
+SETTINGS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9), SamplingParams(1.5, top_k=2),
+            SamplingParams(2.0, top_p=0.5)]
+
+
+def drawn_for(parents: list[int], how: str) -> list[str]:
+    if how == MIXED:
+        return ["deterministic"] + ["with_replacement"] * len(parents)
+    return [how] * (len(parents) + 1)
+
+
+def prune(parents: list[int], drawn: list[str], depth_limit: int) -> tuple[list[int], list[str]]:
+    """The shape cut to depth <= depth_limit (deeper nodes cannot affect the first LENGTH tokens)."""
+    depth = TokenTree.of([0] * len(parents), parents).depths()
+    kept = [i for i in range(len(parents)) if depth[i] <= depth_limit]
+    index = {old: new for new, old in enumerate(kept)}
+    return [index.get(parents[i], -1) for i in kept], [drawn[0]] + [drawn[i + 1] for i in kept]
+
+
+def tree_draws(toy: Toy, parents: list[int], drawn: list[str], context: tuple):
+    """Every tree the drafter can draw after `context`, with its probability: yields (TokenTree, weight). A sibling
+    that cannot be drawn without replacement (nothing of q left) is not drawn, with its subtree."""
+    n = len(parents)
+
+    def path_tokens(tokens, node):
+        out = []
+        while node >= 0:
+            out.append(tokens[node])
+            node = parents[node]
+        return tuple(out[::-1])
+
+    def visit(i: int, tokens: list, weight: float):
+        if i == n:
+            yield tokens, weight
+            return
+        parent = parents[i]
+        if parent >= 0 and tokens[parent] is None:
+            yield from visit(i + 1, tokens + [None], weight)
+            return
+        q = toy.q(context + path_tokens(tokens, parent)).tolist()
+        earlier = [tokens[j] for j in range(i) if parents[j] == parent and tokens[j] is not None]
+        how = drawn[parent + 1]
+        if how == "deterministic":
+            order = sorted(range(VOCAB), key=lambda x: (-q[x], x))
+            yield from visit(i + 1, tokens + [order[len(earlier)]], weight)
+        elif how == "with_replacement":
+            for x in range(VOCAB):
+                if q[x] > 0:
+                    yield from visit(i + 1, tokens + [x], weight * q[x])
+        else:
+            left = 1.0 - sum(q[x] for x in earlier)
+            options = [x for x in range(VOCAB) if x not in earlier and q[x] > 0]
+            if not options:
+                yield from visit(i + 1, tokens + [None], weight)
+            for x in options:
+                yield from visit(i + 1, tokens + [x], weight * q[x] / left)
+
+    for tokens, weight in visit(0, [], 1.0):
+        kept = [i for i in range(n) if tokens[i] is not None]
+        index = {old: new for new, old in enumerate(kept)}
+        tree = TokenTree([tokens[i] for i in kept], [index.get(parents[i], -1) for i in kept],
+                         [drawn[0]] + [drawn[i + 1] for i in kept])
+        yield tree, weight
+
+
+def rows(toy: Toy, tree: TokenTree, context: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """p and q at the root and after every node: [n + 1, vocab] each."""
+    contexts = [context] + [context + tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree.tokens))]
+    return torch.stack([toy.p(c) for c in contexts]), torch.stack([toy.q(c) for c in contexts])
+
+
+def cells(breaks: list[float]) -> list[tuple[float, float]]:
+    """[0, 1) cut at `breaks`: (midpoint, width) of every nonempty cell."""
+    edges = sorted({0.0, 1.0, *(min(max(b, 0.0), 1.0) for b in breaks)})
+    return [((lo + hi) / 2, hi - lo) for lo, hi in zip(edges, edges[1:]) if hi > lo]
+
+
+def round_outcomes(p: torch.Tensor, q: torch.Tensor, tree: TokenTree, rule: str) -> dict:
+    """{(accepted path's tokens, next token): probability} of one tree round over its uniforms and CDF point. An
+    undecided node's uniform is NaN (never below anything: the rule rejects it and goes on); the first NaN node the
+    verdict tried is decided next, cut at the acceptance probability the verdict reports for it."""
+    outcomes: dict = {}
+
+    def visit(uniforms: list[float], weight: float) -> None:
+        probe = tree_step(p, q, tree, uniforms, 0.5, rule)
+        pending = next(((node, chance) for node, chance in probe.tried if math.isnan(uniforms[node])), None)
+        if pending is not None:
+            node, chance = pending
+            for middle, width in cells([chance]):
+                visit(uniforms[:node] + [middle] + uniforms[node + 1:], weight * width)
+            return
+        dist = probe.next_probs.tolist()
+        for middle, width in cells(list(np.cumsum(dist) / sum(dist))):
+            verdict = tree_step(p, q, tree, uniforms, middle, rule)
+            key = (tuple(tree.tokens[i] for i in verdict.accepted), verdict.token)
+            outcomes[key] = outcomes.get(key, 0.0) + weight * width
+    visit([math.nan] * len(tree.tokens), 1.0)
+    return outcomes
+
+
+def emitted_distribution(toy: Toy, parents: list[int], drawn: list[str], rule: str) -> dict:
+    """Exact law of the first LENGTH tokens emitted by tree rounds (each round's tree cut to the depth that can still
+    matter), keyed by the LENGTH-token prefix."""
+
+    @lru_cache(maxsize=None)
+    def after(context: tuple) -> dict:
+        if len(context) >= LENGTH:
+            return {(): 1.0}
+        shape, how = prune(parents, drawn, LENGTH - len(context) - 1)
+        dist: dict = {}
+        for tree, weight in tree_draws(toy, shape, how, context):
+            p, q = rows(toy, tree, context)
+            for (path, token), chance in round_outcomes(p, q, tree, rule).items():
+                emitted = (path + (token,))[:LENGTH - len(context)]
+                for rest, more in after(context + emitted).items():
+                    key = emitted + rest
+                    dist[key] = dist.get(key, 0.0) + weight * chance * more
+        return dist
+
+    return after(())
+
+
+def target_distribution(toy: Toy) -> dict:
+    dist = {}
+    for seq in itertools.product(range(VOCAB), repeat=LENGTH):
+        dist[seq] = math.prod(float(toy.p(seq[:i])[y]) for i, y in enumerate(seq))
+    return dist
+
+
+def total_variation(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a.get(s, 0.0) - b.get(s, 0.0)) for s in set(a) | set(b))
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+@pytest.mark.parametrize("how", ["with_replacement", "without_replacement", "deterministic", MIXED])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("salt", [0, 1])
+def test_tree_rule_emits_the_target_distribution(params, how, shape, salt):
+    toy = Toy(params, salt)
+    got = emitted_distribution(toy, SHAPES[shape], drawn_for(SHAPES[shape], how), "exact")
+    want = target_distribution(toy)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    for seq in want:
+        assert abs(got.get(seq, 0.0) - want[seq]) < 1e-9, seq
+
+
+@pytest.mark.parametrize("how", ["with_replacement", "without_replacement", "deterministic"])
+@pytest.mark.parametrize("shape", ["fan2", "fan2x2"])
+def test_the_wrong_tree_rule_drifts_from_the_target(how, shape):
+    """tree_best_sibling (no residual update between siblings) is refuted by the same enumeration."""
+    toy = Toy(SamplingParams(1.0), salt=0)
+    tv = total_variation(emitted_distribution(toy, SHAPES[shape], drawn_for(SHAPES[shape], how), "tree_best_sibling"),
+                         target_distribution(toy))
+    assert tv > 0.1, f"tree_best_sibling should visibly differ from the target (TV {tv:.4f})"
+
+
+@pytest.mark.parametrize("drawn", ["with_replacement", "without_replacement", "deterministic"])
+def test_a_chain_tree_is_the_chain_rule_draw_for_draw(drawn):
+    """A tree with one child per node, drawn any way (one sibling: nothing to replace), gives speculative_step's
+    accepted count and next token for the same draws, bitwise: random p, q, drafts and draws over 300 tokens,
+    float32 and float64, long acceptances included."""
+    generator = torch.Generator().manual_seed(5)
+    for trial in range(300):
+        dtype = (torch.float64, torch.float32)[trial % 2]
+        n = trial % 5
+        params = SamplingParams(0.9, top_p=(1.0, 0.8, 0.5)[trial % 3])
+        target_probs = warp(torch.randn(n + 1, 300, generator=generator, dtype=dtype) * 3, params)   # [n + 1, vocab]
+        draft_probs = warp(torch.randn(n + 1, 300, generator=generator, dtype=dtype) * 3, params)    # [n + 1, vocab]
+        if trial % 7 == 0:
+            draft_probs = target_probs.clone()
+        drafted = torch.multinomial(draft_probs[:n], 1, generator=generator)[:, 0].tolist() if n else []
+        q_rows = torch.nn.functional.one_hot(torch.tensor(drafted, dtype=torch.long), 300).to(dtype) \
+            if drawn == "deterministic" else draft_probs[:n]
+        uniforms = torch.rand(n, generator=generator, dtype=torch.float64).tolist()
+        point = float(torch.rand((), generator=generator, dtype=torch.float64))
+        chain = speculative_step(target_probs, q_rows, drafted, uniforms, point)
+        verdict = tree_step(target_probs, None if drawn == "deterministic" else draft_probs,
+                            TokenTree.chain(drafted, drawn), uniforms, point)
+        assert (len(verdict.accepted), verdict.token) == chain, trial
+        assert verdict.accepted == list(range(chain[0]))
+
+
+def test_a_second_sibling_gets_the_residual_not_p():
+    """Forced case: p = [0.5, 0.5, 0], siblings 0 then 1 drawn with replacement from q = [0.5, 0.5, 0]. Sibling 0 is
+    accepted with probability 1; were it refused, the residual max(0, p - q) would be empty. With q = [1, 0, 0]
+    (sibling 0 drawn from a point mass) sibling 0 is accepted w.p. 0.5; after a refusal the residual is one-hot on
+    token 1, so sibling 1 (q(1) = 0) is rejected and the correction is 1, for every draw."""
+    p = torch.tensor([[0.5, 0.5, 0.0]] * 3, dtype=torch.float64)
+    q = torch.tensor([[1.0, 0.0, 0.0]] * 3, dtype=torch.float64)
+    tree = TokenTree.of([0, 1], [-1, -1], "with_replacement")
+    for point in (0.01, 0.5, 0.99):
+        verdict = tree_step(p, q, tree, [0.7, 0.0], point)
+        assert (verdict.accepted, verdict.token) == ([], 1)
+        assert verdict.tried == [(0, 0.5), (1, 0.0)]
+    wrong = tree_step(p, q, tree, [0.7, 0.0], 0.5, "tree_best_sibling")
+    assert wrong.tried == [(0, 0.5), (1, 0.0)]
+    deterministic = TokenTree.of([0, 1], [-1, -1], "deterministic")
+    exact = tree_step(p, None, deterministic, [0.7, 0.99], 0.5)
+    assert exact.tried == [(0, 0.5), (1, 1.0)] and exact.accepted == [1]       # the residual is one-hot on 1
+    wrong = tree_step(p, None, deterministic, [0.7, 0.99], 0.5, "tree_best_sibling")
+    assert wrong.tried == [(0, 0.5), (1, 0.5)] and wrong.accepted == []
+
+
+def test_without_replacement_renormalizes_q_after_each_rejected_sibling():
+    """p = [0.1, 0.45, 0.45], q = [0.6, 0.3, 0.1]; siblings 0 then 1. Sibling 0: min(1, 0.1 / 0.6). Refused: r =
+    normalize(max(0, p - q)) = [0, 0.3, 0.7]. Drawn without replacement, sibling 1 came from q_2 = [0, 0.75, 0.25]:
+    min(1, 0.3 / 0.75) = 0.4; drawn with replacement it came from q: min(1, 0.3 / 0.3) = 1."""
+    p = torch.tensor([[0.1, 0.45, 0.45]] * 3, dtype=torch.float64)
+    q = torch.tensor([[0.6, 0.3, 0.1]] * 3, dtype=torch.float64)
+    for drawn, second in (("without_replacement", 0.4), ("with_replacement", 1.0)):
+        verdict = tree_step(p, q, TokenTree.of([0, 1], [-1, -1], drawn), [0.99, 0.99], 0.5)
+        assert verdict.tried == [(0, pytest.approx(0.1 / 0.6)), (1, pytest.approx(second))], drawn
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("salt", [0, 1, 2])
+def test_greedy_on_every_tree_emits_plain_greedy_decoding(shape, salt):
+    """For every token assignment of the shape after every 2-token context, the accepted path's tokens and the next
+    token are exactly the next tokens of plain greedy decoding, and the path is as long as the tree allows."""
+    parents = SHAPES[shape]
+    argmax = lambda context: int(toy_logits("target", context, salt).argmax())
+    for context in itertools.product(range(VOCAB), repeat=2):
+        plain = list(context)
+        for _ in range(4):
+            plain.append(argmax(tuple(plain)))
+        expected = tuple(plain[2:])
+        for tokens in itertools.product(range(VOCAB), repeat=len(parents)):
+            tree = TokenTree.of(list(tokens), parents)
+            contexts = [context] + [context + tuple(tokens[j] for j in tree.path_to(i)) for i in range(len(tokens))]
+            logits = torch.stack([toy_logits("target", c, salt) for c in contexts]).float()       # [n + 1, vocab]
+            path, token = tree_greedy_step(logits, tree)
+            emitted = tuple(tokens[i] for i in path) + (token,)
+            assert emitted == expected[:len(emitted)], (context, tokens)
+            longest = max((len(tree.path_to(i)) for i in range(len(tokens))
+                           if tuple(tokens[j] for j in tree.path_to(i)) == expected[:len(tree.path_to(i))]), default=0)
+            assert len(path) == longest
+
+
+def test_token_tree_names_the_bad_field():
+    with pytest.raises(ValueError, match=r"parents\[1\] must be -1 \(the root\) or an earlier node, got 1"):
+        TokenTree.of([1, 2], [-1, 1])
+    with pytest.raises(ValueError, match="parents must give one parent per token"):
+        TokenTree.of([1, 2], [-1])
+    with pytest.raises(ValueError, match=r"drawn\[0\] must be one of"):
+        TokenTree([1], [-1], ["sampled", "deterministic"])
+    with pytest.raises(ValueError, match="drawn must have n \\+ 1 = 2 entries"):
+        TokenTree([1], [-1], ["deterministic"])
+    assert TokenTree.of([5, 6, 7, 8], [-1, -1, 0, 2]).depths() == [1, 1, 2, 3]
+    assert TokenTree.of([5, 6, 7, 8], [-1, -1, 0, 2]).path_to(3) == [0, 2, 3]
