@@ -631,7 +631,9 @@ def start_endless_run(page) -> SessionState:
 
 
 def normal_run_completes(page) -> SessionState:
-    """A short run in `page` that ends by itself (max new tokens or EOS), shown as finished."""
+    """A short run in `page` that ends by itself (max new tokens or EOS), shown as finished. Its session is the one
+    whose latest run is new since the click (earlier tests' sessions in this app may hold finished runs of PROMPT)."""
+    shown_before = {id(s): s.current for s in page_sessions()}
     page.fill("#spec-prompt textarea", PROMPT)
     max_new = page.locator("#spec-max-new input[type=number]")
     max_new.fill("12")
@@ -640,12 +642,15 @@ def normal_run_completes(page) -> SessionState:
     from test_app_faults import wait_until
 
     def done():
-        return [s for s in page_sessions() if s.current is not None and s.current.settings.prompt == PROMPT
-                and s.current.stop_reason in ("eos", "max_new_tokens") and s.current.recorded]
+        return [s for s in page_sessions() if s.current is not None and s.current is not shown_before.get(id(s))
+                and s.current.settings.prompt == PROMPT and s.current.stop_reason in ("eos", "max_new_tokens")
+                and s.current.recorded]
     assert wait_until(lambda: done(), timeout=180)                       # ended by itself, on the server
     page.wait_for_function("(t => t.includes('finished') && !t.includes('Stopped'))"
                            "(document.querySelector('#spec-stats').innerText)", timeout=60_000)
-    return done()[0]
+    ran = done()
+    assert len(ran) == 1, f"{len(ran)} sessions ran the normal run"
+    return ran[0]
 
 
 @pytest.mark.browser
