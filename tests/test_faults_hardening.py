@@ -529,11 +529,11 @@ def test_memory_stays_level_over_many_runs(client):
     (this one) after 2 warm-up runs and after N more in one session, each run's caches dropped when it ends."""
     for _ in range(2):
         client.predict(*args(max_new_tokens=8), api_name="/run")
-    before, n = rss_mb(), 20
+    before, n = rss_mb(trim=True), 20          # trimmed: the heap's free pages, kept for reuse, are not growth
     for seed in range(n):
         client.predict(*args(max_new_tokens=8, temperature=0.7, seed=seed), api_name="/run")
-    after = rss_mb()
-    FIGURES["RSS MB: before, after N runs"] = (round(before), round(after))
+    after = rss_mb(trim=True)
+    FIGURES["RSS MB (trimmed): before, after N runs"] = (round(before), round(after))
     FIGURES["N runs"] = n
     assert after - before < 30, (before, after)
 
@@ -679,13 +679,14 @@ def test_the_browser_stop_then_a_normal_run(playground, chromium):
 def test_a_closed_tab_then_a_normal_run(playground, chromium):
     from conftest import open_playground
     from test_app_faults import wait_until
+    held = reg.REGISTRY.holds(TARGET)            # other runs in this app (earlier tests) may be ending
     tab = open_playground(chromium, playground)
     session = start_endless_run(tab)
     record = session.active.record
     tab.close()
     assert wait_until(lambda: session.active.work is None, timeout=30)        # released when the tab went
     assert record.stop_reason == "cancelled" and len(record.tokens) < 600
-    assert wait_until(lambda: reg.REGISTRY.holds(TARGET) == 0, timeout=60)
+    assert wait_until(lambda: reg.REGISTRY.holds(TARGET) <= held, timeout=60)
     page = open_playground(chromium, playground)
     try:
         after = normal_run_completes(page)
