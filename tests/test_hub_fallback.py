@@ -75,6 +75,7 @@ def test_a_missing_package_is_available_from_the_hub_and_the_loader_agrees(monke
     assert models.load_source(models.DEFAULT_MODEL) == ("hub", why)
     assert models.is_offline_available(models.DEFAULT_MODEL) == (True, why)
     from ui.playground import registry
+    monkeypatch.setattr(registry.REGISTRY, "loaded", lambda name: None)      # not loaded yet in this process's app
     assert registry.availability(models.DEFAULT_MODEL) == (True, why)         # what the UI's gate reads
     asked = record_hub_loads(monkeypatch)
     loaded = models.load_model(models.DEFAULT_MODEL, device="cpu")

@@ -106,8 +106,12 @@ def renewing(handler):
     run renews its session's. gradio_client leaves State outputs out of an API caller's results."""
     @functools.wraps(handler)
     def renewed(*args):
-        for update in handler(*args):
-            yield (*update, args[-1])
+        updates = handler(*args)
+        try:
+            for update in updates:
+                yield (*update, args[-1])
+        finally:        # a cancelled job or a closed tab closes this generator: the handler's `finally` runs now,
+            updates.close()     # releasing its models, not whenever a garbage collection finds it
     return renewed
 
 
