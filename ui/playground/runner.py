@@ -172,11 +172,13 @@ def release(prep: Prepared | None, registry: reg.ModelRegistry) -> None:
     if prep is None:
         return
     work, prep.work = prep.work, None
-    if work is not None:
-        work.close()
     held, prep.held = prep.held, []
-    for name in held:
-        registry.release(name)
+    try:
+        if work is not None:
+            work.close()        # may raise (a generator closed while it runs elsewhere): the holds go regardless
+    finally:
+        for name in held:
+            registry.release(name)
 
 
 # ------------------------------------------------------------------------- the GPU function's results
