@@ -146,3 +146,29 @@ def open_playground(browser, url: str, **options):
     page.goto(url)
     page.wait_for_selector("#spec-run", timeout=60_000)
     return page
+
+
+ENDLESS = ("Write a long, detailed guide to learning the piano, with ten numbered sections of several paragraphs "
+           "each.")     # greedy, the offline default does not reach EOS within 600 tokens
+
+
+def app_sessions() -> list:
+    """The SessionStates of app.py's launched demo (every browser page and client of the `playground` fixture)."""
+    import app
+    from ui.playground.state import SessionState
+    holder = app.demo.server_app.state_holder
+    return [value for hash_ in list(holder.session_data) for value in holder[hash_].state_data.values()
+            if isinstance(value, SessionState)]
+
+
+def start_endless_run(page):
+    """Run ENDLESS with 600 new tokens in `page` until three rounds are shown; returns the session running it."""
+    page.fill("#spec-prompt textarea", ENDLESS)
+    max_new = page.locator("#spec-max-new input[type=number]")
+    max_new.fill("600")
+    max_new.press("Enter")
+    page.click("#spec-run")
+    page.wait_for_function("document.querySelectorAll('#spec-tokens .tokens .round').length >= 3", timeout=120_000)
+    running = [s for s in app_sessions() if s.active is not None and s.active.work is not None]
+    assert len(running) == 1
+    return running[0]

@@ -7,7 +7,7 @@ import time
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from conftest import open_playground
+from conftest import ENDLESS, open_playground
 from ui.playground import handlers
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
@@ -32,8 +32,6 @@ def committed_count(page) -> int:
 
 LONG_ANSWER = "Write a Python function that merges two sorted lists into one sorted list, with a docstring."
 # greedy, the offline default does not stop on its own within 600 tokens here (LONG_ANSWER ends at EOS after ~190)
-ENDLESS_ANSWER = ("Write a long, detailed guide to learning the piano, with ten numbered sections of several "
-                  "paragraphs each.")
 
 
 def test_run_hover_stop_in_a_browser(page, tmp_path):
@@ -88,7 +86,7 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
     # above ends at EOS after ~190 tokens, which a fast machine reaches while the hover is retried), stopped as
     # soon as it streams.
     page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')", timeout=120_000)
-    page.fill("#spec-prompt textarea", ENDLESS_ANSWER)
+    page.fill("#spec-prompt textarea", ENDLESS)
     max_new.fill("600")
     max_new.press("Enter")
     page.click("#spec-run")
@@ -136,7 +134,7 @@ def test_a_waiting_run_shows_its_place_in_the_queue(page, playground):
     from gradio_client import Client
     from ui.playground import handlers
     # a run that cannot end by itself within the test (a short answer ended, and was measured, before the click)
-    values = dict(prompt=ENDLESS_ANSWER, target="smollm2-135m-instruct", draft="prompt-lookup",
+    values = dict(prompt=ENDLESS, target="smollm2-135m-instruct", draft="prompt-lookup",
                   k=4, temperature=0, top_p=1.0, top_k=0, max_new_tokens=600, seed=0, rule="exact", chat=True,
                   skip_layers="", exit_after=0, auto_baseline=False, show_spaces=False)
     other = Client(playground, verbose=False)                     # another visitor holds the model queue
@@ -153,26 +151,12 @@ def test_a_waiting_run_shows_its_place_in_the_queue(page, playground):
 
 
 def test_closing_the_tab_ends_its_run_on_the_server(page, playground):
-    import app
+    from conftest import start_endless_run
     from ui.playground import registry as reg
-    from ui.playground.state import SessionState
-
-    def sessions():
-        holder = app.demo.server_app.state_holder
-        return [v for h in list(holder.session_data) for v in holder[h].state_data.values()
-                if isinstance(v, SessionState)]
-
     tab = page.context.browser.new_page()
     tab.goto(playground)
     tab.wait_for_selector("#spec-run", timeout=60_000)
-    tab.fill("#spec-prompt textarea", ENDLESS_ANSWER)     # a run that cannot end by itself before the tab closes
-    max_new = tab.locator("#spec-max-new input[type=number]")
-    max_new.fill("600")
-    max_new.press("Enter")
-    tab.click("#spec-run")
-    tab.wait_for_function("document.querySelectorAll('#spec-tokens .tokens .round').length >= 3", timeout=120_000)
-    running = [s for s in sessions() if s.active is not None and s.active.work is not None]
-    assert len(running) == 1
+    running = [start_endless_run(tab)]                 # a run that cannot end by itself before the tab closes
     tab.close()
     record = running[0].active.record
     deadline = time.monotonic() + 30

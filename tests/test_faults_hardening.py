@@ -32,6 +32,7 @@ from ui.playground.handlers import RUN_OUTPUTS
 from ui.playground.state import SessionState
 from test_app_faults import free_port
 from test_ui_handlers import run_args
+from conftest import app_sessions, start_endless_run
 
 TARGET = "smollm2-135m-instruct"
 PROMPT = "Write one sentence about the sea."
@@ -606,34 +607,10 @@ def test_abandoned_sessions_expire_with_their_kv_caches_and_exports(playground_r
 
 # ------------------------------------------- 7. the browser's Stop and a closed tab, each then a normal run
 
-ENDLESS = ("Write a long, detailed guide to learning the piano, with ten numbered sections of several paragraphs "
-           "each.")     # greedy, the offline default does not reach EOS within 600 tokens (tests/test_app_browser.py)
-
-
-def page_sessions() -> list[SessionState]:
-    import app
-    holder = app.demo.server_app.state_holder
-    return [value for hash_ in list(holder.session_data) for value in holder[hash_].state_data.values()
-            if isinstance(value, SessionState)]
-
-
-def start_endless_run(page) -> SessionState:
-    """Run ENDLESS with 600 new tokens in `page` until three rounds are shown; returns the session running it."""
-    page.fill("#spec-prompt textarea", ENDLESS)
-    max_new = page.locator("#spec-max-new input[type=number]")
-    max_new.fill("600")
-    max_new.press("Enter")
-    page.click("#spec-run")
-    page.wait_for_function("document.querySelectorAll('#spec-tokens .tokens .round').length >= 3", timeout=120_000)
-    running = [s for s in page_sessions() if s.active is not None and s.active.work is not None]
-    assert len(running) == 1
-    return running[0]
-
-
 def normal_run_completes(page) -> SessionState:
     """A short run in `page` that ends by itself (max new tokens or EOS), shown as finished. Its session is the one
     whose latest run is new since the click (earlier tests' sessions in this app may hold finished runs of PROMPT)."""
-    shown_before = {id(s): s.current for s in page_sessions()}
+    shown_before = {id(s): s.current for s in app_sessions()}
     page.fill("#spec-prompt textarea", PROMPT)
     max_new = page.locator("#spec-max-new input[type=number]")
     max_new.fill("12")
@@ -642,7 +619,7 @@ def normal_run_completes(page) -> SessionState:
     from test_app_faults import wait_until
 
     def done():
-        return [s for s in page_sessions() if s.current is not None and s.current is not shown_before.get(id(s))
+        return [s for s in app_sessions() if s.current is not None and s.current is not shown_before.get(id(s))
                 and s.current.settings.prompt == PROMPT and s.current.stop_reason in ("eos", "max_new_tokens")
                 and s.current.recorded]
     assert wait_until(lambda: done(), timeout=180)                       # ended by itself, on the server
