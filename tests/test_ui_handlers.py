@@ -141,6 +141,32 @@ def test_closing_the_run_generator_ends_the_run_at_once_and_frees_it(playground_
     assert len(prep.record.rounds) == rounds and len(prep.record.tokens) < 200
 
 
+def test_a_run_generator_dropped_without_closing_frees_its_hold_at_once(playground_registry, every_round):
+    """If a server drops a run's generator without closing it, Python finalizes it when its last reference goes:
+    with the garbage collector off, that happens at once only if no reference cycle keeps the generator (or
+    what it runs) alive, so the hold cannot wait for a collection that may come late (#25)."""
+    import gc
+    deadline = time.monotonic() + 60
+    while playground_registry.holds(TARGET) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    held = playground_registry.holds(TARGET)
+    state = SessionState()
+    gen = handlers.renewing(handlers.run)(*run_args(draft="prompt-lookup", max_new_tokens=200), state)
+    for out in gen:
+        if is_summary(out[SUMMARY]) and out[SUMMARY]["rounds"] >= 2:
+            break
+    prep = state.active
+    assert prep.work is not None and playground_registry.holds(TARGET) == held + 1
+    gc.collect()
+    gc.disable()
+    try:
+        del gen, out
+        assert prep.work is None and playground_registry.holds(TARGET) == held
+    finally:
+        gc.enable()
+    assert prep.record.stop_reason == "cancelled"
+
+
 @pytest.mark.slow
 def test_measure_baseline_button_adds_the_speedup(playground_registry):
     state = SessionState()

@@ -307,6 +307,34 @@ def test_loading_stopped_half_way_releases_what_it_held():
     assert held == [] and registry.holds("a") == 0
 
 
+def test_release_lets_go_of_the_holds_when_the_gpu_function_runs_in_another_thread():
+    """One way a hold stayed for good (#25): closing a run's GPU function while another thread is inside it raises
+    ("generator already executing"), and the holds were let go only after the close. They go first now."""
+    registry = make_registry(Loader(), max_extra=2)
+    hold(registry, "a")
+    inside, go = threading.Event(), threading.Event()
+
+    def gpu_function():
+        inside.set()
+        go.wait(10)
+        yield "a round"
+
+    work = gpu_function()
+    elsewhere = threading.Thread(target=next, args=(work,))
+    elsewhere.start()
+    assert inside.wait(10)
+    prep = runner.Prepared(settings=None, prompt_ids=(), labeler=None, options=None, held=["a"], work=work)
+    try:
+        with pytest.raises(ValueError, match="already executing"):
+            runner.release(prep, registry)
+        assert registry.holds("a") == 0 and prep.held == [] and prep.work is None
+        runner.release(prep, registry)                      # a second release (the handler's own) changes nothing
+        assert registry.holds("a") == 0
+    finally:
+        go.set()
+        elsewhere.join(10)
+
+
 def test_placement_reads_the_environment_then_the_flags():
     env = {"SPEC_DEVICE": "cuda:1", "SPEC_DTYPE": "bfloat16"}
     assert limits.placement_from_env(env) == {"device": "cuda:1", "dtype": "bfloat16"}
