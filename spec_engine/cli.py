@@ -32,7 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="target: preset name, local dir or hub id")
     parser.add_argument("--draft", default="prompt-lookup",
-                        help="layer-skip | early-exit[:N] | prompt-lookup[:N[:M]] | eagle[:C] | eagle+lookup[:C] | <model> | "
+                        help="layer-skip | layer-skip-tree | early-exit[:N] | prompt-lookup[:N[:M]] | lookup-tree[:N] | "
+                             "eagle[:C] | eagle+lookup[:C] | <model> | "
                              "<model>:cross-tokenizer | <model>:naive-ids")
     parser.add_argument("--k", type=int, default=4, help=f"draft tokens per round, 1..{MAX_K}")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
