@@ -8,9 +8,10 @@ import torch
 import spec_engine as se
 from spec_engine.classroom import lab
 from spec_engine.classroom import trace as tr
-from ui.classroom import stepper
+from ui.classroom import replay, stepper
 from ui.classroom.lab import toy_setup
-from ui.playground import validate
+from ui.playground import handlers, runner, validate
+from ui.playground.state import SessionState
 from ui.views import plots, render, tree
 from ui.views.render import RenderOptions
 from ui.views.tokens import dict_labeler
@@ -41,7 +42,7 @@ def test_nodes_are_coloured_by_what_the_rule_did_and_hover_carries_the_numbers()
     assert correction.x == (2,)                                     # one level below the kept node
     hover = " ".join(by_name["rejected"].hovertext)
     assert "min(1, r/q) = 0.100" in hover and "u = 0.900 ≥ 0.100 → REJECTED" in hover
-    assert "residual top" in correction.hovertext[0] and "&quot;&amp;fix&quot; 0.600" in correction.hovertext[0]
+    assert "residual top" in correction.hovertext[0] and '"&amp;fix" 0.600' in correction.hovertext[0]
     assert "p(x) target = 0.500" in by_name["accepted"].hovertext[0]
 
 
@@ -51,6 +52,7 @@ def test_model_text_is_escaped_in_the_figure_and_the_token_view():
     for trace in fig.data:
         for text in list(trace.text or []) + list(trace.hovertext or []):
             assert "<img" not in text and "<b>" not in text.replace("<br>", ""), text
+            assert "&quot;" not in text, text                        # Plotly would show the entity itself
     assert any("&lt;img" in text for trace in fig.data for text in (trace.hovertext or []))
     html = render.round_html(ev, LABEL, RenderOptions())
     assert "<img" not in html and "<b>B" not in html and "&lt;img" in html
@@ -148,3 +150,19 @@ def test_step_through_of_a_tree_round_names_the_path_and_the_residual():
     assert "after every sibling was refused" in fig.layout.title.text
     greedy = dataclasses.replace(ev, accept_probs=[], uniforms=[], tree_tried=[])
     assert tree.node_kinds(greedy) == ["accepted", "rejected", "rejected", "rejected", "unreached"]
+
+
+def test_a_tree_run_exports_and_replays_with_its_tree(target, draft):
+    from test_trace import stream, tiny_prep, tiny_settings
+    settings, state = tiny_settings(draft="tiny-tree"), SessionState()
+    ids = torch.tensor([[1, 2, 3, 0]])
+    decoder = se.SpeculativeDecoder(target, se.ModelTreeDrafter(draft, width=2, drawn="without_replacement"))
+    prep = tiny_prep(settings, state, ids)
+    for event in stream(decoder, ids, settings):
+        runner.record_round(prep, state, event)
+    state.finish(prep.record)
+    live = dict(zip(handlers.RUN_OUTPUTS, handlers.run_view(prep, state, final=True)))
+    replayed = replay.replay_view(tr.loads(tr.dumps(replay.export_latest(state))))
+    assert replayed["tokens"] == live["tokens"] and 'class="round tree"' in live["tokens"]
+    assert replayed["tree_plot"].to_plotly_json() == live["tree_plot"].to_plotly_json()
+    assert any(t.name.startswith("rejected") for t in live["tree_plot"].data)

@@ -234,7 +234,7 @@ def about_text(default_target: str, skip_default: str) -> str:
 drafts after it, never judged (faded). *Correction*: the token drawn at the rejection (orange). *Bonus*: the extra
 token drawn when all k drafts were accepted (blue). A thin bar with a small number starts each round.
 
-**Numbers.** Acceptance = accepted / drafted. Tokens per target forward = tokens per round; the theory line is
+**Numbers.** Acceptance = accepted / drafted (a draft tree counts its depth: one path at most is kept). Tokens per target forward = tokens per round; the theory line is
 (1 − a^(k+1)) / (1 − a) from the measured acceptance a. Speedup is measured, never estimated, and both sides
 the same way: after the live run, its speculative decoding is run again and then plain decoding (one target forward
 per token) with the same prompt, settings and seed, back to back, each with nothing drawn meanwhile (engine time,

@@ -13,7 +13,8 @@ and the round's emitted token after the path is drawn as one more child: the cor
 level refused, drawn from the residual left after them) or the bonus (the path ended at a leaf, drawn from p).
 
 Token text comes from a model: every string is escaped with `html.escape` before it reaches the HTML view or the
-figure (Plotly reads `<b>`, `<br>` and friends in text and hover labels).
+figure (Plotly reads `<b>`, `<br>`, `<a href>` and friends in text and hover labels; it decodes `&lt;`, `&gt;` and
+`&amp;` but not `&quot;`, and quotes outside a tag are plain text there, so the figure escapes <, > and & only).
 """
 from __future__ import annotations
 
@@ -133,12 +134,17 @@ def next_tip(ev, kind: str, token: int, label: Labeler, opts: RenderOptions) -> 
 
 def hover(lines: list[str]) -> str:
     """Plotly hover text: every line escaped (Plotly renders <b>, <br>, <a> and the like), joined by <br>."""
-    return "<br>".join(html.escape(line, quote=True) for line in lines)
+    return "<br>".join(plotly_text(line) for line in lines)
+
+
+def plotly_text(text: str) -> str:
+    """Text for Plotly's pseudo-HTML: <, > and & escaped, so no tag can form (Plotly shows &quot; literally)."""
+    return html.escape(text, quote=False)
 
 
 def short_label(text: str) -> str:
     shown = show_text(text)[1:-1]             # JSON-quoted, control characters spelled out; quotes dropped
-    return html.escape(shown if len(shown) <= LABEL_CHARS else shown[:LABEL_CHARS - 1] + "…", quote=True)
+    return plotly_text(shown if len(shown) <= LABEL_CHARS else shown[:LABEL_CHARS - 1] + "…")
 
 
 # ------------------------------------------------------------------------------------------------ the token view
@@ -267,12 +273,13 @@ def tree_figure(rounds, label: Labeler, opts: RenderOptions = RenderOptions(), l
                                             "line": {"color": "#ffffff", "width": 1}}))
     depth = max(max(depths(ev.tree_parents), default=0) for ev in trees) + 1
     shown = f"the newest {len(trees)} tree rounds" if len(trees) > 1 else f"round {trees[0].index + 1}"
-    height = int(min(max(120 + offset * ROW_PX, 260), 1100))
+    height = int(min(max(190 + offset * ROW_PX, 300), 1100))
     fig = plots.figure(traces, plots.layout(
         title or f"Draft tree: {shown} (hover a node for p, q and the decision)", "depth (0: the root)", "",
         height=height, annotations=notes, hoverlabel={"align": "left"},
         xaxis={"range": [-0.9, depth + 0.6], "dtick": 1, "showgrid": False},
-        yaxis={"autorange": "reversed", "visible": False}, margin={"l": 60, "t": 40, "b": 70}))
+        yaxis={"autorange": "reversed", "visible": False}, margin={"l": 60, "t": 40, "b": 120},
+        legend={"y": -60 / (height - 160)}))
     return fig
 
 
