@@ -105,7 +105,10 @@ def main(argv=None) -> int:
     s = result.stats
     print(f"\n({legend})")
     print(f"target {target.name} ({target.dtype}), draft {args.draft}, k={args.k}, rule={args.rule}, {sampling.as_dict()}")
-    print(f"acceptance rate {s.acceptance_rate:.2f} ({s.accepted}/{s.drafted} drafts), "
+    trees = sum(r.is_tree for r in result.rounds)
+    drafts = (f"{s.accepted} accepted of {s.drafted} tree nodes; a tree counts its depth, one path is kept" if trees
+              else f"{s.accepted}/{s.drafted} drafts")
+    print(f"acceptance rate {s.acceptance_rate:.2f} ({drafts}), "
           f"{s.tokens_per_round:.2f} tokens per target forward, {s.rounds} rounds")
     print(f"speculative {s.tokens_per_second:.1f} tok/s ({result.total_seconds:.2f} s for {s.new_tokens} tokens)")
     if baseline:
