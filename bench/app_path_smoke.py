@@ -113,6 +113,7 @@ def main(argv=None) -> int:
         checks.append((f"run {draft} greedy", lambda d=draft: check_run(d, args.tokens, 0.0)))
     checks.append(("run prompt-lookup sampled", lambda: check_run("prompt-lookup", args.tokens, 0.7)))
     checks.append(("step-through eagle+lookup", lambda: check_steps("eagle+lookup", min(args.tokens, 12))))
+    checks.append(("step-through layer-skip-tree", lambda: check_steps("layer-skip-tree", min(args.tokens, 12))))
     failed = 0
     for name, check in checks:
         start = time.perf_counter()

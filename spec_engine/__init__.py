@@ -10,21 +10,24 @@ from spec_engine.core import speed
 from spec_engine.core.decoder import (MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate,
                                      context_length, validate_request)
 from spec_engine.drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, LookupFirstDrafter, ModelDrafter,
-                       NaiveIdDrafter, PromptLookupDrafter, Proposal, early_exit_layers)
+                       NaiveIdDrafter, PromptLookupDrafter, Proposal, early_exit_layers, TreeLookupDrafter,
+                       LayerSkipTreeDrafter, ModelTreeDrafter)
 from spec_engine.drafters.eagle import EagleDrafter, EagleHead, load_eagle_drafter
 from spec_engine.drafters.registry import DraftSpec, make_drafter, parse_draft, register_draft
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
-from spec_engine.core.metrics import expected_tokens_per_round, judged_acceptance, speedup_model
+from spec_engine.core.metrics import acceptance_rate, expected_tokens_per_round, judged_acceptance, speedup_model
 from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.core.verify import RULES, WRONG_RULES
+from spec_engine.core.tree_rule import TREE_RULES, WRONG_TREE as WRONG_TREE_RULES
 
 accel.install_from_env()      # the CPU speed layer, unless SPEC_ENGINE_ACCEL=0 (core/speed.py is the seam)
 
 __all__ = [
-    "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES",
+    "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES", "TREE_RULES", "WRONG_TREE_RULES",
+    "TreeLookupDrafter", "LayerSkipTreeDrafter", "ModelTreeDrafter",
     "SamplingParams", "warp", "SpeculativeDecoder", "context_length", "DecodeState", "autoregressive_generate", "validate_request",
     "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "LookupFirstDrafter", "CrossTokenizerDrafter",
-    "expected_tokens_per_round", "judged_acceptance", "speedup_model",
+    "acceptance_rate", "expected_tokens_per_round", "judged_acceptance", "speedup_model",
     "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "register_draft", "draft_modes", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
     "load_model", "LoadedModel", "prepare", "speed_layer",
 ]

@@ -32,7 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="target: preset name, local dir or hub id")
     parser.add_argument("--draft", default="prompt-lookup",
-                        help="layer-skip | early-exit[:N] | prompt-lookup[:N[:M]] | eagle[:C] | eagle+lookup[:C] | <model> | "
+                        help="layer-skip | layer-skip-tree | early-exit[:N] | prompt-lookup[:N[:M]] | lookup-tree[:N] | "
+                             "eagle[:C] | eagle+lookup[:C] | <model> | "
                              "<model>:cross-tokenizer | <model>:naive-ids")
     parser.add_argument("--k", type=int, default=4, help=f"draft tokens per round, 1..{MAX_K}")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -104,7 +105,10 @@ def main(argv=None) -> int:
     s = result.stats
     print(f"\n({legend})")
     print(f"target {target.name} ({target.dtype}), draft {args.draft}, k={args.k}, rule={args.rule}, {sampling.as_dict()}")
-    print(f"acceptance rate {s.acceptance_rate:.2f} ({s.accepted}/{s.drafted} drafts), "
+    trees = sum(r.is_tree for r in result.rounds)
+    drafts = (f"{s.accepted} accepted of {s.drafted} tree nodes; a tree counts its depth, one path is kept" if trees
+              else f"{s.accepted}/{s.drafted} drafts")
+    print(f"acceptance rate {s.acceptance_rate:.2f} ({drafts}), "
           f"{s.tokens_per_round:.2f} tokens per target forward, {s.rounds} rounds")
     print(f"speculative {s.tokens_per_second:.1f} tok/s ({result.total_seconds:.2f} s for {s.new_tokens} tokens)")
     if baseline:

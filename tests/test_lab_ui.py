@@ -159,7 +159,7 @@ def test_the_validators_name_every_bad_input_at_once(playground_registry):
     verdicts = lab_ui.lab_validator(*lab_args(n=1, temperature=0, level="later", toy_prompt="the bird"), None)
     bad = [i for i, v in enumerate(verdicts) if not v["is_valid"]]
     assert bad == [1, 2, 5, 10]                           # toy prompt, N, temperature, level
-    assert len(verdicts) == len(lab_args()) + 1 and "needs sampling" in verdicts[5]["message"]
+    assert len(verdicts) == len(lab_args()) + 2 and "needs sampling" in verdicts[5]["message"]   # + state, shape
     assert all(v["is_valid"] for v in lab_ui.lab_validator(*lab_args(), None))
     current = lab_ui.lab_validator(*lab_args(model="current", toy_prompt="not toy words", prompt=""), None)
     assert [i for i, v in enumerate(current) if not v["is_valid"]] == [11]          # the main panel's prompt

@@ -253,7 +253,8 @@ def test_cache_changes_are_signed_right():
     assert "added 5" in html and "trimmed 1" in html and "trimmed -" not in html    # target: 10 -> 9
     assert "trimmed 3" in stepper.kv_html(trimmed, fed_back) and "<td>−3</td>" in stepper.kv_html(trimmed, fed_back)
     rows = plots.kv_rows([fed_back, trimmed])
-    assert rows[1][5] == "10 → 15 (+5)" and rows[0][5] == "15 → 12 (−3)" and rows[0][-1] == "−3"
+    assert rows[1][5] == "10 → 15 (+5)" and rows[0][5] == "15 → 12 (−3)"
+    assert rows[0][plots.KV_COLUMNS.index("draft grew")] == "−3" and rows[0][-1] == "–"     # no tree: no tree column
     assert rows[1][4] == "10 → 9 (−1)"
     for text in [html] + [str(cell) for row in rows for cell in row]:
         assert not re.search(r"--|−-|-−|trimmed -", text), text

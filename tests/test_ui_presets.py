@@ -94,7 +94,8 @@ def test_the_playground_starts_with_the_measured_best_draft():
 
 def test_draft_catalogue_for_the_offline_default():
     values = [value for _, value in reg.draft_choices("smollm2-135m-instruct")]
-    assert values[:3] == ["layer-skip", "early-exit", "prompt-lookup"]
+    assert values[:5] == ["layer-skip", "layer-skip-tree", "early-exit", "prompt-lookup", "lookup-tree"]   # trees follow
+    assert reg.kind_by_key("layer-skip-tree").tree and reg.kind_by_key("lookup-tree").tree
     assert "gemma-3-270m:cross-tokenizer" in values and "gemma-3-270m:naive-ids" in values
     assert {"eagle", "eagle+lookup"} <= set(values)
     assert {"eagle", "eagle+lookup"}.isdisjoint(value for _, value in reg.draft_choices("gemma-3-270m"))   # head trained for SmolLM2

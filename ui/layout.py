@@ -36,6 +36,10 @@ the same text, cut at different token boundaries, now arrives as SmolLM2's own i
 All runs: the prompt above, greedy, k = 4, at most 40 new tokens. The other-tokenizer draft is Gemma 3 270M where its
 package is installed, else GPT-2 124M from the Hugging Face Hub (not gated)."""
 
+TREE_CAPTION = ("A tree draft (lookup-tree, layer-skip-tree) proposes several continuations; the target scores every "
+                "node in one forward. Each round is drawn as a tree from the last committed token: the kept path in "
+                "green, siblings judged and refused in red, nodes never reached in grey, and the correction or bonus "
+                "after the path. Hover a node for its p, q and the decision.")
 TOKEN_VIEW_HEIGHT = 430      # px; longer outputs scroll (and follow the newest round) so the plots stay in view
 SCENARIO_CONTROLS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
                      "rule", "chat")   # what handlers.apply_scenario sets, in its order (then the caption)
@@ -122,6 +126,9 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                                                 max_height=TOKEN_VIEW_HEIGHT, autoscroll=True,
                                                 js_on_load=render.TOOLTIP_JS)
                         out["explain"] = gr.Markdown("", elem_id="spec-explain")
+                    with gr.Tab("Draft tree", elem_id="spec-tree-tab") as tree_tab:
+                        gr.Markdown(TREE_CAPTION)
+                        out["tree_plot"] = gr.Plot(initial["tree_plot"], show_label=False, elem_id="plot-tree")
                     with gr.Tab("Generated text"):
                         out["text"] = gr.Textbox("", lines=8, label="Generated text (decoded)",
                                                  buttons=["copy"], elem_id="spec-text")
@@ -146,7 +153,9 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 gr.Markdown("After the verify forward the target's cache holds the committed text plus all "
                             "drafts; trimming keeps only the committed text (minus the newest token). "
                             "Markers: before trimming; lines: after. Each round the target's cache grows by the "
-                            "accepted drafts + 1 (the correction or bonus): the \"target grew\" column.")
+                            "accepted drafts + 1 (the correction or bonus): the \"target grew\" column. A tree round's "
+                            "forward writes every node; its kept path's entries are moved into place after the "
+                            "committed text and the other nodes' dropped: the \"tree entries\" column.")
                 # The table gets the full width: its eight columns (the growth ones last) were cut off beside the plot.
                 out["kv_table"] = gr.Dataframe(initial["kv_table"], headers=plots.KV_COLUMNS, interactive=False,
                                                label="Per round (newest first)", max_height=300,
@@ -208,7 +217,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         axis.change(handlers.set_compare_axis, [axis, state], [out["compare_plot"]], **private)
         clear_btn.click(handlers.clear_history, [state], [out["history"], out["compare_plot"]], **private)
         demo.load(functools.partial(handlers.model_status, default_target), None, [model_md], **private)
-        for tab in (compare_tab, kv_tab, mm_tab):   # plots drawn while their tab was hidden get their width now
+        for tab in (compare_tab, kv_tab, mm_tab, tree_tab):   # plots drawn while their tab was hidden get their width now
             tab.select(None, None, None, js=RESIZE_JS, **private)
     demo.spec_components = {**c, **out, **mm, **lab, **shared, "scenario": scenario, "example": example,
                             "present": present}   # for tests
@@ -225,7 +234,7 @@ def about_text(default_target: str, skip_default: str) -> str:
 drafts after it, never judged (faded). *Correction*: the token drawn at the rejection (orange). *Bonus*: the extra
 token drawn when all k drafts were accepted (blue). A thin bar with a small number starts each round.
 
-**Numbers.** Acceptance = accepted / drafted. Tokens per target forward = tokens per round; the theory line is
+**Numbers.** Acceptance = accepted / drafted (a draft tree counts its depth: one path at most is kept). Tokens per target forward = tokens per round; the theory line is
 (1 − a^(k+1)) / (1 − a) from the measured acceptance a. Speedup is measured, never estimated, and both sides
 the same way: after the live run, its speculative decoding is run again and then plain decoding (one target forward
 per token) with the same prompt, settings and seed, back to back, each with nothing drawn meanwhile (engine time,

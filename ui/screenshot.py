@@ -1,8 +1,10 @@
-"""Take the README screenshot: `python -m ui.screenshot [docs/screenshot.png]`.
+"""Take the README screenshot: `python -m ui.screenshot [docs/screenshot.png]`; the draft tree view's:
+`python -m ui.screenshot tree [docs/tree-view.png]`.
 
 Launches the playground on a free local port, drives it in headless Chromium (Debian's /usr/bin/chromium
 through playwright) like a person would: the sampling scenario for the history, then the prompt-lookup scenario,
-waits for the measured speedup, hovers a rejected token and saves the page.
+waits for the measured speedup, hovers a rejected token and saves the page. The tree view: the draft-tree scenario
+(13), its Draft tree tab, a hovered node that the target refused.
 """
 from __future__ import annotations
 
@@ -35,23 +37,63 @@ def run_and_wait(page, run_number: int, timeout_ms: int = 600_000) -> None:
                            timeout=timeout_ms)
 
 
-def main(out: str = "docs/screenshot.png") -> None:
-    from playwright.sync_api import sync_playwright
-
+def launched():
+    """The playground, launched on a free local port: (demo, url)."""
     from ui.layout import LAYOUT_CSS, THEME, build_demo
     demo = build_demo()
     demo.queue()
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, theme=THEME,
                 css=LAYOUT_CSS)
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+def open_ready(browser, url: str, height: int):
+    page = browser.new_page(viewport={"width": 1440, "height": height}, device_scale_factor=1)
+    page.goto(url)
+    page.wait_for_selector("#spec-run", timeout=60_000)
+    page.wait_for_function("document.querySelector('#spec-model-status').innerText.includes('ready')",
+                           timeout=300_000)
+    return page
+
+
+def tree_view(out: str = "docs/tree-view.png") -> None:
+    """The draft-tree scenario's Draft tree tab, with a refused node hovered (its p, q and the decision)."""
+    from playwright.sync_api import sync_playwright
+    demo, url = launched()
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1560}, device_scale_factor=1)
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.wait_for_selector("#spec-run", timeout=60_000)
-            page.wait_for_function("document.querySelector('#spec-model-status').innerText.includes('ready')",
-                                   timeout=300_000)
+            page = open_ready(browser, url, 1100)
+            page.get_by_label("Measure the speedup after each run (nothing drawn)").uncheck()
+            pick_scenario(page, "13. Draft tree")
+            page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Run 1 finished')",
+                                   timeout=600_000)
+            page.get_by_role("tab", name="Draft tree").click()
+            page.wait_for_selector("#plot-tree .js-plotly-plot .scatterlayer .point", timeout=30_000)
+            time.sleep(1.0)
+            index = page.evaluate("document.querySelector('#plot-tree .js-plotly-plot').data"
+                                  ".findIndex(t => t.name.startsWith('rejected'))")      # SVG traces follow data order
+            box = (page.locator("#plot-tree .scatterlayer .trace").nth(index).locator("path.point").first.bounding_box()
+                   if index >= 0 else None)
+            if box:
+                page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+                time.sleep(0.8)
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            page.locator("#plot-tree").screenshot(path=out)
+            browser.close()
+    finally:
+        demo.close()
+    print(f"saved {out}")
+
+
+def main(out: str = "docs/screenshot.png") -> None:
+    from playwright.sync_api import sync_playwright
+    demo, url = launched()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = open_ready(browser, url, 1560)
             pick_scenario(page, "5. Sampling")
             run_and_wait(page, 1)
             pick_scenario(page, "3. Prompt lookup")
@@ -74,4 +116,7 @@ def main(out: str = "docs/screenshot.png") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1:2] == ["tree"]:
+        tree_view(*sys.argv[2:])
+    else:
+        main(*sys.argv[1:])

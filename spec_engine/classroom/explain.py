@@ -26,7 +26,7 @@ class RunFacts:
     rounds: int
     new_tokens: int
     k: int
-    drafted: int                         # draft tokens proposed, all rounds
+    drafted: int                         # draft tokens proposed, all rounds (a tree round: its depth, see below)
     accepted: int
     drafting_rounds: int                 # rounds that proposed at least one draft token
     fully_accepted: int                  # drafting rounds whose every draft token was accepted
@@ -37,6 +37,8 @@ class RunFacts:
     notes: dict[str, int]                # drafter remark -> rounds that carry it
     stop_reason: str | None              # of the last round; None while the run goes on
     greedy: bool | None                  # None when the events cannot tell (no round decided a draft)
+    tree_rounds: int = 0                 # rounds that drafted a tree (RoundEvent.draft_length: its depth counts)
+    tree_nodes: int = 0                  # the nodes those trees proposed, every branch
 
     @property
     def rejections(self) -> int:
@@ -80,17 +82,19 @@ def facts(rounds: list[RoundEvent], k: int | None = None, greedy: bool | None = 
         rounds=len(rounds),
         new_tokens=sum(len(r.emitted) for r in rounds),
         k=k if k is not None else max((r.k for r in rounds), default=0),
-        drafted=sum(len(r.drafted) for r in rounds),
+        drafted=sum(r.draft_length for r in rounds),
         accepted=sum(r.accepted for r in rounds),
         drafting_rounds=sum(1 for r in rounds if r.drafted),
-        fully_accepted=sum(1 for r in rounds if r.drafted and r.accepted == len(r.drafted)),
+        fully_accepted=sum(1 for r in rounds if r.drafted and r.accepted == r.draft_length),
         rejection_positions=dict(sorted(rejections.items())),
-        discarded=sum(len(r.drafted) - r.accepted - 1 for r in rounds if r.correction is not None),
+        discarded=sum(len(r.drafted) - r.accepted - 1 for r in rounds if r.correction is not None and not r.is_tree),
         corrections=sum(1 for r in rounds if r.correction is not None),
         bonuses=sum(1 for r in rounds if r.bonus is not None),
         notes=dict(notes),
         stop_reason=rounds[-1].stop_reason if rounds else None,
         greedy=greedy if greedy is not None else infer_greedy(rounds),
+        tree_rounds=sum(1 for r in rounds if r.is_tree),
+        tree_nodes=sum(len(r.drafted) for r in rounds if r.is_tree),
     )
 
 
@@ -130,6 +134,10 @@ def explain(rounds: list[RoundEvent], k: int | None = None, greedy: bool | None 
             accepted += (f"; {plural(f.discarded, 'later draft token')} {'was' if f.discarded == 1 else 'were'} "
                          f"discarded unjudged after a rejection")
         sentences.append(accepted + ".")
+        if f.tree_rounds:
+            sentences.append(f"{plural(f.tree_rounds, 'round')} drafted a tree ({plural(f.tree_nodes, 'node')} in all, "
+                             f"checked in one forward each); a tree keeps one path at most, so its drafts count here "
+                             f"by its depth, and a rejection means every sibling at that level was refused.")
         if f.accepted + f.rejections:
             a = f.judged_acceptance
             sentences.append(f"Of the judged drafts (the accepted ones plus each round's rejected one) {a:.0%} were "

@@ -13,7 +13,8 @@ A speculative draw runs whole rounds of k drafts (max_new_tokens = depth + k, so
 real run) until at least `depth` tokens are emitted, and keeps the first `depth`. EOS is not a stop here: the
 enumeration does not stop at it either. With the exact rule the draws follow the exact distribution, so the
 chi-square p-value is uniform on [0, 1]; with a wrong rule ("topp_membership", "no_residual") it drifts, and
-the p-value collapses as N grows.
+the p-value collapses as N grows. With a tree drafter (drafters/tree.py) the rounds are draft trees and the wrong
+rule is the tree's ("tree_best_sibling": every sibling judged against p itself, no residual between them).
 """
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ from spec_engine.core import timing
 from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate, validate_request
 from spec_engine.drafters import Drafter
 from spec_engine.core.sampling import SamplingParams, warp
+from spec_engine.core.tree_rule import WRONG_TREE
 from spec_engine.core.verify import RULES
 
 PLAIN = "plain"
-SAMPLERS = (PLAIN,) + RULES
+SAMPLERS = (PLAIN,) + RULES                             # with a chain drafter
+TREE_SAMPLERS = (PLAIN, RULES[0]) + WRONG_TREE          # with a tree drafter: plain, the exact rule, the wrong one
 MAX_DEPTH = 3
 MAX_FORWARD_SEQUENCES = 4096      # prefixes fed to the model per level of the enumeration
 MAX_OUTCOMES = 1_000_000          # sequences with positive probability kept in the exact distribution
@@ -109,12 +112,13 @@ def plain_prefix(target_model, input_ids: torch.Tensor, depth: int, sampling: Sa
 
 def speculative_prefix(decoder: SpeculativeDecoder, input_ids: torch.Tensor, depth: int, k: int,
                        sampling: SamplingParams, seed: int) -> tuple[Sequence, int, int]:
-    """(first `depth` tokens, drafted, accepted) of whole speculative rounds of k drafts."""
+    """(first `depth` tokens, drafted, accepted) of whole speculative rounds of k drafts (a tree round's drafts
+    counted by its depth, as RoundEvent.draft_length does)."""
     state = decoder.start(input_ids, k=k, max_new_tokens=depth + k, sampling=sampling, seed=seed)
     drafted = accepted = 0
     while state.generated < depth:
         event = decoder.step(state)
-        drafted += len(event.drafted)
+        drafted += event.draft_length
         accepted += event.accepted
     return tuple(state.committed[state.prompt_len:state.prompt_len + depth]), drafted, accepted
 
@@ -148,8 +152,8 @@ def draw(target_model, make_drafter: Callable[[], Drafter] | None, input_ids: to
     """N draws with one sampler; yields the growing `SamplerDraws` after every draw (the same object).
 
     `make_drafter` builds the drafter once; a drafter's `begin` resets it for each draw."""
-    if sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+    if sampler not in SAMPLERS + WRONG_TREE:
+        raise ValueError(f"sampler must be one of {SAMPLERS + WRONG_TREE}, got {sampler!r}")
     check_depth(depth)
     validate_request(target_model, input_ids, k, depth + k, sampling)
     if sampling.greedy:

@@ -286,10 +286,28 @@ def _round(i: int, value) -> RoundEvent:
         (len(data["target_top"]) <= n + 1, "target_top has more rows than len(drafted) + 1"),
         (data["correction"] is None or data["bonus"] is None, "a round has a correction or a bonus, not both"),
     ]
+    checks += tree_checks(data, n)
     for ok, message in checks:
         if not ok:
             raise TraceError(f"trace field {where}: {message}")
     return RoundEvent.from_dict(data)
+
+
+def tree_checks(data: dict, n: int) -> list[tuple[bool, str]]:
+    """A tree round's fields must describe a tree over its drafted nodes, with the kept path a path of it (the
+    views index them: a trace is anyone's file)."""
+    parents, path, tried = data.get("tree_parents"), data.get("tree_path"), data.get("tree_tried")
+    if parents is None:
+        return [(path is None and tried is None, "tree_path and tree_tried need tree_parents")]
+    path, tried = path or [], tried or []
+    return [
+        (len(parents) == n and all(-1 <= p < i for i, p in enumerate(parents)),
+         "tree_parents needs one parent per node, each -1 (the root) or an earlier node"),
+        (len(path) == data["accepted"] and all(0 <= node < n for node in path)
+         and all(parents[node] == (path[j - 1] if j else -1) for j, node in enumerate(path)),
+         "tree_path must be a path from the root of accepted nodes"),
+        (all(0 <= node < n for node in tried) and len(set(tried)) == len(tried), "tree_tried must list nodes once"),
+    ]
 
 
 def _pieces(doc: dict) -> Pieces:

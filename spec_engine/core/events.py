@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from spec_engine.core.metrics import judged_acceptance
+from spec_engine.core.metrics import acceptance_rate, draft_length, judged_acceptance
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,17 @@ class RoundEvent:
     tree_tried: list[int] | None = None       # the nodes judged, in order (sampling)
 
     @property
+    def is_tree(self) -> bool:
+        return self.tree_parents is not None
+
+    @property
+    def draft_length(self) -> int:
+        """The most draft tokens this round could have kept: len(drafted) for a chain; for a tree its depth (the
+        longest root-to-leaf path), since one path at most is kept. Acceptance is accepted / draft_length, so the
+        siblings a tree tried beside its path do not count as failures (`core.metrics.acceptance_rate`)."""
+        return draft_length(self)
+
+    @property
     def rejected(self) -> int | None:
         """The rejected draft token, if any (a chain's; a tree round has no single one: None)."""
         if self.tree_parents is not None:
@@ -83,7 +94,7 @@ class RunStats:
     new_tokens: int
     drafted: int
     accepted: int
-    acceptance_rate: float              # accepted / drafted (0.0 when nothing was drafted)
+    acceptance_rate: float              # accepted / drafted, a tree's drafts counted by its depth (core.metrics.acceptance_rate)
     tokens_per_round: float             # = tokens per target verify forward
     draft_seconds: float
     verify_seconds: float
@@ -106,7 +117,7 @@ def run_stats(rounds: list[RoundEvent], total_seconds: float) -> RunStats:
         new_tokens=new_tokens,
         drafted=drafted,
         accepted=accepted,
-        acceptance_rate=accepted / drafted if drafted else 0.0,
+        acceptance_rate=acceptance_rate(rounds),
         tokens_per_round=new_tokens / len(rounds) if rounds else 0.0,
         draft_seconds=sum(r.draft_seconds for r in rounds),
         verify_seconds=sum(r.verify_seconds for r in rounds),

@@ -15,9 +15,31 @@ def expected_tokens_per_round(acceptance: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def draft_length(round_) -> int:
+    """The most draft tokens a round could have kept: len(drafted) for a chain; for a tree (`tree_parents` set) its
+    depth, the longest root-to-leaf path, since one path at most is kept. Reads only `drafted` and `tree_parents`."""
+    parents = getattr(round_, "tree_parents", None)
+    if parents is None:
+        return len(round_.drafted)
+    depth: list[int] = []
+    for parent in parents:
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    return max(depth, default=0)
+
+
+def acceptance_rate(rounds) -> float:
+    """accepted / drafted over RoundEvents, a tree round's drafts counted by its `draft_length` (its depth): a tree
+    keeps one path at most, so a tree that tried 8 nodes 4 deep and kept 4 accepted all it could (100%), where
+    accepted / nodes would read 50% and call the siblings it tried failures. For chains it is accepted / drafted."""
+    offered = sum(draft_length(r) for r in rounds)
+    return sum(r.accepted for r in rounds) / offered if offered else 0.0
+
+
 def judged_acceptance(rounds) -> float:
     """The i.i.d. model's a, estimated from RoundEvents: accepted / judged, where a round judges its accepted
-    drafts plus the rejected one; the drafts after a rejection are discarded unjudged.
+    drafts plus the rejected one; the drafts after a rejection are discarded unjudged. A tree round judges one level
+    per accepted node, plus the level whose siblings were all refused (it has a correction): a is then the chance
+    that a level passes, whichever sibling passes it.
 
     accepted / drafted is the usual "acceptance rate", but it counts the discarded drafts as failures: with
     k = 2 and a = 0.5, accepted / drafted = (0.5 + 0.25) / 2 = 0.375, and the formula above would then predict
@@ -41,7 +63,7 @@ class SpeedupModel:
     """
 
     acceptance: float                 # a: accepted / judged drafts (`judged_acceptance`)
-    mean_drafted: float               # drafted tokens per round (k when every round drafts k)
+    mean_drafted: float               # drafted tokens per round (k when every round drafts k; a tree: its depth)
     tokens_per_round: float           # measured: emitted tokens per round (= per target forward)
     expected_tokens_per_round: float  # mean over rounds of (1 - a^(n+1)) / (1 - a), n = that round's draft count
     plain_step_seconds: float         # mean plain decoding step: the unit of cost
@@ -81,8 +103,8 @@ def speedup_model(rounds, plain_step_seconds: Sequence[float]) -> SpeedupModel |
     verify = sum(r.verify_seconds for r in rounds) / n
     whole = sum(r.round_seconds for r in rounds) / n
     return SpeedupModel(
-        acceptance=a, mean_drafted=sum(len(r.drafted) for r in rounds) / n,
+        acceptance=a, mean_drafted=sum(draft_length(r) for r in rounds) / n,
         tokens_per_round=sum(len(r.emitted) for r in rounds) / n,
-        expected_tokens_per_round=sum(expected_tokens_per_round(a, len(r.drafted)) for r in rounds) / n,
+        expected_tokens_per_round=sum(expected_tokens_per_round(a, draft_length(r)) for r in rounds) / n,
         plain_step_seconds=step, draft_cost=draft / step, verify_cost=verify / step,
         overhead_cost=max(0.0, whole - draft - verify) / step)

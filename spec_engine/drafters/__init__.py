@@ -7,14 +7,16 @@ from spec_engine.drafters.base import Drafter, Proposal, common_prefix_len, voca
 from spec_engine.drafters.cross_tokenizer import CrossTokenizerDrafter, NaiveIdDrafter
 from spec_engine.drafters.lookup import (LOOKUP_FIRST_MIN_NGRAM, LOOKUP_NOTE, PROMPT_LOOKUP_MAX_NGRAM,
                                          PROMPT_LOOKUP_MIN_NGRAM, LookupFirstDrafter, LookupOdds, PromptLookupDrafter,
-                                         fixed_length_lookup, longest_suffix_match, lookup_continuation)
+                                         TreeLookupDrafter, fixed_length_lookup, longest_suffix_match,
+                                         lookup_continuation)
 from spec_engine.drafters.model import (DEFAULT_SKIP_LAYERS, LayerSkipDrafter, ModelDrafter, early_exit_layers,
                                         layer_skip_view)
+from spec_engine.drafters.tree import LayerSkipTreeDrafter, ModelTreeDrafter
 
 __all__ = [
     "Drafter", "Proposal", "common_prefix_len", "vocab_size", "CrossTokenizerDrafter", "NaiveIdDrafter",
     "LOOKUP_FIRST_MIN_NGRAM", "LOOKUP_NOTE", "PROMPT_LOOKUP_MAX_NGRAM", "PROMPT_LOOKUP_MIN_NGRAM",
     "LookupFirstDrafter", "LookupOdds", "PromptLookupDrafter", "fixed_length_lookup", "longest_suffix_match",
     "lookup_continuation", "DEFAULT_SKIP_LAYERS", "LayerSkipDrafter", "ModelDrafter", "early_exit_layers",
-    "layer_skip_view",
+    "layer_skip_view", "TreeLookupDrafter", "LayerSkipTreeDrafter", "ModelTreeDrafter",
 ]

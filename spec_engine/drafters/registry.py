@@ -2,8 +2,12 @@
 
     layer-skip                     the target without DEFAULT_SKIP_LAYERS (self-speculative)
     early-exit[:N]                 the target's first N layers (default EARLY_EXIT_AFTER), a lesson, not a default
+    layer-skip-tree                the layer-skip self-draft growing a draft tree: its top TREE_WIDTH = 2 tokens as
+                                   siblings at every node, k nodes breadth first (drafters/tree.py)
     prompt-lookup[:N[:M]]          n-gram lookup: the longest match of M <= n <= N tokens (defaults
                                    PROMPT_LOOKUP_MAX_NGRAM = 8 and PROMPT_LOOKUP_MIN_NGRAM = 1), drafts sized by cost
+    lookup-tree[:N]                prompt lookup as a draft tree: the continuations of up to N earlier matches
+                                   (default TREE_LOOKUP_BRANCHES = 3) merged into one tree of k nodes
     eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/drafters/weights/); a round
                                    stops drafting when the head's top probability < C / 100 (default: the
                                    measured recommendation stored with the weights)
@@ -25,9 +29,11 @@ from typing import Callable
 
 from spec_engine.drafters.base import Drafter
 from spec_engine.drafters.cross_tokenizer import CrossTokenizerDrafter, NaiveIdDrafter
-from spec_engine.drafters.lookup import (PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM, LookupFirstDrafter,
-                                         PromptLookupDrafter, fixed_length_lookup)
+from spec_engine.drafters.lookup import (PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM, TREE_LOOKUP_BRANCHES,
+                                         LookupFirstDrafter, PromptLookupDrafter, TreeLookupDrafter,
+                                         fixed_length_lookup)
 from spec_engine.drafters.model import DEFAULT_SKIP_LAYERS, LayerSkipDrafter, ModelDrafter, early_exit_layers
+from spec_engine.drafters.tree import LayerSkipTreeDrafter
 
 EARLY_EXIT_AFTER = 20
 
@@ -36,7 +42,7 @@ EARLY_EXIT_AFTER = 20
 class DraftSpec:
     mode: str                    # a registered mode (MODES)
     model: str | None = None     # the draft model's preset name or path, for model drafts
-    arg: int | None = None       # early-exit layers, prompt-lookup n-gram size or eagle confidence percentage
+    arg: int | None = None       # early-exit layers, prompt-lookup n-gram size, lookup-tree branches or eagle confidence
     min_ngram: int | None = None # prompt lookup: the shortest n-gram that may propose
 
     @property
@@ -66,15 +72,17 @@ class DraftMode:
     needs_model: bool = False                               # spelled <preset>[:mode]: a second model drafts
     parse: Callable[[str, str], tuple] = whole_number       # (mode, tail after ":") -> (arg, min_ngram)
     available: Callable[[str], tuple[bool, str]] | None = None   # by target preset name: (usable, why not)
+    tree: bool = False                                      # proposes draft trees (core/tree_rule.py), not chains
 
 
 MODES_BY_NAME: dict[str, DraftMode] = {}
 
 
-def register(name: str, label: str, lesson: str, needs_model: bool = False, parse=whole_number, available=None):
+def register(name: str, label: str, lesson: str, needs_model: bool = False, parse=whole_number, available=None,
+             tree: bool = False):
     """Decorator: register `build(spec, target, draft, fixed_length) -> Drafter` as the draft mode `name`."""
     def add(build):
-        MODES_BY_NAME[name] = DraftMode(name, build, label, lesson, needs_model, parse, available)
+        MODES_BY_NAME[name] = DraftMode(name, build, label, lesson, needs_model, parse, available, tree)
         return build
     return add
 
@@ -131,6 +139,17 @@ def build_layer_skip(spec, target, draft, fixed_length):
     return LayerSkipDrafter(target.model, [i for i in DEFAULT_SKIP_LAYERS if i < n_layers])
 
 
+@register("layer-skip-tree", "Layer-skip tree (the self-draft's top 2 tokens at every node)",
+          "The same self-draft proposes a tree: its two likeliest tokens at every node, k nodes in all, and the "
+          "target checks every branch in one forward; where the draft's first guess is second-best, the sibling "
+          "still gets accepted.",
+          parse=lambda mode, tail: no_argument(mode, tail, "build LayerSkipTreeDrafter(target, skip_layers, width)"),
+          tree=True)
+def build_layer_skip_tree(spec, target, draft, fixed_length):
+    n_layers = len(target.model.model.layers)
+    return LayerSkipTreeDrafter(target.model, [i for i in DEFAULT_SKIP_LAYERS if i < n_layers])
+
+
 @register("early-exit", "Early-exit self-draft (first layers + the LM head)",
           "The lesson: the final LM head reads mid-network features poorly, so without a trained exit head "
           "acceptance collapses.")
@@ -159,6 +178,20 @@ def build_prompt_lookup(spec, target, draft, fixed_length):
     longest = spec.arg or PROMPT_LOOKUP_MAX_NGRAM
     return PromptLookupDrafter(max_ngram=longest, min_ngram=min(spec.min_ngram or PROMPT_LOOKUP_MIN_NGRAM, longest),
                                sizing="full" if fixed_length else "cost")
+
+
+def branch_count(mode: str, tail: str) -> tuple[int | None, None]:
+    if tail and not (tail.isdigit() and int(tail) >= 1):
+        raise ValueError(f"{mode}:N needs a whole number of branches N >= 1, got {tail!r}")
+    return (int(tail) if tail else None), None
+
+
+@register("lookup-tree", "Prompt-lookup tree (several earlier matches as branches)",
+          "Prompt lookup that copies what followed up to 3 earlier matches, merged into one tree: when the latest "
+          "match copies the wrong continuation, another branch may hold the right one, and one forward checks all.",
+          parse=branch_count, tree=True)
+def build_lookup_tree(spec, target, draft, fixed_length):
+    return TreeLookupDrafter(branches=spec.arg or TREE_LOOKUP_BRANCHES)
 
 
 def confidence_percent(mode: str, tail: str) -> tuple[int | None, None]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from spec_engine.core.cache import check_invariant, forward_tree_logits, trim_cache
+from spec_engine.core.cache import check_invariant, forward_tree_logits, new_cache, trim_cache
 from spec_engine.core.sampling import SamplingParams, sample, warp
 from spec_engine.core.tree_rule import DRAWS, TokenTree, without
 from spec_engine.drafters.base import TreeProposal
-from spec_engine.drafters.model import ModelDrafter
+from spec_engine.drafters.model import ModelDrafter, layer_skip_view
 
 TREE_WIDTH = 2            # siblings per node; not yet measured (issue #26 item 3 sizes trees from the verify costs)
 
@@ -66,6 +66,28 @@ class ModelTreeDrafter(ModelDrafter):
         for node, row in rows.items():
             q[node + 1] = row                                 # [n + 1, vocab]; leaves' rows are never read
         return TreeProposal(tree, q)
+
+
+class LayerSkipTreeDrafter(ModelTreeDrafter):
+    """The layer-skip self-draft (`model.LayerSkipDrafter`) growing a tree: the target's own weights with
+    `skip_layers` left out, `width` siblings per node. Its cache is laid out for the full target (skipped layers stay
+    empty), as the chain's is."""
+
+    def __init__(self, target_model, skip_layers, width: int = TREE_WIDTH, drawn: str = "deterministic"):
+        self.skip_layers = sorted(set(int(i) for i in skip_layers))
+        self.target = target_model
+        super().__init__(layer_skip_view(target_model, self.skip_layers), width, drawn,
+                         name=f"layer-skip-tree{self.skip_layers}")
+
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.cache = new_cache(self.target)
+        self.cache_ids = []
+        if len(prompt_ids) > 1:
+            self._feed(prompt_ids[:-1])
+
+    def check_target(self, target_model) -> None:
+        if target_model is not self.target:
+            raise ValueError("a LayerSkipTreeDrafter drafts for the model it was built from; build one for this target")
 
 
 def siblings(q_row: torch.Tensor, count: int, drawn: str, generator: torch.Generator) -> list[int]:

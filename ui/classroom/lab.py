@@ -8,7 +8,7 @@ and hands the results to `lab_plots`.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Callable
 
@@ -37,12 +37,18 @@ LEVEL_CHOICES = [("next token", "next"), ("whole continuation (depth tokens)", "
 LEVEL_VALUES = tuple(value for _, value in LEVEL_CHOICES)
 EXACT_SIDE = ["plain", "exact"]
 WRONG_SIDE = list(se.WRONG_RULES)
+WRONG_TREE_SIDE = list(se.WRONG_TREE_RULES)
+SHAPE_CHOICES = [("chain: k drafts in a row", "chain"), ("tree: the draft's top 2 tokens at every node, k nodes", "tree")]
+SHAPE_VALUES = tuple(value for _, value in SHAPE_CHOICES)
+TREE_WIDTH = 2
 OUTPUTS = ("status", "exact_plot", "wrong_plot", "table", "run")
 
 CAPTION = """**Why is speculative decoding lossless?** Draw *N* short continuations of the same prompt with plain
 target sampling and with speculative sampling, and compare the counts with the target's exact distribution,
 enumerated from the model. With the exact rule only sampling noise remains (small total-variation distance,
-the chi-square test does not reject); the *top-p membership* and *no residual* rules drift visibly."""
+the chi-square test does not reject); the *top-p membership* and *no residual* rules drift visibly. With a **tree**
+draft the exact rule tries siblings in turn against the residual each refusal leaves; the wrong *best sibling* rule
+judges every sibling against p itself, so extra siblings become extra free chances and the text drifts."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,12 @@ class LabSettings:
     sampling: se.SamplingParams
     seed: int
     wrong_rules: bool
+    tree: bool = False          # draft trees (the tree rule; the wrong one is "tree_best_sibling")
+
+
+def wrong_side(tree: bool) -> list[str]:
+    """The wrong rules a lab run draws with: the chain's two, or the tree's."""
+    return WRONG_TREE_SIDE if tree else WRONG_SIDE
 
 
 @dataclass
@@ -122,7 +134,14 @@ def check_model(value) -> str:
     return value
 
 
-def parse_lab(n, depth, k, temperature, top_p, top_k, seed, wrong_rules) -> LabSettings:
+def check_shape(value) -> str:
+    if value not in SHAPE_VALUES:
+        raise validate.InputError("shape", f"Draft shape must be one of {', '.join(SHAPE_VALUES)}, "
+                                           f"got {validate.shown(value)}")
+    return value
+
+
+def parse_lab(n, depth, k, temperature, top_p, top_k, seed, wrong_rules, shape="chain") -> LabSettings:
     """Widget or API values -> LabSettings, or gr.Error saying what to change (checks of ui.playground.validate)."""
     temperature = check_lab_temperature(temperature)
     return LabSettings(
@@ -130,7 +149,8 @@ def parse_lab(n, depth, k, temperature, top_p, top_k, seed, wrong_rules) -> LabS
         depth=validate.check_int("depth", depth, 1, lab.MAX_DEPTH, label="depth (tokens per continuation)"),
         k=validate.check_k(k),
         sampling=validate.check_sampling(temperature, validate.check_top_p(top_p), validate.check_top_k(top_k)),
-        seed=validate.check_seed(seed), wrong_rules=validate.check_bool("wrong_rules", wrong_rules))
+        seed=validate.check_seed(seed), wrong_rules=validate.check_bool("wrong_rules", wrong_rules),
+        tree=check_shape(shape) == "tree")
 
 
 def check_level(level) -> str:
@@ -148,7 +168,7 @@ def check_toy_prompt(text) -> torch.Tensor:
 
 
 def lab_validator(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wrong_rules, level,
-                  prompt, target, draft, chat, skip_layers, exit_after, state=None) -> list[dict]:
+                  prompt, target, draft, chat, skip_layers, exit_after, state=None, shape="chain") -> list[dict]:
     """`validator=` of lab_exactness: every bad input is named before the request takes a queue place. The main
     panel's prompt, target and draft are checked only when the lab uses them."""
     current = model == "current"
@@ -164,14 +184,20 @@ def lab_validator(model, toy_prompt, n, depth, k, temperature, top_p, top_k, see
         (lambda: validate.check_prompt(prompt)) if current else None,
         (lambda: validate.check_target(target)) if current else None,
         (lambda: validate.check_draft(draft, target)) if current else None,
-        lambda: validate.check_bool("chat", chat), None, None, None)
+        lambda: validate.check_bool("chat", chat), None, None, None, lambda: check_shape(shape))
 
 
-def toy_setup(toy_prompt: str) -> LabSetup:
+def toy_setup(toy_prompt: str, tree: bool = False) -> LabSetup:
     pair = toy.toy_pair()
     input_ids = check_toy_prompt(toy_prompt)
     tokenizer = pair.target.tokenizer
-    return LabSetup(pair.target.model, lambda: se.ModelDrafter(pair.draft.model, name=pair.draft.name), input_ids,
+    if tree:
+        def make():
+            return se.ModelTreeDrafter(pair.draft.model, width=TREE_WIDTH, name=f"{pair.draft.name}-tree")
+    else:
+        def make():
+            return se.ModelDrafter(pair.draft.model, name=pair.draft.name)
+    return LabSetup(pair.target.model, make, input_ids,
                     lambda seq: tokenizer.decode(seq), toy.DESCRIPTION, f'"{toy_prompt.strip()}"', threads=1)
 
 
@@ -216,7 +242,8 @@ def current_models(current: Current) -> LabSetup:
 def status_text(run: LabRun, progress_note: str) -> str:
     s, sampling = run.settings, run.settings.sampling
     return (f"**Model:** {esc(run.model_note)}. **Prompt:** {esc(run.prompt_note)}.  \n"
-            f"N = {s.n} continuations of {s.depth} token(s) per sampler, k = {s.k}, temperature "
+            f"N = {s.n} continuations of {s.depth} token(s) per sampler, k = {s.k} "
+            f"({'draft trees' if s.tree else 'chains'}), temperature "
             f"{sampling.temperature:g}, top-p {sampling.top_p:g}, top-k {sampling.top_k}, seeds {s.seed}…"
             f"{s.seed + s.n - 1}. Exact distribution: {len(run.exact)} outcomes enumerated in "
             f"{run.seconds_exact:.2f} s.  \n{esc(progress_note)}")
@@ -236,10 +263,12 @@ def lab_figures(run: LabRun, level: str, reports=None) -> tuple:
     hist = lab.histogram(run.exact, run.draws, length)
     labels = lab_plots.outcome_labels(hist.outcomes, run.label)
     what = "next token" if length == 1 else f"first {length} tokens"
+    wrong, tree = wrong_side(run.settings.tree), "tree " if run.settings.tree else ""
     exact_plot = lab_plots.distribution_figure(
-        hist, EXACT_SIDE, labels, lab_plots.figure_title(f"Exact rule, {what}: ", reports, EXACT_SIDE, length == 1))
+        hist, EXACT_SIDE, labels, lab_plots.figure_title(f"Exact {tree}rule, {what}: ", reports, EXACT_SIDE, length == 1))
     wrong_plot = lab_plots.distribution_figure(
-        hist, WRONG_SIDE, labels, lab_plots.figure_title(f"Wrong rules, {what}: ", reports, WRONG_SIDE, length == 1))
+        hist, wrong, labels, lab_plots.figure_title(f"Wrong {tree}rule{'' if tree else 's'}, {what}: ", reports, wrong,
+                                                    length == 1))
     return exact_plot, wrong_plot
 
 
@@ -270,14 +299,14 @@ def lab_job(job: LabJob, stop: gpu_calls.Stop):
     """Yields Exact, then every sampler's SamplerDraws as they grow (at most every UPDATE_INTERVAL seconds, and at
     the sampler's end); ends early at Stop or at the job's deadline."""
     s = job.settings
-    setup = toy_setup(job.toy_prompt) if job.current is None else current_models(job.current)
+    setup = toy_setup(job.toy_prompt, s.tree) if job.current is None else current_models(job.current)
     budget = runner.Budget(stop, job.seconds)
     budget.start()
     start = perf_counter()
     exact = lab.exact_distribution(setup.target_model, setup.input_ids[0].tolist(), s.depth, s.sampling)
     yield Exact(exact, perf_counter() - start)
     with intra_op_threads(setup.threads):
-        for sampler in EXACT_SIDE + (WRONG_SIDE if s.wrong_rules else []):
+        for sampler in EXACT_SIDE + (wrong_side(s.tree) if s.wrong_rules else []):
             last, draws = perf_counter(), None
             for draws in lab.draw(setup.target_model, setup.make_drafter, setup.input_ids, s.depth, s.k, s.sampling,
                                   s.n, sampler, s.seed, should_stop=budget.should_stop):
@@ -291,10 +320,10 @@ def lab_job(job: LabJob, stop: gpu_calls.Stop):
 
 
 def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wrong_rules, level,
-            prompt, target, draft, chat, skip_layers, exit_after, state, progress=gr.Progress()):
+            prompt, target, draft, chat, skip_layers, exit_after, state, shape="chain", progress=gr.Progress()):
     """'Run the exactness lab' / api_name="lab_exactness": streams partial histograms, then the final ones.
     The draws end early (and say so) on Stop or at the server's time limit (ui.playground.limits.max_run_seconds)."""
-    settings = parse_lab(n, depth, k, temperature, top_p, top_k, seed, wrong_rules)
+    settings = parse_lab(n, depth, k, temperature, top_p, top_k, seed, wrong_rules, shape)
     check_model(model)
     state.stop_event.clear()
     budget, held = runner.Budget(state.stop_event), []
@@ -308,11 +337,12 @@ def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wro
                 if chosen is None:
                     return
                 current, label, model_note, prompt_note = chosen
+                settings = replace(settings, tree=reg.split_draft(current.draft)[0].tree)   # the draft's own shape
             else:
-                setup = toy_setup(toy_prompt)
+                setup = toy_setup(toy_prompt, settings.tree)
                 current, label, model_note, prompt_note = None, setup.label, setup.model_note, setup.prompt_note
             yield ("Enumerating the exact distribution…",) + skip
-            samplers = len(EXACT_SIDE + (WRONG_SIDE if settings.wrong_rules else []))
+            samplers = len(EXACT_SIDE + (wrong_side(settings.tree) if settings.wrong_rules else []))
             job = LabJob(settings, toy_prompt, current,
                          gpu_calls.call_seconds(budget, samplers * settings.n * (settings.depth + 1)))
             yield from draw_all(LabRun(label, model_note, prompt_note, settings, {}, [], 0.0), job, level, state,
@@ -326,7 +356,7 @@ def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wro
 def draw_all(run: LabRun, job: LabJob, level: str, state, progress):
     """`lab_job`'s results into `run`, streaming a view for each (they come at most every UPDATE_INTERVAL s)."""
     s = run.settings
-    samplers = EXACT_SIDE + (WRONG_SIDE if s.wrong_rules else [])
+    samplers = EXACT_SIDE + (wrong_side(s.tree) if s.wrong_rules else [])
     total = s.n * len(samplers)
     for item in gpu_calls.pull(lab_job(job, gpu_calls.Stop(state.stop_event)), state.stop_event):
         if isinstance(item, Exact):
@@ -380,7 +410,10 @@ def build_tab(c: dict, state, resize_js: str | None = None) -> list:
             w["top_k"] = gr.Number(0, precision=0, minimum=0, label="top-k (0 = off)")
             w["seed"] = gr.Number(0, precision=0, minimum=0, label="first seed")
         with gr.Row():
-            w["wrong_rules"] = gr.Checkbox(True, label="Also run the two wrong rules")
+            w["shape"] = gr.Radio(SHAPE_CHOICES, value="chain", label="Draft shape", elem_id="lab-shape",
+                                  info="Toy pair: its draft drafts a chain or a tree. Main panel: its draft's own shape "
+                                       "(lookup-tree, layer-skip-tree are trees).")
+            w["wrong_rules"] = gr.Checkbox(True, label="Also run the wrong rules", elem_id="lab-wrong")
             copy_btn = gr.Button("Use the main panel's k, temperature, top-p, top-k, seed", size="sm")
             run_btn = gr.Button("Run the exactness lab", variant="primary", elem_id="lab-run")
         init = initial_outputs()
@@ -395,7 +428,7 @@ def build_tab(c: dict, state, resize_js: str | None = None) -> list:
     inputs = [w[name] for name in ("model", "toy_prompt", "n", "depth", "k", "temperature", "top_p", "top_k", "seed",
                                    "wrong_rules")]
     inputs += [level] + [c[name] for name in ("prompt", "target", "draft", "chat", "skip_layers", "exit_after")]
-    event = run_btn.click(run_lab, inputs + [state], [out[name] for name in OUTPUTS], api_name="lab_exactness",
+    event = run_btn.click(run_lab, inputs + [state, w["shape"]], [out[name] for name in OUTPUTS], api_name="lab_exactness",
                           preprocess=False, validator=lab_validator, **compute())
     private = {"api_visibility": "private"}
     level.change(relevel, [level, out["run"]], [out["exact_plot"], out["wrong_plot"]], **private)

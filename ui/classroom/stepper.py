@@ -22,7 +22,7 @@ import spec_engine as se
 
 from ui.playground import compute, runner
 from ui.playground import registry as reg
-from ui.views import plots, render
+from ui.views import plots, render, tree
 from ui.views.render import RenderOptions, esc, fmt_prob, show_text
 from ui.playground.state import RunSettings, SessionState, remove_exports
 
@@ -336,8 +336,42 @@ def decision_text(ev: se.RoundEvent, i: int, kind: str, labeler, opts: RenderOpt
     return f"argmax is {show_text(labeler(top)) if top is not None else '?'}: rejected"
 
 
+def tree_table_html(ev: se.RoundEvent, labeler, opts: RenderOptions) -> str:
+    """A tree round: one row per node in the order the rule judged them (then the nodes never reached), with its
+    parent and depth, q, p, min(1, r/q) and u, then the correction or bonus."""
+    kinds = tree.node_kinds(ev)
+    depth = tree.depths(ev.tree_parents)
+    tried = list(ev.tree_tried or [])
+    order = tried + [i for i in range(len(ev.drafted)) if i not in tried]
+    rows = []
+    for i in order:
+        j = tried.index(i) if i in tried else None
+        a = ev.accept_probs[j] if j is not None and j < len(ev.accept_probs) else None
+        u = ev.uniforms[j] if j is not None and j < len(ev.uniforms) else None
+        judged = tree.judged_text(ev, i, kinds[i], labeler, opts)
+        parent = ev.tree_parents[i]
+        numbers = "".join(f"<td>{fmt_prob(x)}</td>" for x in (ev.draft_probs[i], ev.target_probs[i], a, u))
+        kind = {"unreached": "discarded"}.get(kinds[i], kinds[i])
+        rows.append(f'<tr class="{kind}"><td>{i + 1}</td><td>{"root" if parent < 0 else parent + 1}</td>'
+                    f'<td>{depth[i]}</td>{token_cell(ev.drafted[i], labeler)}{numbers}'
+                    f'<td class="decision">{esc(judged[-1] if judged else kinds[i])}</td></tr>')
+    emitted = tree.next_kind(ev)
+    if emitted is not None:
+        kind, token = emitted
+        last = ev.tree_path[-1] if ev.tree_path else -1
+        rows.append(f'<tr class="{kind}"><td>–</td><td>{"root" if last < 0 else last + 1}</td>'
+                    f'<td>{len(ev.tree_path or []) + 1}</td>{token_cell(token, labeler)}<td>–</td><td>–</td><td>–</td>'
+                    f'<td>–</td><td class="decision">{kind}</td></tr>')
+    p_head = "p(x) target (T=1)" if opts.greedy else "p(x) target"
+    head = (f"<tr><th>node</th><th>parent</th><th>depth</th><th>token</th><th>q(x) draft</th><th>{p_head}</th>"
+            f"<th>min(1, r/q)</th><th>u (draw)</th><th>decision</th></tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
 def decision_table_html(ev: se.RoundEvent, labeler, opts: RenderOptions) -> str:
     """One row per draft token (q, p, min(1, p/q), u, decision), then the correction or bonus."""
+    if ev.is_tree:
+        return tree_table_html(ev, labeler, opts)
     rows = []
     for i, (token, kind) in enumerate(zip(ev.drafted, render.draft_kinds(ev))):
         a = ev.accept_probs[i] if i < len(ev.accept_probs) and kind != "discarded" and not opts.greedy else None
@@ -361,6 +395,8 @@ def round_facts(ev: se.RoundEvent, labeler, opts: RenderOptions) -> list[str]:
     """Sentences about one round: the first rejection, what was discarded, where the next token came from."""
     def tok(t):
         return esc(show_text(labeler(t)))
+    if ev.is_tree:
+        return tree_facts(ev, labeler, opts)
     facts = [f"Round {ev.index + 1}: {len(ev.drafted)} draft token(s), {ev.accepted} accepted, "
              f"{len(ev.emitted)} token(s) added to the text."]
     if ev.correction is not None:
@@ -381,6 +417,34 @@ def round_facts(ev: se.RoundEvent, labeler, opts: RenderOptions) -> list[str]:
         facts.append("The text ended (end of sequence) inside the accepted drafts.")
     if ev.note:
         facts.append(f"Drafter note: {esc(ev.note)}.")
+    return facts
+
+
+def tree_facts(ev: se.RoundEvent, labeler, opts: RenderOptions) -> list[str]:
+    """Sentences about one tree round: its shape, the path kept, where it stopped, where the next token came from."""
+    def tok(t):
+        return esc(show_text(labeler(t)))
+    kinds = tree.node_kinds(ev)
+    facts = [f"Round {ev.index + 1}: a draft tree of {len(ev.drafted)} node(s), {ev.draft_length} deep, scored in "
+             f"one target forward; {ev.accepted} accepted on its path, {len(ev.emitted)} token(s) added to the text."]
+    if ev.tree_path:
+        facts.append("Kept path: " + " → ".join(tok(ev.drafted[i]) for i in ev.tree_path) + ".")
+    refused = [i for i, kind in enumerate(kinds) if kind == "rejected"]
+    if refused:
+        facts.append("Refused: " + ", ".join(tok(ev.drafted[i]) for i in refused) + ". Siblings are tried in order; "
+                     + ("each is compared with the target's argmax." if opts.greedy else
+                        "after a refusal the next sibling is judged against the residual the refused one left, "
+                        "r = normalize(max(0, r − q)), which keeps the tree exact."))
+    unreached = kinds.count("unreached")
+    if unreached:
+        facts.append(f"{unreached} node(s) never reached: below a refused node.")
+    if ev.correction is not None:
+        facts.append(f"Every sibling at depth {ev.accepted + 1} was refused: correction {tok(ev.correction)} drawn "
+                     + ("as the target's argmax." if opts.greedy else "from the residual they left."))
+    elif ev.bonus is not None:
+        facts.append(f"The path reached a leaf: bonus {tok(ev.bonus)} from the target's distribution after it.")
+    else:
+        facts.append("The text ended (end of sequence) on the path.")
     return facts
 
 
@@ -407,6 +471,13 @@ def kv_html(ev: se.RoundEvent, previous: se.RoundEvent | None = None) -> str:
     grew_note = (f"Grew: the change since the previous round, after trimming. The target cache grew by {target_grew}, "
                  f"one position per token added to the text" + (" (accepted + 1)." if target_grew == ev.accepted + 1
                                                                   else "."))
+    if ev.is_tree:
+        moves = plots.kv_moves(ev)
+        moved = [f"{a} → {b}" for a, b in moves if a != b]
+        grew_note += (f" Tree: the verify forward wrote all {len(ev.drafted)} nodes after the root; keep_path kept the "
+                      f"{len(moves)} on the accepted path" + (f", moving {', '.join(moved)}" if moved else
+                                                                ", already in place") +
+                      f", and dropped {len(ev.drafted) - len(moves)}.")
     return (f'<div class="scroll">{"".join(table)}</table></div>{"".join(bars)}<div class="muted">Committed text: '
             f"{ev.committed_len} tokens; the target cache keeps all but the newest, which the next round feeds in. "
             f"{grew_note}</div>")
@@ -443,6 +514,8 @@ def kv_section(session: StepSession | None) -> str:
 
 def residual_title(ev: se.RoundEvent, opts: RenderOptions) -> str:
     position = ev.accepted + 1
+    if ev.is_tree and ev.correction is not None and not opts.greedy and opts.rule == "exact":
+        return f"Residual at depth {position} after every sibling was refused: the correction is drawn from it"
     if ev.correction is None and ev.bonus is None:
         return "No correction or bonus: the text ended"
     if opts.greedy:
@@ -459,8 +532,9 @@ def residual_figure(ev: se.RoundEvent | None, labeler, opts: RenderOptions):
     if ev is None:
         return plots.empty_figure("Where the round's last token came from", "Press Forward")
     candidates = list(ev.next_top)
-    if opts.greedy and ev.accepted < len(ev.target_top):
-        candidates = list(ev.target_top[ev.accepted])
+    row = (ev.tree_path[-1] + 1 if ev.tree_path else 0) if ev.is_tree else ev.accepted    # target_top's row after the path
+    if opts.greedy and row < len(ev.target_top):
+        candidates = list(ev.target_top[row])
     chosen = ev.correction if ev.correction is not None else ev.bonus
     labels = [f"{show_text(labeler(t))} #{t}" for t, _ in candidates]
     colour = plots.COLORS["correction"] if ev.correction is not None else plots.COLORS["bonus"]
@@ -496,7 +570,8 @@ def view(session: StepSession | None) -> dict:
         return {"status": "Press Forward (or Reset) to start stepping with the settings on the left.",
                 "round": round_html_empty(), "residual": residual_figure(None, None, RenderOptions()),
                 "kv": kv_section(None),
-                "tokens": render.empty_view("The text appears here round by round.", legend=False), "explain": ""}
+                "tokens": render.empty_view("The text appears here round by round.", legend=False), "explain": "",
+                "tree": tree_figure(None)}
     ev = session.stepper.current
     return {
         "status": status_text(session),
@@ -506,7 +581,17 @@ def view(session: StepSession | None) -> dict:
         "tokens": tokens_html(session),
         "explain": render.explanation_md(session.stepper.shown, session.settings.k, session.settings.greedy,
                                          session.settings.rule, heading=False),
+        "tree": tree_figure(session),
     }
+
+
+def tree_figure(session: StepSession | None):
+    """The current round's draft tree (an empty figure for a chain round)."""
+    ev = session.stepper.current if session is not None else None
+    if ev is None or not ev.is_tree:
+        return plots.empty_figure("Draft tree of this round", "A tree draft's round is drawn here")
+    return tree.tree_figure(session.stepper.shown, session.labeler, session.options, last=1,
+                            title=f"Draft tree of round {ev.index + 1} (hover a node for p, q and the decision)")
 
 
 def round_html_empty() -> str:

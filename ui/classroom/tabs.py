@@ -20,7 +20,7 @@ from ui.playground.state import SessionState
 
 STEP_INPUTS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
                "chat", "skip_layers", "exit_after", "show_spaces")
-STEP_OUTPUTS = ("status", "round", "residual", "kv", "tokens", "explain")
+STEP_OUTPUTS = ("status", "round", "residual", "kv", "tokens", "explain", "tree")
 REPLAY_OUTPUTS = ("status", "tokens", "stats", "explain", "acceptance_plot", "forward_plot")
 SPEEDS = (0.2, 3.0, 1.0)      # autoplay: seconds per round (min, max, default)
 
@@ -42,6 +42,8 @@ def step_view(session, timer=None, note: str | None = None) -> tuple:
     v["status"] = literal(v["status"])
     if note:
         v["status"] = f"**{literal(note)}** {v['status']}"
+    current = session.stepper.current if session is not None else None
+    v["tree"] = gr.Plot(v["tree"], visible=current is not None and current.is_tree)   # shown for tree rounds only
     return (session, *[v[name] for name in STEP_OUTPUTS], gr.skip() if timer is None else timer)
 
 
@@ -312,6 +314,7 @@ def build_tabs(c: dict, state: gr.State) -> dict:
         initial = stepper.view(None)
         s["status"] = gr.Markdown(initial["status"], elem_id="step-status")
         s["round"] = gr.HTML(initial["round"], css_template=stepper.STEP_CSS, elem_id="step-round")
+        s["tree"] = gr.Plot(initial["tree"], show_label=False, elem_id="step-tree", visible=False)
         with gr.Row(equal_height=False):
             s["residual"] = gr.Plot(initial["residual"], show_label=False, elem_id="step-residual", scale=3)
             s["kv"] = gr.HTML(initial["kv"], css_template=stepper.STEP_CSS, elem_id="step-kv", scale=2)

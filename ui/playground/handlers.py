@@ -25,7 +25,7 @@ import pandas as pd
 import spec_engine as se
 
 from ui.playground import compute, limits, runner, validate
-from ui.views import plots, render
+from ui.views import plots, render, tree
 from ui.playground import registry as reg
 from ui.playground.presets import Presets
 from ui.playground.state import HISTORY_COLUMNS, RunSettings, SessionState
@@ -44,7 +44,7 @@ MISMATCH_MAX_NEW_TOKENS = 40
 RUN_INPUTS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
               "chat", "skip_layers", "exit_after", "auto_baseline", "show_spaces")
 RUN_OUTPUTS = ("tokens", "stats", "text", "acceptance_plot", "accepted_plot", "forward_plot", "speed_plot",
-               "kv_plot", "kv_table", "history", "compare_plot", "summary", "explain")
+               "kv_plot", "kv_table", "history", "compare_plot", "summary", "explain", "tree_plot")
 MISMATCH_OUTPUTS = ("mm_status", "mm_table", "mm_plot", "mm_views", "mm_tokenization", "history", "compare_plot")
 MISMATCH_COLUMNS = ["draft", "what the target receives", "acceptance", "tokens/forward", "tok/s", "rounds", "note"]
 
@@ -187,6 +187,7 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
         plots.kv_figure(record.rounds),
         pd.DataFrame(plots.kv_rows(record.rounds), columns=plots.KV_COLUMNS),
     ) if with_plots or final else (gr.skip(),) * 6
+    tree_plot = tree.tree_figure(record.rounds, prep.labeler, prep.options) if with_plots or final else gr.skip()
     return (
         tokens,
         render.stats_html(summary, status),
@@ -197,6 +198,7 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
         detail,
         render.explanation_md(record.rounds, record.settings.k, record.settings.greedy, record.settings.rule)
         if final else "",
+        tree_plot,
     )
 
 
@@ -212,7 +214,7 @@ def initial_outputs() -> dict[str, object]:
         "forward_plot": plots.forward_figure([]), "speed_plot": plots.speed_figure([]),
         "kv_plot": plots.kv_figure([]), "kv_table": pd.DataFrame([], columns=plots.KV_COLUMNS),
         "history": pd.DataFrame([], columns=HISTORY_COLUMNS), "compare_plot": plots.comparison_figure([]),
-        "summary": {}, "explain": "",
+        "summary": {}, "explain": "", "tree_plot": tree.tree_figure([], None),
     }
     return empty
 

@@ -102,12 +102,19 @@ class DraftKind:
     build: Callable[..., se.Drafter]             # build(spec, target, draft_or_None, options) -> Drafter
     needs_model: bool = False                    # the draft name names a draft preset
     available: Callable[[str], tuple[bool, str]] = lambda target: (True, "")   # for self drafts: by target name
+    tree: bool = False                           # proposes draft trees (the Draft tree view draws them)
 
 
 def build_layer_skip(spec, target, _draft, options: DraftOptions):
     if not options.skip_layers.strip():
         return se.make_drafter(spec, target)
     return se.LayerSkipDrafter(target.model, parse_layers(options.skip_layers, len(target.model.model.layers)))
+
+
+def build_layer_skip_tree(spec, target, _draft, options: DraftOptions):
+    if not options.skip_layers.strip():
+        return se.make_drafter(spec, target)
+    return se.LayerSkipTreeDrafter(target.model, parse_layers(options.skip_layers, len(target.model.model.layers)))
 
 
 def build_early_exit(spec, target, _draft, options: DraftOptions):
@@ -128,7 +135,7 @@ def eagle_available(target: str) -> tuple[bool, str]:
 
 
 # Overrides of the engine's builders where the playground has options of its own (a layer set, an exit depth).
-UI_BUILDERS = {"layer-skip": build_layer_skip, "early-exit": build_early_exit}
+UI_BUILDERS = {"layer-skip": build_layer_skip, "layer-skip-tree": build_layer_skip_tree, "early-exit": build_early_exit}
 
 
 def draft_kinds() -> list[DraftKind]:
@@ -136,7 +143,8 @@ def draft_kinds() -> list[DraftKind]:
     values are spelled as the registry and presets/models.yaml spell them: "layer-skip", "early-exit[:N]",
     "prompt-lookup[:N]", "<preset>", "<preset>:cross-tokenizer", "<preset>:naive-ids"."""
     return [DraftKind(mode.name, mode.label, mode.lesson, UI_BUILDERS.get(mode.name, build_from_factory),
-                      needs_model=mode.needs_model, available=mode.available or (lambda target: (True, "")))
+                      needs_model=mode.needs_model, available=mode.available or (lambda target: (True, "")),
+                      tree=mode.tree)
             for mode in se.draft_modes().values()]
 
 

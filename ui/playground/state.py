@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ui.views import metrics
-from spec_engine import judged_acceptance
+from spec_engine import acceptance_rate, judged_acceptance
 
 MAX_HISTORY = 100        # finished runs kept per session (the oldest go first): a session's memory is bounded
 MAX_BASELINES = 64       # measured baselines kept per session
@@ -116,7 +116,7 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
     live_seconds = record.engine_seconds
     timing = record.timing
     seconds = timing.seconds if timing is not None else live_seconds
-    acceptance = accepted / drafted if drafted else 0.0
+    acceptance = acceptance_rate(rounds)          # a tree round's drafts counted by its depth
     out = {
         "run_id": record.run_id,
         "target": record.settings.target,

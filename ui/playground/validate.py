@@ -187,6 +187,15 @@ def check_rule(value) -> str:
     return value
 
 
+def check_rule_for(draft: str, rule: str) -> None:
+    """The wrong chain rules judge chains only: a tree draft runs the exact rule (the wrong tree rule is the
+    exactness lab's)."""
+    kind = reg.kind_by_key(se.parse_draft(draft).mode)
+    if kind is not None and kind.tree and rule != "exact":
+        raise InputError("rule", f"The rule {rule!r} judges chains of drafts; the tree draft {draft!r} runs the exact "
+                                 "rule (the exactness lab shows a wrong rule for trees)")
+
+
 def check_sampling(temperature: float, top_p: float, top_k: int) -> se.SamplingParams:
     try:
         return se.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -317,7 +326,7 @@ def check_layers(skip_layers, exit_after, draft: str | None, loaded) -> tuple[st
     if loaded is None or draft is None:
         return skip, exit_n
     n_layers = len(loaded.model.model.layers)
-    if draft == "layer-skip" and skip:
+    if draft in ("layer-skip", "layer-skip-tree") and skip:
         try:
             reg.parse_layers(skip, n_layers)
         except ValueError as exc:
@@ -360,6 +369,11 @@ def _run_checks(prompt, target, draft, k, temperature, top_p, top_k, max_new_tok
     attempt("seed", lambda: check_seed(seed))
     attempt("rule", lambda: check_rule(rule))
     attempt("chat", lambda: check_bool("chat", chat, "apply the chat template"))
+    if {"draft", "rule"} <= clean.keys():
+        try:
+            check_rule_for(clean["draft"], clean["rule"])
+        except InputError as exc:
+            problems.setdefault(exc.field, exc.message)
     loaded = reg.REGISTRY.loaded(clean["target"]) if "target" in clean else None
     try:
         clean["skip_layers"], clean["exit_after"] = check_layers(skip_layers, exit_after, clean.get("draft"), loaded)

@@ -111,6 +111,10 @@ def plan(draft: str, exit_after: int = 0) -> DraftPlan:
                  "llama.cpp run EAGLE heads trained and exported for them (shown where they exist).",
         "eagle+lookup": "This project's EAGLE head (with prompt lookup where the text repeats) has no equivalent; "
                         "vLLM and llama.cpp run EAGLE heads trained and exported for them.",
+        "layer-skip-tree": "A layer-skip draft tree has no equivalent in transformers, vLLM or llama.cpp (no layer-skip "
+                           "draft there, and transformers' and llama.cpp's assisted decoding verify chains, not trees).",
+        "lookup-tree": "Prompt lookup as a draft tree has no equivalent here: transformers' prompt_lookup_num_tokens, "
+                       "vLLM's ngram method and llama.cpp's lookup decoding verify one copied chain per round.",
         "naive-ids": "Naive ids are the tokenizer-mismatch mistake, shown on purpose: no library does it (they "
                      "refuse a draft with another vocabulary, or translate between tokenizers).",
     }.get(spec.mode, f"The draft {draft!r} has no equivalent in these libraries.")

@@ -11,9 +11,11 @@ from ui.views.render import esc
 
 SAMPLER_NAMES = {"exact_target": "exact (from the model)", "plain": "plain sampling",
                  "exact": "speculative, exact rule", "topp_membership": "speculative, top-p membership (wrong)",
-                 "no_residual": "speculative, no residual (wrong)"}
+                 "no_residual": "speculative, no residual (wrong)",
+                 "tree_best_sibling": "speculative tree, best sibling (wrong)"}
 SAMPLER_COLORS = {"exact_target": "#111827", "plain": COLORS["plain"], "exact": COLORS["accepted"],
-                  "topp_membership": COLORS["rejected"], "no_residual": COLORS["correction"]}
+                  "topp_membership": COLORS["rejected"], "no_residual": COLORS["correction"],
+                  "tree_best_sibling": COLORS["rejected"]}
 ALPHA = 1e-3          # the table's verdict: "rejects" when the chi-square p-value is below this
 LAB_COLUMNS = ["sampler", "N", "acceptance", "TV (whole continuation)", "TV (next token)", "chi-square", "dof",
                "p-value", f"verdict at α = {ALPHA:g}", "seconds"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from spec_engine import expected_tokens_per_round, speedup_model  # noqa: F401  (re-exported for the plots)
+from spec_engine import acceptance_rate, expected_tokens_per_round, speedup_model  # noqa: F401  (re-exported)
 
 
 def running(values: list[float]) -> list[float]:
@@ -14,12 +14,13 @@ def running(values: list[float]) -> list[float]:
 
 
 def round_acceptance(ev) -> float | None:
-    """accepted / drafted of one round; None when nothing was drafted."""
-    return ev.accepted / len(ev.drafted) if ev.drafted else None
+    """accepted / drafted of one round (a tree's drafts counted by its depth: RoundEvent.draft_length); None when
+    nothing was drafted."""
+    return ev.accepted / ev.draft_length if ev.draft_length else None
 
 
 def running_acceptance(rounds) -> list[float]:
-    drafted = running([len(r.drafted) for r in rounds])
+    drafted = running([r.draft_length for r in rounds])
     accepted = running([r.accepted for r in rounds])
     return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
 

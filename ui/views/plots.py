@@ -182,9 +182,29 @@ def cache_change(before: int, after: int) -> str:
     return f"{before} → {after} ({signed(after - before)})"
 
 
+def kv_moves(ev) -> list[tuple[int, int]]:
+    """A tree round's kept entries as (from, to) cache positions: the verify forward wrote node i at position
+    start + i (start: the committed length before the round; the root sits just before it), and `keep_path` moved
+    the path's j-th node to start + j, dropping every other node's entries. [] for a chain round."""
+    if ev.tree_parents is None:
+        return []
+    start = ev.committed_len - len(ev.emitted)
+    return [(start + i, start + j) for j, i in enumerate(ev.tree_path or [])]
+
+
+def tree_kv_text(ev) -> str:
+    """The KV table's tree column: how many node entries were kept and which moved ("–" for a chain round)."""
+    if ev.tree_parents is None:
+        return "–"
+    moves = kv_moves(ev)
+    moved = [f"{a}→{b}" for a, b in moves if a != b]
+    return (f"kept {len(moves)} of {len(ev.drafted)} nodes" + (f"; moved {', '.join(moved)}" if moved else "")
+            + f"; dropped {len(ev.drafted) - len(moves)}")
+
+
 def kv_rows(rounds, last: int = 200) -> list[list]:
     """Table rows: round, drafted, accepted, committed, target before → after trim (change), draft before → after
-    (change), and how much each cache grew this round."""
+    (change), how much each cache grew this round, and for a tree round which node entries were kept and moved."""
     rows = []
     rounds = list(rounds)
     for n in range(max(len(rounds) - last, 0), len(rounds)):
@@ -195,11 +215,12 @@ def kv_rows(rounds, last: int = 200) -> list[list]:
         rows.append([r.index + 1, len(r.drafted), r.accepted, r.committed_len,
                      cache_change(r.target_cache_len_before, r.target_cache_len),
                      "–" if no_draft else cache_change(r.draft_cache_len_before, r.draft_cache_len),
-                     signed(target_grew), "–" if draft_grew is None else signed(draft_grew)])
+                     signed(target_grew), "–" if draft_grew is None else signed(draft_grew), tree_kv_text(r)])
     return rows[::-1]
 
 
-KV_COLUMNS = ["round", "drafted", "accepted", "committed", "target cache", "draft cache", "target grew", "draft grew"]
+KV_COLUMNS = ["round", "drafted", "accepted", "committed", "target cache", "draft cache", "target grew", "draft grew",
+              "tree entries"]
 
 COMPARE_AXES = {"k": "k", "temperature": "temperature", "top-p": "top_p", "draft": "draft", "rule": "rule"}
 

@@ -304,7 +304,11 @@ def draft_kinds(ev) -> list[str]:
 
 
 def round_html(ev, label: Labeler, opts: RenderOptions = RenderOptions()) -> str:
-    """One round: its drafted tokens (accepted / rejected / discarded) then its correction or bonus."""
+    """One round: its drafted tokens (accepted / rejected / discarded) then its correction or bonus. A tree round:
+    its kept path, the siblings refused where it stopped, then the correction or bonus (ui/views/tree.py)."""
+    if ev.tree_parents is not None:
+        from ui.views import tree          # tree.py builds on this module's helpers
+        return tree.round_html(ev, label, opts)
     spans = []
     for i, (token, kind) in enumerate(zip(ev.drafted, draft_kinds(ev))):
         piece = label(token)
