@@ -78,6 +78,34 @@ def test_top_p_keeps_the_crossing_token_and_never_empties():
     assert top_p_filter(probs, 1.0).tolist() == pytest.approx(probs.tolist())
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")
+def test_a_token_whose_mass_before_it_is_exactly_top_p_is_left_out(cpu_search):
+    """The top-p set is the smallest whose mass reaches top_p: with dyadic masses, which add up exactly, the token
+    whose mass before it equals top_p is outside (kept while the mass before it is below top_p), in the CPU searches
+    (numpy, compiled) and the generic one, float32 and float64."""
+    probs = torch.tensor([0.125, 0.5, 0.125, 0.25])
+    for dtype in (torch.float32, torch.float64):
+        for search in (top_p_filter, topk_top_p):
+            assert search(probs.to(dtype)[None], 0.75)[0].tolist() == pytest.approx([0.0, 2 / 3, 0.0, 1 / 3])
+            assert search(probs.to(dtype)[None], 0.5)[0].tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_greedy_warp_is_the_one_hot_argmax_of_every_row():
+    logits = torch.tensor([[0.1, 2.0, 1.9], [3.0, -1.0, 2.9]])                 # [rows, vocab]
+    assert warp(logits, SamplingParams(0.0)).tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+    assert warp(logits[None], SamplingParams(0.0)).tolist() == [[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]]
+
+
+def test_the_cdf_draw_is_a_float64_uniform_from_the_runs_generator():
+    """unit_draw takes a float64 draw (53 random bits; a float32 draw has 2^24 values, so a CDF step narrower than
+    2^-24 would be drawn at the wrong frequency), one draw of the run's generator."""
+    from spec_engine.core.sampling import unit_draw
+    for seed in range(5):
+        draw = unit_draw(make_generator("cpu", seed), torch.device("cpu"))
+        assert draw.dtype == torch.float64 and draw.dim() == 0
+        assert float(draw) == float(torch.rand((), generator=make_generator("cpu", seed), dtype=torch.float64))
+
+
 def test_greedy_is_argmax_not_a_tiny_temperature():
     logits = torch.tensor([0.1, 2.0, 1.9])
     params = SamplingParams(temperature=0.0)
