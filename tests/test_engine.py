@@ -199,6 +199,21 @@ def test_chunked_prefill_keeps_greedy_identity_and_the_cache_invariant(target, d
     assert runs[0] == runs[1] == plain[0] == plain[1] and len(runs[0]) == 20
 
 
+def test_a_new_cache_is_laid_out_for_the_model_and_prefill_takes_chunks_of_one(target):
+    """new_cache lays the cache out from the model's config (a layer per model layer: what a speed layer replaces and
+    sliding-window layers need); a chunk of one token is a valid prefill, the same as one forward; zero is refused."""
+    from spec_engine.core.cache import prefill
+    cache = new_cache(target)
+    assert len(cache.layers) == target.config.num_hidden_layers and cache_len(cache) == 0
+    ids = LONG_PROMPT[0, :6].tolist()
+    whole = forward_logits(target, ids, new_cache(target), 1)
+    by_one, _ = prefill(target, ids, cache, chunk=1)
+    assert cache_len(cache) == len(ids)
+    torch.testing.assert_close(by_one, whole, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError):
+        prefill(target, ids, new_cache(target), chunk=0)
+
+
 def test_stop_between_prefill_chunks_ends_the_run_before_any_round(target, draft):
     """should_stop is asked between two chunks (never before the first): true after the second chunk, the run
     ends with no round, stop_reason "cancelled", and the drafter was never begun."""
