@@ -9,7 +9,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from spec_engine.accel import searches as sampling          # the CPU searches (the generic code: core/sampling.py)
 from spec_engine.accel.searches import native_warp_rows
-from spec_engine.core.sampling import (SamplingParams, choose_token, make_generator, sample, top_entries, top_p_filter,
+from spec_engine.core.sampling import (MAX_TOP_K, SamplingParams, choose_token, make_generator, sample, top_entries, top_p_filter,
                                        topk_top_p, warp)
 
 SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (2.0, 3, 0.5), (1.0, 0, 0.05)]
@@ -123,11 +123,25 @@ def test_same_seed_same_draws():
 @pytest.mark.parametrize("kwargs,field", [
     ({"temperature": -0.1}, "temperature"), ({"temperature": math.inf}, "temperature"),
     ({"temperature": math.nan}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
-    ({"top_p": math.nan}, "top_p"), ({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k"),
+    ({"top_p": math.nan}, "top_p"), ({"top_p": "0.9"}, "top_p"), ({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k"),
+    ({"top_k": MAX_TOP_K + 1}, "top_k"),
 ])
 def test_bad_sampling_params_say_what_to_change(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_the_largest_settings_are_accepted():
+    assert SamplingParams(temperature=1, top_k=MAX_TOP_K, top_p=1).top_k == MAX_TOP_K
+
+
+def test_sample_at_with_a_support_and_no_speed_layer_inverts_the_whole_row():
+    """A support is only a hint to a speed layer: without one, sample_at still returns the whole row's token."""
+    from conftest import speed_layer_off
+    from spec_engine.core.sampling import sample_at
+    row = torch.tensor([0.0, 0.25, 0.0, 0.75])
+    with speed_layer_off():
+        assert [sample_at(row, point, np.array([3, 1])) for point in (0.1, 0.3)] == [1, 3]
 
 
 @pytest.mark.parametrize("seed", [-1, 2**63, 1.5, True])
