@@ -131,6 +131,13 @@ def test_bad_sampling_params_say_what_to_change(kwargs, field):
         SamplingParams(**kwargs)
 
 
+def test_warp_of_bfloat16_logits_is_computed_in_float32():
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(1)).bfloat16()
+    for params in (SamplingParams(0.7, top_p=0.9), SamplingParams(1.3, top_k=5)):
+        probs = warp(logits, params)
+        assert probs.dtype == torch.float32 and torch.equal(probs, warp(logits.float(), params))
+
+
 def test_the_largest_settings_are_accepted():
     assert SamplingParams(temperature=1, top_k=MAX_TOP_K, top_p=1).top_k == MAX_TOP_K
 
