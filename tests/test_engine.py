@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import spec_engine as se
-from spec_engine.core.cache import cache_len, forward_logits, new_cache
+from spec_engine.core.cache import cache_len, check_invariant, forward_logits, new_cache, trim_cache
 from spec_engine.drafters import Proposal, lookup_continuation
 from tiny import DRAFT_PIECES, TARGET_PIECES, ToyTokenizer, greedy_identity_runs, tiny_llama
 
@@ -199,6 +199,21 @@ def test_chunked_prefill_keeps_greedy_identity_and_the_cache_invariant(target, d
     assert runs[0] == runs[1] == plain[0] == plain[1] and len(runs[0]) == 20
 
 
+def test_a_new_cache_is_laid_out_for_the_model_and_prefill_takes_chunks_of_one(target):
+    """new_cache lays the cache out from the model's config (a layer per model layer: what a speed layer replaces and
+    sliding-window layers need); a chunk of one token is a valid prefill, the same as one forward; zero is refused."""
+    from spec_engine.core.cache import prefill
+    cache = new_cache(target)
+    assert len(cache.layers) == target.config.num_hidden_layers and cache_len(cache) == 0
+    ids = LONG_PROMPT[0, :6].tolist()
+    whole = forward_logits(target, ids, new_cache(target), 1)
+    by_one, _ = prefill(target, ids, cache, chunk=1)
+    assert cache_len(cache) == len(ids)
+    torch.testing.assert_close(by_one, whole, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError):
+        prefill(target, ids, new_cache(target), chunk=0)
+
+
 def test_stop_between_prefill_chunks_ends_the_run_before_any_round(target, draft):
     """should_stop is asked between two chunks (never before the first): true after the second chunk, the run
     ends with no round, stop_reason "cancelled", and the drafter was never begun."""
@@ -222,6 +237,31 @@ def test_stop_between_prefill_chunks_ends_the_run_before_any_round(target, draft
     short = se.SpeculativeDecoder(target, se.ModelDrafter(draft)).generate(PROMPT, k=2, max_new_tokens=5,
                                                                            should_stop=lambda: True)
     assert len(short.rounds) == 1              # a prompt of one chunk asks nothing before its first round
+
+
+class CountingCache:
+    """What trim_cache and check_invariant read of a cache: its length, and crop(-n) removing n positions."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, change: int) -> None:
+        assert self.length > 0 and change <= 0, "crop of an empty cache (transformers' sliding layers refuse it)"
+        self.length += change
+
+
+def test_trimming_removes_the_positions_past_keep_and_the_checks_say_what_is_wrong():
+    for length, keep in ((5, 3), (1, 0), (4, 4), (0, 0)):
+        cache = CountingCache(length)
+        assert trim_cache(cache, keep) == length - keep and cache.length == keep
+    with pytest.raises(AssertionError, match="cannot trim a cache of 3 positions up to 5"):
+        trim_cache(CountingCache(3), 5)
+    with pytest.raises(AssertionError, match="target KV cache holds 3 positions, expected 4"):
+        check_invariant(CountingCache(3), 4, "target")
+    check_invariant(CountingCache(4), 4, "target")
 
 
 def test_exactly_max_new_tokens_even_when_a_round_could_overshoot(target):

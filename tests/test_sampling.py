@@ -9,7 +9,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from spec_engine.accel import searches as sampling          # the CPU searches (the generic code: core/sampling.py)
 from spec_engine.accel.searches import native_warp_rows
-from spec_engine.core.sampling import (SamplingParams, choose_token, make_generator, sample, top_entries, top_p_filter,
+from spec_engine.core.sampling import (MAX_TOP_K, SamplingParams, choose_token, make_generator, sample, top_entries, top_p_filter,
                                        topk_top_p, warp)
 
 SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (2.0, 3, 0.5), (1.0, 0, 0.05)]
@@ -78,6 +78,34 @@ def test_top_p_keeps_the_crossing_token_and_never_empties():
     assert top_p_filter(probs, 1.0).tolist() == pytest.approx(probs.tolist())
 
 
+@pytest.mark.usefixtures("cpu_speed_layer")
+def test_a_token_whose_mass_before_it_is_exactly_top_p_is_left_out(cpu_search):
+    """The top-p set is the smallest whose mass reaches top_p: with dyadic masses, which add up exactly, the token
+    whose mass before it equals top_p is outside (kept while the mass before it is below top_p), in the CPU searches
+    (numpy, compiled) and the generic one, float32 and float64."""
+    probs = torch.tensor([0.125, 0.5, 0.125, 0.25])
+    for dtype in (torch.float32, torch.float64):
+        for search in (top_p_filter, topk_top_p):
+            assert search(probs.to(dtype)[None], 0.75)[0].tolist() == pytest.approx([0.0, 2 / 3, 0.0, 1 / 3])
+            assert search(probs.to(dtype)[None], 0.5)[0].tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_greedy_warp_is_the_one_hot_argmax_of_every_row():
+    logits = torch.tensor([[0.1, 2.0, 1.9], [3.0, -1.0, 2.9]])                 # [rows, vocab]
+    assert warp(logits, SamplingParams(0.0)).tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+    assert warp(logits[None], SamplingParams(0.0)).tolist() == [[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]]
+
+
+def test_the_cdf_draw_is_a_float64_uniform_from_the_runs_generator():
+    """unit_draw takes a float64 draw (53 random bits; a float32 draw has 2^24 values, so a CDF step narrower than
+    2^-24 would be drawn at the wrong frequency), one draw of the run's generator."""
+    from spec_engine.core.sampling import unit_draw
+    for seed in range(5):
+        draw = unit_draw(make_generator("cpu", seed), torch.device("cpu"))
+        assert draw.dtype == torch.float64 and draw.dim() == 0
+        assert float(draw) == float(torch.rand((), generator=make_generator("cpu", seed), dtype=torch.float64))
+
+
 def test_greedy_is_argmax_not_a_tiny_temperature():
     logits = torch.tensor([0.1, 2.0, 1.9])
     params = SamplingParams(temperature=0.0)
@@ -95,11 +123,32 @@ def test_same_seed_same_draws():
 @pytest.mark.parametrize("kwargs,field", [
     ({"temperature": -0.1}, "temperature"), ({"temperature": math.inf}, "temperature"),
     ({"temperature": math.nan}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
-    ({"top_p": math.nan}, "top_p"), ({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k"),
+    ({"top_p": math.nan}, "top_p"), ({"top_p": "0.9"}, "top_p"), ({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k"),
+    ({"top_k": MAX_TOP_K + 1}, "top_k"),
 ])
 def test_bad_sampling_params_say_what_to_change(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_warp_of_bfloat16_logits_is_computed_in_float32():
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(1)).bfloat16()
+    for params in (SamplingParams(0.7, top_p=0.9), SamplingParams(1.3, top_k=5)):
+        probs = warp(logits, params)
+        assert probs.dtype == torch.float32 and torch.equal(probs, warp(logits.float(), params))
+
+
+def test_the_largest_settings_are_accepted():
+    assert SamplingParams(temperature=1, top_k=MAX_TOP_K, top_p=1).top_k == MAX_TOP_K
+
+
+def test_sample_at_with_a_support_and_no_speed_layer_inverts_the_whole_row():
+    """A support is only a hint to a speed layer: without one, sample_at still returns the whole row's token."""
+    from conftest import speed_layer_off
+    from spec_engine.core.sampling import sample_at
+    row = torch.tensor([0.0, 0.25, 0.0, 0.75])
+    with speed_layer_off():
+        assert [sample_at(row, point, np.array([3, 1])) for point in (0.1, 0.3)] == [1, 3]
 
 
 @pytest.mark.parametrize("seed", [-1, 2**63, 1.5, True])

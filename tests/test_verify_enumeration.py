@@ -267,6 +267,38 @@ def test_zero_draft_probability_rejects_instead_of_dividing():
         pytest.approx([0.0, 0.0, 0.5, 1.0])
 
 
+def test_the_reference_and_the_engine_agree_at_the_edges_of_the_draws():
+    """Where random draws never land: a uniform exactly equal to min(1, p/q) rejects (accept when u < a, u in
+    [0, 1)), in the reference and the engine alike, and a drafted token the draft gave q = 0 is rejected by both
+    instead of dividing by zero."""
+    p = torch.tensor([[0.5, 0.25, 0.25, 0.0], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)   # [n + 1, vocab]
+    q = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)                               # one-hot: a = 0.5
+    for u, accepted in ((0.5, 0), (0.5 - 2 ** -53, 1)):
+        assert speculative_step(p, q, [0], [u], 0.0)[0] == accepted
+        assert verify_with_draws(torch.tensor([0]), q, p, [u], 0.0).accepted == accepted
+        assert verify_with_draws(torch.tensor([0]), None, p, [u], 0.0).accepted == accepted
+    never = torch.tensor([[0.0, 0.5, 0.5, 0.0]], dtype=torch.float64)                           # q(0) = 0
+    assert speculative_step(p, never, [0], [0.0], 0.0) == (0, 0)          # residual max(0, p - q) is one-hot on 0
+    assert (verify_with_draws(torch.tensor([0]), never, p, [0.0], 0.0).accepted,
+            verify_with_draws(torch.tensor([0]), never, p, [0.0], 0.0).next_token) == (0, 0)
+
+
+def test_the_cdf_is_inverted_at_point_times_the_total_accumulated_in_float64():
+    """inverse_cdf (the reference's draw) and sample_at (the engine's): the token whose step [cdf before, cdf) holds
+    point * total, for rows that do not sum to 1, at the steps' very edges, and with a token of probability 1e-8
+    after a large one (float32 accumulation would erase its step: 1 + 1e-8 == 1 in float32)."""
+    from spec_engine.core.rule import inverse_cdf
+    from spec_engine.core.sampling import sample_at
+    row = torch.tensor([0.5, 0.5, 0.0, 1.0], dtype=torch.float64)                # total 2, cdf [0.5, 1, 1, 2]
+    for point, token in ((0.0, 0), (0.2499, 0), (0.25, 1), (0.4999, 1), (0.5, 3), (0.9999, 3)):
+        assert inverse_cdf(row, point) == token and sample_at(row, point) == token, point
+        assert sample_at(row, torch.tensor(point, dtype=torch.float64)) == token
+    tiny = torch.tensor([1.0, 1e-8, 1.0], dtype=torch.float32)
+    total = 2.0 + float(torch.tensor(1e-8, dtype=torch.float32))
+    point = (1.0 + 0.5e-8) / total                                               # inside the tiny token's step
+    assert inverse_cdf(tiny, point) == 1 and sample_at(tiny, point) == 1
+
+
 def test_count_accepted_stops_at_first_rejection():
     accept = [1.0, 0.5, 1.0]
     assert count_accepted_host(accept, [0.9, 0.4, 0.99]) == 3

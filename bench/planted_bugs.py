@@ -1,0 +1,233 @@
+"""Plant the bugs of issue #29 one at a time in a copy of the project and run the deterministic tests against each.
+
+Each bug is a small source edit (a string replacement that must find its original text exactly once, so this script
+fails loudly when the code moves). The copy is the checkout's tracked and untracked, not ignored, files (so tests
+not yet committed count), one fresh copy per bug. The tests run are the fast deterministic files (no chi-square,
+no seeded statistical test: `caught` means a test failed that fails on every run), `-m "not slow"`, with the
+environment's speed layer (the compiled sampling searches on the CPU, as the app runs: csrc/sampling.cpp is
+compiled again from the copy's source, its library named by the source's hash). A run of the unchanged copy comes
+first and must pass.
+
+    .venv/bin/python -m bench.planted_bugs --out bench/results/planted-bugs.md
+    .venv/bin/python -m bench.planted_bugs --only greedy_bonus_off_by_one      # one bug, table on stdout
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The deterministic test files that reach the rule, the sampling, the loop and the display; nothing statistical.
+TEST_FILES = ("tests/test_verify_enumeration.py", "tests/test_sampling.py", "tests/test_engine.py",
+              "tests/test_ui_render.py")
+STATISTICAL = ("tests/test_sampling.py::test_inverse_cdf_sampler_matches_the_distribution_and_never_draws_zero_probability",)
+
+TOP_P_AFTER_TEMPERATURE = """    for (int64_t r = 0; r < rows; ++r) {
+        softmax_row(logits + r * vocab, vocab, temperature, out + r * vocab);
+        counts[r] = -1;
+    }
+    return top_p < 1.0f ? top_p_rows(out, rows, vocab, top_p, out, ids, cap, counts) : 0;
+"""
+TOP_P_BEFORE_TEMPERATURE = """    // PLANTED: the top-p set is chosen at temperature 1, the temperature applied to its members afterwards
+    for (int64_t r = 0; r < rows; ++r) {
+        softmax_row(logits + r * vocab, vocab, top_p < 1.0f ? 1.0f : temperature, out + r * vocab);
+        counts[r] = -1;
+    }
+    if (!(top_p < 1.0f)) return 0;
+    const int64_t status = top_p_rows(out, rows, vocab, top_p, out, ids, cap, counts);
+    if (status != 0) return status;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = logits + r * vocab;
+        float* out_row = out + r * vocab;
+        const int32_t* members = ids + r * cap;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < counts[r]; ++j) top = std::max(top, row[members[j]]);
+        double sum = 0.0;
+        for (int64_t j = 0; j < counts[r]; ++j) sum += std::exp((row[members[j]] - top) / temperature);
+        for (int64_t j = 0; j < counts[r]; ++j)
+            out_row[members[j]] = (float)(std::exp((row[members[j]] - top) / temperature) / sum);
+    }
+    return 0;
+"""
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    what: str                 # the issue's words
+    path: str
+    old: str
+    new: str
+
+
+BUGS = (
+    Bug("accept_q_over_p", "accept with min(1, q/p)", "spec_engine/core/verify.py",
+        "return min(1.0, target_p / draft_q) if draft_q > 0 else 0.0",
+        "return min(1.0, draft_q / target_p) if target_p > 0 else 0.0"),
+    Bug("correction_from_p_in_verify_sampled",
+        "correction drawn from p inside `verify_sampled`, changing only the sampled token (the verdict's display "
+        "still shows the residual)", "spec_engine/core/verify.py",
+        "    point = unit_draw(generator, target_probs.device)\n"
+        "    return settle(rule, drafted_ids, draft_probs, target_probs, target_p, draft_q, uniform_list, point, members)\n",
+        "    point = unit_draw(generator, target_probs.device)\n"
+        "    verdict = settle(rule, drafted_ids, draft_probs, target_probs, target_p, draft_q, uniform_list, point, members)\n"
+        "    if verdict.accepted < n:\n"
+        "        import dataclasses\n"
+        "        verdict = dataclasses.replace(verdict, next_token=sample_at(target_probs[verdict.accepted], point))\n"
+        "    return verdict\n"),
+    Bug("correction_from_p_in_settle",
+        "correction drawn from p in `settle` (the rule `verify_sampled` and `verify_with_draws` share), changing only "
+        "the sampled token", "spec_engine/core/verify.py",
+        "    next_token = sample_at(next_dist, point, support)\n",
+        "    next_token = sample_at(next_dist if accepted == n else target_probs[accepted], point, support)\n"),
+    Bug("bonus_from_wrong_row", "bonus token sampled from the wrong row (row k - 1 instead of k)",
+        "spec_engine/core/verify.py",
+        "        next_dist = target_probs[n]\n",
+        "        next_dist = target_probs[n - 1] if n else target_probs[n]\n"),
+    Bug("bonus_from_wrong_row_in_verify_sampled",
+        "bonus token sampled from the wrong row inside `verify_sampled` only (its token, not its display)",
+        "spec_engine/core/verify.py",
+        "    point = unit_draw(generator, target_probs.device)\n"
+        "    return settle(rule, drafted_ids, draft_probs, target_probs, target_p, draft_q, uniform_list, point, members)\n",
+        "    point = unit_draw(generator, target_probs.device)\n"
+        "    verdict = settle(rule, drafted_ids, draft_probs, target_probs, target_p, draft_q, uniform_list, point, members)\n"
+        "    if verdict.accepted == n and n:\n"
+        "        import dataclasses\n"
+        "        verdict = dataclasses.replace(verdict, next_token=sample_at(target_probs[n - 1], point))\n"
+        "    return verdict\n"),
+    Bug("top_p_before_temperature",
+        "top-p applied before temperature in the compiled `warp_rows` (csrc/sampling.cpp, the default CPU path)",
+        "spec_engine/accel/csrc/sampling.cpp", TOP_P_AFTER_TEMPERATURE, TOP_P_BEFORE_TEMPERATURE),
+    Bug("greedy_bonus_off_by_one", "greedy bonus off by one (the argmax of row k - 1 instead of row k)",
+        "spec_engine/core/verify.py",
+        "    next_token = argmax[accepted]\n",
+        "    next_token = argmax[min(accepted, n - 1)]\n"),
+    Bug("cache_trimmed_one_short", "cache trimmed one position short", "spec_engine/core/decoder.py",
+        "        trim_cache(state.target_cache, len(committed) - 1)\n        self.drafter.rollback(committed, None if",
+        "        trim_cache(state.target_cache, min(len(committed), cache_len(state.target_cache)))\n"
+        "        self.drafter.rollback(committed, None if"),
+    Bug("correction_rendered_as_accepted", "a correction rendered as accepted", "ui/views/render.py",
+        'for kind, token in (("correction", ev.correction), ("bonus", ev.bonus)):',
+        'for kind, token in (("accepted", ev.correction), ("bonus", ev.bonus)):'),
+)
+
+
+def copy_checkout(into: Path) -> None:
+    """The checkout's tracked and untracked (not ignored) files, as they are on disk, into `into`."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file() and not source.is_symlink():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+
+
+def plant(copy: Path, bug: Bug) -> None:
+    path = copy / bug.path
+    text = path.read_text()
+    found = text.count(bug.old)
+    if found != 1:
+        raise SystemExit(f"{bug.name}: its original text occurs {found} times in {bug.path} (the code moved: "
+                         f"update bench/planted_bugs.py)")
+    path.write_text(text.replace(bug.old, bug.new))
+
+
+def run_tests(copy: Path, timeout: int) -> dict:
+    """pytest over TEST_FILES in `copy`; -> counts, the failed tests' ids and the seconds it took."""
+    report = copy / "report.xml"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONPATH", None)
+    check = subprocess.run([sys.executable, "-c", "import spec_engine, ui; print(spec_engine.__file__, ui.__file__)"],
+                           cwd=copy, env=env, capture_output=True, text=True, check=True).stdout
+    assert all(Path(p).resolve().is_relative_to(copy.resolve()) for p in check.split()), f"imports outside the copy: {check}"
+    command = [sys.executable, "-m", "pytest", *TEST_FILES, "-m", "not slow", "-q", "-p", "no:cacheprovider",
+               f"--junitxml={report}", *(f"--deselect={test}" for test in STATISTICAL)]
+    start = time.perf_counter()
+    try:
+        subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"tests": 0, "failed": [], "skipped": 0, "seconds": time.perf_counter() - start, "timeout": True}
+    seconds = time.perf_counter() - start
+    suite = ET.parse(report).getroot()
+    failed, total, skipped = [], 0, 0
+    for case in suite.iter("testcase"):
+        total += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(f'{case.get("classname").rsplit(".", 1)[-1]}::{case.get("name")}')
+        elif case.find("skipped") is not None:
+            skipped += 1
+    return {"tests": total, "failed": failed, "skipped": skipped, "seconds": seconds, "timeout": False}
+
+
+def row(label: str, where: str, result: dict) -> str:
+    if result["timeout"]:
+        return f"| {label} | `{where}` | timed out | | {result['seconds']:.0f} s | |"
+    failed = result["failed"]
+    caught = f"**yes** ({len(failed)} failed)" if failed else "**no**"
+    names = "; ".join(f"`{name}`" for name in failed[:3]) + (f"; … {len(failed) - 3} more" if len(failed) > 3 else "")
+    return (f"| {label} | `{where}` | {caught} | {result['tests'] - len(failed) - result['skipped']} passed, "
+            f"{result['skipped']} skipped | {result['seconds']:.0f} s | {names} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", nargs="*", help="bug names (default: all)")
+    parser.add_argument("--out", type=Path, help="write the Markdown here too")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per test run")
+    args = parser.parse_args()
+    bugs = [bug for bug in BUGS if not args.only or bug.name in args.only]
+    assert bugs, f"no bug named {args.only}; known: {[bug.name for bug in BUGS]}"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    lines = [
+        "# Planted bugs (issue #29), each against the deterministic tests",
+        "",
+        "```bash",
+        "nice -n 10 " + " ".join(["python", "-m", "bench.planted_bugs", *sys.argv[1:]]),
+        "```",
+        "",
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}{' + uncommitted changes' if dirty else ''}, "
+        f"Python {sys.version.split()[0]}, SPEC_ENGINE_ACCEL={os.environ.get('SPEC_ENGINE_ACCEL', '1 (default)')}. "
+        f"Tests: `pytest {' '.join(TEST_FILES)} -m \"not slow\"`, less the one chi-square test of test_sampling.py "
+        "(nothing statistical: a failure here fails on every run). Each bug is planted alone in a fresh copy.",
+        "",
+        "| planted bug | edited | caught? | the other tests | time | failing tests (first 3) |",
+        "|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory(prefix="planted-") as scratch:
+        def run(label: str, bug: Bug | None) -> dict:
+            copy = Path(scratch) / (bug.name if bug else "unchanged")
+            copy_checkout(copy)
+            if bug:
+                plant(copy, bug)
+            result = run_tests(copy, args.timeout)
+            lines.append(row(label, bug.path if bug else "nothing", result))
+            print(lines[-1], flush=True)
+            shutil.rmtree(copy, ignore_errors=True)
+            return result
+        control = run("none (the unchanged copy)", None)
+        if control["failed"] or control["timeout"]:
+            lines.append("")
+            lines.append("**The unchanged copy does not pass: the rows below say nothing.**")
+        for bug in bugs:
+            run(bug.what, bug)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
