@@ -36,7 +36,7 @@ from spec_engine.core import speed
 from spec_engine.core.cache import check_invariant, trim_cache
 from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.drafters.base import Proposal, TokenTree, TreeProposal
-from spec_engine.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, head_dtype, load_head
+from spec_engine.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, head_dtype, load_head, recommended_settings
 
 EAGLE_TREE_WIDTH = 3       # children per expanded node, and nodes expanded per level
 EAGLE_TREE_DEPTH = 5       # levels grown (head forwards: depth - 1)
@@ -44,17 +44,21 @@ EAGLE_TREE_DEPTH = 5       # levels grown (head forwards: depth - 1)
 
 class EagleTreeDrafter(EagleDrafter):
     """The EAGLE head drafting an EAGLE-2 dynamic tree (see the module docstring). `nodes`: keep this many nodes
-    (at most k) every round instead of sizing the tree by cost; `size_by_cost=False` with no `nodes` keeps k."""
+    (at most k) every round instead of sizing the tree by cost; `size_by_cost=False` with no `nodes` keeps k.
+    `min_path_confidence`: only nodes scoring at least this are expanded (the chain drafter's path stop, the same
+    measured value by default): a round whose branches are all long shots stops growing early, saving head forwards
+    whose children the cost sizing would rarely keep."""
 
     def __init__(self, head, target_model, vocab_index: torch.Tensor, name: str = "eagle-tree",
                  width: int = EAGLE_TREE_WIDTH, depth: int = EAGLE_TREE_DEPTH, nodes: int | None = None,
-                 size_by_cost: bool = True):
+                 size_by_cost: bool = True, min_path_confidence: float = 0.0):
         for label, value in (("width", width), ("depth", depth)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
         if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
             raise ValueError(f"nodes must be an integer >= 1, got {nodes!r}")
-        super().__init__(head, target_model, vocab_index, name=name, size_by_cost=size_by_cost and nodes is None)
+        super().__init__(head, target_model, vocab_index, name=name, size_by_cost=size_by_cost and nodes is None,
+                         min_path_confidence=min_path_confidence)
         self.width, self.depth, self.nodes = width, depth, nodes
         self.last_scores: list[float] = []       # the kept nodes' path confidences, for benchmarks and displays
 
@@ -121,7 +125,10 @@ class EagleTreeDrafter(EagleDrafter):
                     new.append(len(tokens) - 1)
             if level == self.depth or not new:
                 break
-            frontier = sorted(new, key=lambda i: (-scores[i], i))[:self.width]
+            frontier = [i for i in sorted(new, key=lambda i: (-scores[i], i))[:self.width]
+                        if scores[i] >= self.min_path_confidence]
+            if not frontier:
+                break               # every branch is a long shot: skip the head forwards its children would cost
             start = self.cache.get_seq_length()
             features = self._expand(torch.stack([predicted[parents[i]] for i in frontier]),
                                     [tokens[i] for i in frontier], [depths[i] for i in frontier],
@@ -169,7 +176,9 @@ def load_eagle_tree_drafter(target_model, path: Path = DEFAULT_WEIGHTS, nodes: i
                             fixed_length: bool = False, width: int = EAGLE_TREE_WIDTH,
                             depth: int = EAGLE_TREE_DEPTH) -> EagleTreeDrafter:
     """The shipped head as an EAGLE-2 tree drafter for `target_model` (its device, `head_dtype`). `fixed_length`
-    keeps k nodes every round (no cost sizing); `nodes` keeps that many (at most k)."""
+    keeps k nodes every round (no cost sizing, no path stop); `nodes` keeps that many (at most k). The expansion
+    floor is the head record's measured path stop (`recommended_settings`)."""
     head, vocab_index = load_head(path, dtype=head_dtype(target_model), device=target_model.device)
+    floor = 0.0 if fixed_length else float(recommended_settings(path).get("min_path_confidence", 0.0))
     return EagleTreeDrafter(head, target_model, vocab_index, width=width, depth=depth, nodes=nodes,
-                            size_by_cost=not fixed_length)
+                            size_by_cost=not fixed_length, min_path_confidence=floor)
