@@ -98,6 +98,13 @@ def select_prompts(prompts: list[Prompt], set_name: str, kinds: list[str] | None
     return chosen
 
 
+def interleaved(prompts: list[Prompt]) -> list[Prompt]:
+    """The first prompt of each kind, then the second of each, ...: kinds in their first appearance's order."""
+    rank = {p.name: sum(q.kind == p.kind for q in prompts[:i]) for i, p in enumerate(prompts)}
+    kinds = list(dict.fromkeys(p.kind for p in prompts))
+    return sorted(prompts, key=lambda p: (rank[p.name], kinds.index(p.kind)))
+
+
 def load_stock(source: str, dtype: torch.dtype):
     """The engine's weights loaded again by transformers alone, from where `load_model` read them
     (`LoadedModel.source`: "cache:<dir>" is the plain safetensors checkpoint it dequantized from the packaged GGUF,
@@ -410,6 +417,7 @@ def main(argv=None) -> None:
         prompts = select_prompts(load_prompts(Path(args.prompts_file)), args.set_name, args.kinds, args.per_kind)
     except ValueError as error:
         parser.error(str(error))
+    prompts = interleaved(prompts)      # a run stopped early (its report is written after each prompt) covers every kind
     load_before = os.getloadavg()
     engine = load_model(args.model, "cpu", args.dtype)
     stock = load_stock(engine.source, engine.dtype)

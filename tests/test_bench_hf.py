@@ -174,3 +174,8 @@ def test_an_arm_may_name_its_own_k():
     assert bench_hf.arm_k("eagle-tree@8", 4) == ("eagle-tree", 8)
     assert bench_hf.arm_k("prompt-lookup:3/full", 4) == ("prompt-lookup:3/full", 4)
     assert bench_hf.arm_k("eagle+lookup@3", 4) == ("eagle+lookup", 3)
+
+
+def test_prompts_run_interleaved_by_kind_so_a_stopped_run_covers_every_kind():
+    prompts = [bench_hf.Prompt("held-out", kind, f"{kind}-{i}", "x") for kind in ("chat", "math") for i in range(2)]
+    assert [p.name for p in bench_hf.interleaved(prompts)] == ["chat-0", "math-0", "chat-1", "math-1"]

@@ -46,7 +46,7 @@ def tree_drafters(target, trained):
 def test_greedy_identity_and_the_head_cache_every_round(target, trained, params):
     plain = se.autoregressive_generate(target, PROMPT, max_new_tokens=30, sampling=params, seed=5).tokens
     for name, make in tree_drafters(target, trained).items():
-        for k in (1, 4, 8):
+        for k in (1, 6):
             drafter = make()
             decoder = se.SpeculativeDecoder(target, drafter)
             state = decoder.start(PROMPT, k=k, max_new_tokens=30, sampling=params, seed=5)
@@ -115,6 +115,13 @@ def test_the_kept_nodes_are_the_likeliest_closed_under_parents_and_sized_by_cost
     assert drafter._keep(scores, 8) == [0]
 
 
+def test_a_path_stop_leaves_unsure_branches_unexpanded(target, trained):
+    drafter = EagleTreeDrafter(trained, target, REDUCED, size_by_cost=False, min_path_confidence=0.999)
+    state = se.SpeculativeDecoder(target, drafter).start(PROMPT, k=8, max_new_tokens=8, sampling=GREEDY)
+    tree = drafter.propose(state.committed, 8, GREEDY, torch.Generator()).tree
+    assert tree.tokens and set(tree.parents) == {-1}          # the root's top tokens only: no head forward ran
+
+
 def test_eagle_tree_draft_names(target, trained):
     assert se.parse_draft("eagle-tree") == se.DraftSpec("eagle-tree")
     assert se.parse_draft("eagle-tree:8").arg == 8
@@ -127,7 +134,6 @@ def test_eagle_tree_draft_names(target, trained):
 
 
 @pytest.mark.slow
-@pytest.mark.measured_costs                        # trees sized by this machine's verify costs, as in the app
 @pytest.mark.parametrize("draft", ["eagle-tree", "eagle+lookup-tree"])
 def test_greedy_identity_on_the_offline_default(smollm2, draft):
     """The shipped head on SmolLM2-135M (speed layer as installed): token-identical to plain greedy decoding, every
@@ -148,7 +154,7 @@ def test_greedy_identity_on_the_offline_default(smollm2, draft):
             assert event.target_cache_len == event.draft_cache_len == event.committed_len - 1
         assert any(e.tree_parents for e in result.rounds)
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
-    assert accepted / drafted > 0.15
+    assert drafted > 0 and accepted / drafted > 0.15
 
 
 def test_the_benchmarks_spine_measure_follows_first_children_while_the_target_agrees():
