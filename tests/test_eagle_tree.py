@@ -122,6 +122,18 @@ def test_a_path_stop_leaves_unsure_branches_unexpanded(target, trained):
     assert tree.tokens and set(tree.parents) == {-1}          # the root's top tokens only: no head forward ran
 
 
+def test_a_round_whose_best_node_cannot_pay_for_a_verify_row_stops_after_one_level(target, trained):
+    drafter = EagleTreeDrafter(trained, target, REDUCED)
+    state = se.SpeculativeDecoder(target, drafter).start(PROMPT, k=8, max_new_tokens=8, sampling=GREEDY)
+    drafter.costs = (0.0, 1.0) + (3.0,) * 16              # a second row triples the cost: only sure nodes pay
+    assert drafter._worth_growing(1.0, 8) and not drafter._worth_growing(0.1, 8)
+    drafter.costs = (0.0, 1.0) + (20.0,) * 16             # no tree of 16 sure nodes pays for itself
+    assert drafter.propose(state.committed, 8, GREEDY, torch.Generator()).tree.tokens == []
+    assert cache_len(drafter.cache) == len(state.committed) - 1
+    drafter.costs = (0.0,) + (1.0,) * 17                   # rows are free: grow
+    assert drafter._worth_growing(0.01, 8) and len(drafter.propose(state.committed, 8, GREEDY, None).tree.tokens) == 8
+
+
 def test_eagle_tree_draft_names(target, trained):
     assert se.parse_draft("eagle-tree") == se.DraftSpec("eagle-tree")
     assert se.parse_draft("eagle-tree:8").arg == 8

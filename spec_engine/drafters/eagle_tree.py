@@ -123,7 +123,7 @@ class EagleTreeDrafter(EagleDrafter):
                     depths.append(level)
                     scores.append(base * p)
                     new.append(len(tokens) - 1)
-            if level == self.depth or not new:
+            if level == self.depth or not new or (level == 1 and not self._worth_growing(max(scores), k)):
                 break
             frontier = [i for i in sorted(new, key=lambda i: (-scores[i], i))[:self.width]
                         if scores[i] >= self.min_path_confidence]
@@ -145,6 +145,15 @@ class EagleTreeDrafter(EagleDrafter):
         renumber = {old: new for new, old in enumerate(keep)}
         tree = TokenTree.of([tokens[i] for i in keep], [renumber.get(parents[i], -1) for i in keep])
         return TreeProposal(tree, None)
+
+    def _worth_growing(self, best: float, k: int) -> bool:
+        """Whether any tree could pay for its verify rows: no node scores above the root's best child (`best`), so m
+        nodes bring at most m * best expected tokens; if no m <= k beats drafting nothing on the cost curve, the
+        round stops after its first level (the sizing then keeps nothing) instead of paying for head forwards."""
+        if self.costs is None:
+            return True
+        budget = min(k, self.nodes or k, len(self.costs) - 2)
+        return any((1.0 + m * best) / self.costs[m + 1] > 1.0 / self.costs[1] for m in range(1, budget + 1))
 
     def _keep(self, scores: list[float], k: int) -> list[int]:
         """The best nodes by path confidence (ties: the earlier node), closed under parents, in creation order."""
