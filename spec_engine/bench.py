@@ -109,6 +109,10 @@ class Row:
     c_verify: float            # verify time per round (target forward over n + 1 tokens + rule) / c_target
     predicted_speedup: float   # textbook formula from measured acceptance and measured costs (see module doc)
     realised_over_predicted: float
+    tree_longer_share: float | None = None     # greedy tree rounds whose accepted path beat their top-1 spine's
+    tree_path_per_round: float | None = None   # accepted nodes per tree round ...
+    spine_per_round: float | None = None       # ... and what the top-1 spine alone would have had accepted
+    tree_nodes: float | None = None            # nodes per tree round
 
 
 def hf_kwargs(spec, k: int, target, draft, hf_assistant) -> dict | None:
@@ -212,7 +216,33 @@ def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assis
             "plain_tok_s": plain.tokens_per_second, "hf_tok_s": hf,
             "speedup_vs_plain": s.tokens_per_second / plain.tokens_per_second,
             "speedup_vs_hf": None if hf is None else s.tokens_per_second / hf, "new_tokens": s.new_tokens,
-            **cost_model(result, plain)}
+            **cost_model(result, plain), **(tree_gain(result.rounds) if sampling.greedy else tree_gain([]))}
+
+
+def spine_accepted(event) -> int:
+    """Greedy tree round: how many nodes of its top-1 spine (the first child of the root, then of that node, ...)
+    match the target's argmax, i.e. what a chain of the drafter's first choices, as deep as the spine, would have had
+    accepted. The target's argmax after each node is the first of its `target_top` row."""
+    parents, argmax = event.tree_parents, [row[0][0] for row in event.target_top]
+    node, accepted = -1, 0
+    while True:
+        child = next((i for i, parent in enumerate(parents) if parent == node), None)
+        if child is None or event.drafted[child] != argmax[node + 1]:
+            return accepted
+        node, accepted = child, accepted + 1
+
+
+def tree_gain(rounds) -> dict:
+    """Over a run's greedy tree rounds: the share whose accepted path was longer than its top-1 spine's accepted
+    prefix (a second choice somewhere paid off), the accepted tokens per round of the path and of the spine, and
+    the mean node count; Nones when the run had no tree rounds."""
+    trees = [r for r in rounds if r.tree_parents]
+    if not trees:
+        return {"tree_longer_share": None, "tree_path_per_round": None, "spine_per_round": None, "tree_nodes": None}
+    spines = [spine_accepted(r) for r in trees]
+    return {"tree_longer_share": statistics.fmean(len(r.tree_path) > s for r, s in zip(trees, spines)),
+            "tree_path_per_round": statistics.fmean(len(r.tree_path) for r in trees),
+            "spine_per_round": statistics.fmean(spines), "tree_nodes": statistics.fmean(len(r.drafted) for r in trees)}
 
 
 def cost_model(result, plain) -> dict:
@@ -255,6 +285,23 @@ def group_summary(rows: list[Row]) -> str:
         return ""
     return "\n".join(["| draft | T / top-p | k | group (prompts) | mean acceptance | mean tokens/forward "
                       "| vs plain (geometric mean) | vs plain (range) |", "|---|---|---|---|---|---|---|---|"] + lines)
+
+
+def tree_summary(rows: list[Row]) -> str:
+    """Per (draft, k, group) with greedy tree rounds: mean nodes per round, accepted per round along the path kept and
+    along the top-1 spine alone, and the share of rounds in which the tree's path was the longer; "" when none."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.tree_longer_share is not None:
+            groups.setdefault((r.draft, r.k, prompt_group(r.prompt)), []).append(r)
+    if not groups:
+        return ""
+    mean = lambda rs, f: statistics.fmean(getattr(r, f) for r in rs)
+    return "\n".join(["| draft | k | group (prompts) | nodes per round | accepted per round (path) | accepted per round "
+                      "(top-1 spine) | rounds where the path beat the spine |", "|---|---|---|---|---|---|---|"] +
+                     [f"| {draft} | {k} | {group} ({len(rs)}) | {mean(rs, 'tree_nodes'):.1f} | "
+                      f"{mean(rs, 'tree_path_per_round'):.2f} | {mean(rs, 'spine_per_round'):.2f} | "
+                      f"{mean(rs, 'tree_longer_share'):.0%} |" for (draft, k, group), rs in groups.items()])
 
 
 def markdown(rows: list[Row]) -> str:
@@ -384,6 +431,9 @@ def main(argv=None) -> None:
     summary = group_summary(rows)
     if summary:
         table += "\n\n" + summary
+    trees = tree_summary(rows)
+    if trees:
+        table += "\n\n" + trees
     meta = {"model": target.name, "dtype": str(target.dtype), "device": str(target.device), "tokens": args.tokens,
             "eos": eos, "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "machine": platform.machine(), "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,

@@ -38,6 +38,7 @@ import torch
 import transformers
 
 from spec_engine.accel import lean_llama      # the engine's lean forward does not call the module: tally it apart
+from spec_engine.bench import tree_gain
 from spec_engine.core import speed
 from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate
 from spec_engine.core.sampling import SamplingParams
@@ -58,6 +59,7 @@ class Prompt:
     kind: str         # edit, summarise, qa, chat, code
     name: str
     text: str
+    turns: tuple = ()  # a multi-turn chat: ({"role": ..., "content": ...}, ...), ending with the user's turn `text`
 
 
 def load_prompts(path: Path = PROMPTS_FILE) -> list[Prompt]:
@@ -66,9 +68,16 @@ def load_prompts(path: Path = PROMPTS_FILE) -> list[Prompt]:
     prompts = []
     for key, set_name in (("tuning", "tuning"), ("held_out", "held-out")):
         for i, item in enumerate(data.get(key, [])):
+            if isinstance(item, dict) and "name" not in item and isinstance(item.get("kind"), str):
+                item = {**item, "name": f"{set_name}-{item['kind']}-{sum(x.get('kind') == item['kind'] for x in data[key][:i])}"}
             if not all(isinstance(item.get(f), str) and item.get(f).strip() for f in ("kind", "name", "text")):
                 raise ValueError(f"{path}: {key}[{i}] needs non-empty strings kind, name and text")
-            prompts.append(Prompt(set_name, item["kind"], item["name"], item["text"]))
+            turns = item.get("turns", [])
+            if not isinstance(turns, list) or not all(isinstance(t, dict) and t.get("role") in ("user", "assistant")
+                                                      and isinstance(t.get("content"), str) for t in turns) \
+                    or (turns and turns[-1] != {"role": "user", "content": item["text"]}):
+                raise ValueError(f"{path}: {key}[{i}].turns must be user / assistant turns ending with the user's text")
+            prompts.append(Prompt(set_name, item["kind"], item["name"], item["text"], tuple(turns)))
     return prompts
 
 
@@ -89,6 +98,13 @@ def select_prompts(prompts: list[Prompt], set_name: str, kinds: list[str] | None
     return chosen
 
 
+def interleaved(prompts: list[Prompt]) -> list[Prompt]:
+    """The first prompt of each kind, then the second of each, ...: kinds in their first appearance's order."""
+    rank = {p.name: sum(q.kind == p.kind for q in prompts[:i]) for i, p in enumerate(prompts)}
+    kinds = list(dict.fromkeys(p.kind for p in prompts))
+    return sorted(prompts, key=lambda p: (rank[p.name], kinds.index(p.kind)))
+
+
 def load_stock(source: str, dtype: torch.dtype):
     """The engine's weights loaded again by transformers alone, from where `load_model` read them
     (`LoadedModel.source`: "cache:<dir>" is the plain safetensors checkpoint it dequantized from the packaged GGUF,
@@ -104,6 +120,16 @@ def load_stock(source: str, dtype: torch.dtype):
     else:
         raise ValueError(f"cannot load a stock copy of a model whose source is {source!r}")
     return model.to("cpu").eval().requires_grad_(False)
+
+
+def encode(engine, prompt: Prompt) -> torch.Tensor:
+    """The prompt's ids [1, T]: one user turn (LoadedModel.encode_prompt), or the whole conversation of a multi-turn
+    chat through the chat template, followed by the assistant header."""
+    if not prompt.turns:
+        return engine.encode_prompt(prompt.text)
+    encoded = engine.tokenizer.apply_chat_template(list(prompt.turns), add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True, return_tensors="pt")
+    return encoded["input_ids"].to(device=engine.device, dtype=torch.long)
 
 
 class ForwardTally:
@@ -163,6 +189,10 @@ class Run:
     forward_seconds: float
     prefill_rows: int
     prefill_seconds: float
+    rounds: int | None = None          # an engine draft arm's rounds, drafted and accepted tokens
+    drafted: int | None = None
+    accepted: int | None = None
+    tree: dict | None = None           # its greedy tree rounds (bench.tree_gain), when it drafted trees
 
     @property
     def tok_s(self) -> float:
@@ -184,15 +214,28 @@ def run_arm(arm: str, engine, stock, prompt_ids, k: int, tokens: int, eos_id: in
             new = autoregressive_generate(engine.model, prompt_ids, max_new_tokens=tokens, sampling=GREEDY,
                                           eos_token_id=eos_id).tokens
         else:
-            name, _, full = arm.partition("/")
+            name, k = arm_k(arm, k)
+            name, _, full = name.partition("/")
             drafter = make_drafter(name, engine, None, fixed_length=full == "full")
-            new = SpeculativeDecoder(engine.model, drafter).generate(
-                prompt_ids, k=k, max_new_tokens=tokens, sampling=GREEDY, eos_token_id=eos_id).tokens
+            result = SpeculativeDecoder(engine.model, drafter).generate(
+                prompt_ids, k=k, max_new_tokens=tokens, sampling=GREEDY, eos_token_id=eos_id)
+            new = result.tokens
         seconds = time.perf_counter() - start
     finally:
         tally.close()
+    stats = {}
+    if arm not in (HF_PLAIN, HF_LOOKUP, ENGINE_PLAIN):
+        gain = tree_gain(result.rounds)
+        stats = {"rounds": result.stats.rounds, "drafted": result.stats.drafted, "accepted": result.stats.accepted,
+                 "tree": gain if gain["tree_nodes"] is not None else None}
     return Run(arm, seconds, list(new), tally.calls, tally.rows, tally.seconds, tally.prefill_rows,
-               tally.prefill_seconds)
+               tally.prefill_seconds, **stats)
+
+
+def arm_k(arm: str, k: int) -> tuple[str, int]:
+    """An engine arm NAME@K drafts with k = K (a tree's node budget, say), NAME with the run's --k."""
+    name, _, own = arm.rpartition("@")
+    return (name, int(own)) if name and own.isdigit() else (arm, k)
 
 
 def rotated(arms: list[str], repeat: int) -> list[str]:
@@ -259,6 +302,58 @@ def summary(results: list[dict], lookups: list[str]) -> str:
     return "\n".join(lines)
 
 
+def tokens_per_forward(run: Run) -> float:
+    """Tokens per target forward after the prefill: an engine arm's tokens per round (its prefill reads prompt[:-1]
+    and emits nothing); generate()'s prefill emits the first token, so its later forwards get the rest."""
+    if run.rounds is not None:
+        return len(run.tokens) / max(run.rounds, 1)
+    decoding = run.forward_calls - 1
+    return (len(run.tokens) - 1) / decoding if decoding > 0 else 1.0
+
+
+def kind_table(results: list[dict], lookups: list[str]) -> str:
+    """Per thread count, kind and arm (and over all prompts): the speedup over plain decoding (an engine arm over
+    the engine's plain decoding, Hugging Face's lookup over its own plain decoding), geometric mean over prompts of
+    the per-prompt medians over repeats; tokens per target forward and acceptance, means over prompts."""
+    lines = ["| threads | kind (prompts) | arm | vs plain (geometric mean) | vs plain (range) | tokens per forward "
+             "| acceptance |", "|---|---|---|---|---|---|---|"]
+    pairs = [(HF_LOOKUP, HF_PLAIN)] + [(arm, ENGINE_PLAIN) for arm in lookups]
+    for threads in sorted({r["threads"] for r in results}):
+        at = [r for r in results if r["threads"] == threads]
+        groups = [(kind, [r for r in at if r["kind"] == kind]) for kind in dict.fromkeys(r["kind"] for r in at)]
+        for name, members in groups + [("all", at)]:
+            for top, bottom in pairs:
+                speedups = [median_ratio(r, top, bottom) for r in members]
+                tpf = statistics.fmean(statistics.median(tokens_per_forward(x) for x in r["runs"][top]) for r in members)
+                runs = [x for r in members for x in r["runs"][top]]
+                drafted = sum(x.drafted or 0 for x in runs)
+                acceptance = f"{sum(x.accepted or 0 for x in runs) / drafted:.2f}" if drafted else "–"
+                bold = "**" if name == "all" else ""
+                lines.append(f"| {threads} | {name} ({len(members)}) | {top} | {bold}{statistics.geometric_mean(speedups):.2f}x"
+                             f"{bold} | {min(speedups):.2f}-{max(speedups):.2f}x | {tpf:.2f} | {acceptance} |")
+    return "\n".join(lines)
+
+
+def tree_table(results: list[dict], lookups: list[str]) -> str:
+    """Arms that drafted trees, per kind: nodes per tree round, accepted per tree round along the kept path and along
+    the top-1 spine alone (what a chain of first choices as deep would have had accepted), the share of tree rounds
+    whose path beat the spine; "" when no arm drafted a tree."""
+    lines = ["| threads | kind | arm | nodes per tree round | accepted per tree round (path) | (top-1 spine) "
+             "| rounds where the path beat the spine |", "|---|---|---|---|---|---|---|"]
+    for threads in sorted({r["threads"] for r in results}):
+        at = [r for r in results if r["threads"] == threads]
+        for kind in [*dict.fromkeys(r["kind"] for r in at), "all"]:
+            members = [r for r in at if kind in ("all", r["kind"])]
+            for arm in lookups:
+                trees = [x.tree for r in members for x in r["runs"][arm] if x.tree]
+                if trees:
+                    mean = lambda f: statistics.fmean(t[f] for t in trees)
+                    lines.append(f"| {threads} | {kind} | {arm} | {mean('tree_nodes'):.1f} | "
+                                 f"{mean('tree_path_per_round'):.2f} | {mean('spine_per_round'):.2f} | "
+                                 f"{mean('tree_longer_share'):.0%} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def time_split(results: list[dict], arms: list[str]) -> str:
     """Where the time goes, per thread count, kind and arm, medians over prompts and repeats: the prefill, then
     decoding's forwards (after the prefill) per new token, rows per forward (1 for plain decoding, 1 + drafts for
@@ -300,24 +395,29 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--prompts", default=str(PROMPTS_FILE), dest="prompts_file",
+                        help="the prompt file (default bench/data/hf_compare_prompts.json; bench/data/six_kinds.json "
+                             "holds issue #26's six kinds of task, all held out)")
     parser.add_argument("--set", default="held-out", choices=SETS, dest="set_name")
     parser.add_argument("--kinds", nargs="+", default=None)
     parser.add_argument("--per-kind", type=int, default=None, help="at most N prompts of each kind")
     parser.add_argument("--drafts", nargs="+", default=["prompt-lookup"],
-                        help="engine lookup arms; NAME/full drafts k every round (prompt-lookup:3/full = HF's policy)")
+                        help="engine lookup arms; NAME/full drafts k every round (prompt-lookup:3/full = HF's policy); "
+                             "NAME@K drafts with k = K instead of --k (eagle-tree@8)")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args(argv)
-    if args.repeats < 3:
-        parser.error("--repeats: a median with a spread needs at least 3 repeats")
+    if args.repeats < 1:
+        parser.error("--repeats must be 1 or more (a median with a spread needs at least 3)")
     if any(n < 1 for n in args.threads):
         parser.error("--threads: thread counts must be 1 or more")
     try:
-        prompts = select_prompts(load_prompts(), args.set_name, args.kinds, args.per_kind)
+        prompts = select_prompts(load_prompts(Path(args.prompts_file)), args.set_name, args.kinds, args.per_kind)
     except ValueError as error:
         parser.error(str(error))
+    prompts = interleaved(prompts)      # a run stopped early (its report is written after each prompt) covers every kind
     load_before = os.getloadavg()
     engine = load_model(args.model, "cpu", args.dtype)
     stock = load_stock(engine.source, engine.dtype)
@@ -326,7 +426,7 @@ def main(argv=None) -> None:
     eos_id = engine.tokenizer.eos_token_id
     lookups = list(args.drafts)
     arms = [HF_PLAIN, HF_LOOKUP, ENGINE_PLAIN, *lookups]
-    first = engine.encode_prompt(prompts[0].text)
+    first = encode(engine, prompts[0])
     for threads in args.threads:           # warm every arm (and measure the verify-cost curve) at each count
         torch.set_num_threads(threads)
         speed.active().warm(engine.model)
@@ -334,7 +434,7 @@ def main(argv=None) -> None:
             run_arm(arm, engine, stock, first, args.k, 8, eos_id)
     results = []
     for prompt in prompts:
-        ids = engine.encode_prompt(prompt.text)
+        ids = encode(engine, prompt)
         runs = {threads: {arm: [] for arm in arms} for threads in args.threads}
         for repeat in range(args.repeats):
             for threads in args.threads:
@@ -359,7 +459,7 @@ def write_report(args, argv, engine, results: list[dict], lookups: list[str], ar
     done = len({r["prompt"] for r in results})
     meta = {"command": "python -m spec_engine.bench_hf " + " ".join(argv or []), "cpu": cpu_model(),
             "threads": args.threads, "model": engine.name, "dtype": str(engine.dtype), "engine source": engine.source,
-            "k": args.k, "tokens": args.tokens, "repeats": args.repeats, "set": args.set_name,
+            "k": args.k, "tokens": args.tokens, "repeats": args.repeats, "set": args.set_name, "prompts": args.prompts_file,
             "prompts measured": done, "prompts planned": planned,
             "hf": f"generate(prompt_lookup_num_tokens={args.k}, max_matching_ngram_size={HF_NGRAM}) on a stock model",
             "load average before (1, 5, 15 min)": load_before, "load average after": load_after,
@@ -369,7 +469,10 @@ def write_report(args, argv, engine, results: list[dict], lookups: list[str], ar
                         f"greedy, k = {args.k}, up to {args.tokens} new tokens (EOS stops), {args.repeats} interleaved "
                         f"repeats; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after.{partial}",
                         "Each cell: median [min-max] over repeats.", cell_rows(results, lookups),
-                        summary(results, lookups), "Where the time goes (medians over prompts and repeats):",
+                        summary(results, lookups),
+                        "Per kind: speedup over plain decoding, tokens per target forward, acceptance:",
+                        kind_table(results, lookups), tree_table(results, lookups),
+                        "Where the time goes (medians over prompts and repeats):",
                         time_split(results, arms), json.dumps(meta)])
     if args.out:
         out = Path(args.out)

@@ -132,3 +132,50 @@ def test_the_verify_cost_curve_is_the_thread_counts_in_use(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert measured == [1, 2] and one == again == (0.0, 1.0, 1.0) and two == (0.0, 1.0, 2.0)
+
+
+def test_the_six_kinds_are_eight_held_out_prompts_each_and_multi_turn_chats_encode_every_turn():
+    """Issue #26's benchmark prompts: six kinds of 8, none a prompt of the EAGLE head's training set (nor sharing a
+    long passage with one), the chats' turns ending with the user's text; a chat is encoded with all its turns."""
+    from spec_engine.bench import HELD_OUT_FILE
+    path = bench_hf.PROMPTS_FILE.parent / "six_kinds.json"
+    prompts = bench_hf.load_prompts(path)
+    assert {p.kind: sum(q.kind == p.kind for q in prompts) for p in prompts} == {
+        "chat": 8, "translate": 8, "summarise": 8, "qa": 8, "math": 8, "rag": 8}
+    assert all(p.set == "held-out" for p in prompts) and all(len(p.turns) >= 3 for p in prompts if p.kind == "chat")
+    training = [item["text"] for item in json.loads(HELD_OUT_FILE.read_text(encoding="utf-8"))["train"]]
+    assert not [p.name for p in prompts if any(p.text[:60] in t or t[:60] in p.text for t in training)]
+    seen = []
+    engine = SimpleNamespace(device="cpu", encode_prompt=lambda text: torch.tensor([[0]]), tokenizer=SimpleNamespace(
+        apply_chat_template=lambda turns, **kw: seen.append(turns) or {"input_ids": torch.tensor([[1, 2]])}))
+    chat = next(p for p in prompts if p.turns)
+    assert bench_hf.encode(engine, chat).tolist() == [[1, 2]] and seen == [list(chat.turns)]
+
+
+def test_the_kind_table_reports_speedup_tokens_per_forward_and_acceptance_per_kind_and_over_all():
+    draft = {"eagle-tree": [0.5, 0.5, 0.5]}
+    a = fake_result(2, "chat-0", "chat", {**SECONDS, **draft})
+    b = fake_result(2, "math-0", "math", {**SECONDS, **draft})
+    for result in (a, b):
+        result["runs"]["eagle-tree"] = [Run("eagle-tree", 0.5, [1] * 10, 6, 60, 0.6, 40, 0.1, rounds=4, drafted=12,
+                                            accepted=6, tree={"tree_nodes": 3.0, "tree_path_per_round": 1.5,
+                                                              "spine_per_round": 1.0, "tree_longer_share": 0.25})] * 3
+    lines = bench_hf.kind_table([a, b], ["eagle-tree"]).splitlines()
+    # the engine's plain decoding 1.0 s, the tree 0.5 s: 2x; 10 tokens in 4 rounds; 6 of 12 drafts accepted
+    assert "| 2 | all (2) | eagle-tree | **2.00x** | 2.00-2.00x | 2.50 | 0.50 |" in lines
+    # HF's lookup over its plain decoding, per repeat 2.0, 2.0, 3.125; 9 tokens after the prefill's in 5 forwards
+    assert "| 2 | chat (1) | hf-lookup | 2.00x | 2.00-2.00x | 1.80 | – |" in lines
+    tree = bench_hf.tree_table([a, b], ["eagle-tree"]).splitlines()
+    assert "| 2 | all | eagle-tree | 3.0 | 1.50 | 1.00 | 25% |" in tree
+    assert bench_hf.tree_table([a], []) == ""
+
+
+def test_an_arm_may_name_its_own_k():
+    assert bench_hf.arm_k("eagle-tree@8", 4) == ("eagle-tree", 8)
+    assert bench_hf.arm_k("prompt-lookup:3/full", 4) == ("prompt-lookup:3/full", 4)
+    assert bench_hf.arm_k("eagle+lookup@3", 4) == ("eagle+lookup", 3)
+
+
+def test_prompts_run_interleaved_by_kind_so_a_stopped_run_covers_every_kind():
+    prompts = [bench_hf.Prompt("held-out", kind, f"{kind}-{i}", "x") for kind in ("chat", "math") for i in range(2)]
+    assert [p.name for p in bench_hf.interleaved(prompts)] == ["chat-0", "math-0", "chat-1", "math-1"]

@@ -1,10 +1,10 @@
 """Seeded chi-square tests of sampled tree rounds end to end on the tiny models of test_statistical.py (vocabulary
 8): the first three tokens of speculative sampling with every tree drafter (a draft model's siblings drawn with
-replacement, without replacement and as its top 2; prompt lookup's branches) follow the target's exact
+replacement, without replacement and as its top 2; prompt lookup's branches; the EAGLE head's dynamic tree) follow the target's exact
 distribution, enumerated from the model.
 
 Same test and odds as test_statistical.py: N = 1,500 runs (seeds 0..N-1), cells with expected count < 5 pooled, an
-impossible sequence fails outright; a correct sampler fails one test with probability ALPHA = 1e-4, so the five
+impossible sequence fails outright; a correct sampler fails one test with probability ALPHA = 1e-4, so the six
 exact tests here fail falsely with probability below 7e-4 for a random choice of seeds (the seeds are fixed, so a
 pass is reproducible). The rule itself is proved by enumeration in test_tree_rule.py; these tests cover what the
 enumeration cannot: the drafters' draws and the q they report, the engine's rows per node, its draws and its KV.
@@ -12,8 +12,11 @@ The wrong tree rule is rejected by the same test at these seeds, narrowly (its p
 enumeration in test_tree_rule.py is what shows it drifts; this shows the engine runs the rule it is asked to).
 """
 import pytest
+import torch
 
 import spec_engine as se
+from spec_engine.drafters.eagle import random_eagle_drafter
+from spec_engine.drafters.eagle_tree import EagleTreeDrafter
 from spec_engine.drafters.lookup import TreeLookupDrafter
 from spec_engine.drafters.tree import ModelTreeDrafter
 from test_statistical import ALPHA, LENGTH, N, PROMPT, chi_square_pvalue, exact_joint
@@ -44,6 +47,16 @@ def test_model_tree_drafter(target, draft, params, drawn):
 def test_tree_lookup_drafter(target):
     params = SAMPLED[0]
     samples = tree_samples(target, lambda: TreeLookupDrafter(branches=3, max_ngram=3), params)
+    assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
+
+
+def test_eagle_tree_drafter(target):
+    """The EAGLE-2 tree: an untrained head over a reduced vocabulary (ids 4 and 6 never proposed), its top 2 per
+    node grown 3 levels and the best K kept: deterministic siblings, ranked by the head's warped probabilities."""
+    params = SAMPLED[1]
+    head = random_eagle_drafter(target, torch.tensor([0, 1, 2, 3, 5, 7]), seed=2, scale=2.0)
+    samples = tree_samples(target, lambda: EagleTreeDrafter(head.head, target, head.vocab_index, width=2, depth=3,
+                                                            size_by_cost=False), params)
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 

@@ -115,10 +115,13 @@ def tree_attention_mask(parents: list[int], cached: int, dtype: torch.dtype, dev
 
 
 @torch.inference_mode()
-def forward_tree_logits(model, root: int, tokens: list[int], parents: list[int], depths: list[int], cache) -> torch.Tensor:
+def forward_tree_logits(model, root: int, tokens: list[int], parents: list[int], depths: list[int], cache,
+                        feature_layers: tuple[int, ...] = ()):
     """Score a token tree in one forward: feed [root, tokens...] after what `cache` holds, node i at position
     (cache length + depths[i]) under `tree_attention_mask`; returns logits [n + 1, vocab] (after the root, then
-    after each node). The cache then holds every node's entries; `keep_path` keeps the accepted ones.
+    after each node). The cache then holds every node's entries; `keep_path` keeps the accepted ones. With
+    `feature_layers` (as `forward_logits`), also the hidden states of those layers at [root, nodes...],
+    [n + 1, len(feature_layers) * hidden]: under the mask each node's are those of its own path.
 
     Always transformers' forward with the mask as `attention_mask` (transformers takes a 4-D mask as given): the
     speed layer's lean forward (core/speed.py `forward`) has no mask argument, so it is not asked. Its products and
@@ -134,7 +137,10 @@ def forward_tree_logits(model, root: int, tokens: list[int], parents: list[int],
     mask = tree_attention_mask(parents, start, model.dtype, device)              # [1, 1, n + 1, start + n + 1]
     with speed.active().products():
         out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True,
-                    logits_to_keep=len(tokens) + 1)
+                    logits_to_keep=len(tokens) + 1, output_hidden_states=bool(feature_layers))
+    if feature_layers:
+        features = torch.cat([out.hidden_states[layer][0] for layer in feature_layers], dim=-1)   # [n + 1, F]
+        return out.logits[0], features
     return out.logits[0]                                                                           # [n + 1, vocab]
 
 

@@ -196,12 +196,11 @@ class SpeculativeDecoder:
                   should_stop: Callable[[], bool] | None) -> RoundEvent:
         """A tree round after drafting: score every node in one forward (tree attention), verify on the tree, commit
         the accepted path and the token after it, move the path's KV entries into place and drop the rest."""
-        if self.drafter.feature_layers:
-            raise ValueError("tree drafts from the target's features are not supported yet")
         tree, committed = proposal.tree, state.committed
         start = len(committed)            # the cache holds committed[:-1]; the accepted path's entries go here
-        target_logits = forward_tree_logits(self.target, committed[-1], tree.tokens, tree.parents, tree.depths(),
-                                            state.target_cache)                                  # [n + 1, vocab]
+        scored = forward_tree_logits(self.target, committed[-1], tree.tokens, tree.parents, tree.depths(),
+                                     state.target_cache, self.drafter.feature_layers)
+        target_logits, features = scored if self.drafter.feature_layers else (scored, None)  # [n + 1, vocab], [n + 1, F]
         verdict, target_rows = verify_tree(self.rule, state.sampling, tree, proposal.probs, target_logits,
                                            state.generator)
         verified = timing.clock(self.target.device)
@@ -210,7 +209,8 @@ class SpeculativeDecoder:
         target_before, draft_before = cache_len(state.target_cache), self.drafter.cache_len()
         keep_path(state.target_cache, start, [start + i for i in verdict.accepted])
         trim_cache(state.target_cache, len(committed) - 1)           # EOS may end the round inside the path
-        self.drafter.rollback(committed, None)
+        path_rows = [0] + [1 + node for node in verdict.accepted][:len(emitted) - 1]   # the root, then the kept nodes
+        self.drafter.rollback(committed, None if features is None else features[path_rows])      # [m, F]
         check_invariant(state.target_cache, len(committed) - 1, "target")
         state.stop_reason = ("eos" if hit_eos else "max_new_tokens" if state.generated >= state.max_new_tokens
                              else "cancelled" if should_stop is not None and should_stop() else None)

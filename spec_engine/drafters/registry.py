@@ -254,4 +254,33 @@ def build_naive_ids(spec, target, draft, fixed_length):
     return NaiveIdDrafter(draft.model, name=f"{spec.model}:naive-ids")
 
 
+def tree_nodes(mode: str, tail: str) -> tuple[int | None, None]:
+    """eagle-tree[:N]: keep N nodes every round (at most k) instead of sizing the tree by the verify costs."""
+    from spec_engine.core.decoder import MAX_K      # a round verifies at most MAX_K drafts
+    if tail and not (tail.isdigit() and 1 <= int(tail) <= MAX_K):
+        raise ValueError(f"{mode}:N needs a node count N in 1..{MAX_K}, got {tail!r}")
+    return (int(tail) if tail else None), None
+
+
+def shipped_eagle_tree(spec, target, fixed_length):
+    from spec_engine.drafters.eagle_tree import load_eagle_tree_drafter    # loads weights: only when asked for
+    return load_eagle_tree_drafter(target.model, nodes=spec.arg, fixed_length=fixed_length)
+
+
+@register("eagle-tree", "EAGLE-2 tree (the EAGLE head's likeliest branches)",
+          "The EAGLE head grows a tree by path confidence (the product of its probabilities along a branch) and "
+          "keeps the likeliest nodes: where its first guess is wrong, its second may be right, judged in one forward.",
+          parse=tree_nodes, available=eagle_available)
+def build_eagle_tree(spec, target, draft, fixed_length):
+    return shipped_eagle_tree(spec, target, fixed_length)
+
+
+@register("eagle+lookup-tree", "EAGLE-2 tree + prompt lookup (copies when the text repeats)",
+          "Prompt lookup's chain where the text repeats itself, else the EAGLE head's tree; the choice depends on the "
+          "text alone, so every round stays exact.", parse=tree_nodes, available=eagle_available)
+def build_eagle_lookup_tree(spec, target, draft, fixed_length):
+    return LookupFirstDrafter(shipped_eagle_tree(spec, target, fixed_length),
+                              fixed_length_lookup() if fixed_length else None)
+
+
 MODES = modes()      # the modes registered above (a later registration extends modes(), not this tuple)

@@ -1,0 +1,185 @@
+"""EagleTreeDrafter (EAGLE-2 dynamic trees from the EAGLE head): greedy tree decoding is plain greedy decoding on tiny
+models (random and briefly trained heads, widths 1-3, fixed and cost-sized trees) and on SmolLM2-135M with the
+shipped head (slow); the head's cache holds only committed pairs after every round and equals a fresh pass over the
+target's true features (so the engine hands over the accepted path's features from its tree forward, not some other
+node's); the tree is a deterministic function of the text under sampling too (q one-hot per sibling, which the tree
+rule is exact for; tests/test_tree_statistical.py runs the chi-square test on it); the kept nodes are the likeliest,
+closed under parents and sized by the verify-cost curve.
+"""
+import pytest
+import torch
+
+import spec_engine as se
+from spec_engine.core.cache import cache_len
+from spec_engine.drafters.eagle import random_eagle_drafter
+from spec_engine.drafters.eagle_tree import EagleTreeDrafter
+from test_eagle import REDUCED, layer_features, train_tiny_head
+from tiny import tiny_llama
+
+PROMPT = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2]])
+GREEDY = se.SamplingParams(0.0)
+SAMPLED = se.SamplingParams(0.9, top_k=6, top_p=0.95)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(vocab=8, layers=3, seed=0)
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    return train_tiny_head(target, steps=60)[0]
+
+
+def tree_drafters(target, trained):
+    random_head = random_eagle_drafter(target, seed=1, scale=3.0)
+    return {f"random-w{w}": lambda w=w: EagleTreeDrafter(random_head.head, target, random_head.vocab_index, width=w,
+                                                         size_by_cost=False) for w in (1, 3)} | \
+        {f"trained-w{w}": lambda w=w: EagleTreeDrafter(trained, target, REDUCED, width=w, size_by_cost=False)
+         for w in (1, 2, 3)} | \
+        {"trained-nodes3": lambda: EagleTreeDrafter(trained, target, REDUCED, nodes=3),
+         "trained-depth2": lambda: EagleTreeDrafter(trained, target, REDUCED, depth=2, size_by_cost=False),
+         "lookup-first": lambda: se.LookupFirstDrafter(EagleTreeDrafter(trained, target, REDUCED))}
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_greedy_identity_and_the_head_cache_every_round(target, trained, params):
+    plain = se.autoregressive_generate(target, PROMPT, max_new_tokens=30, sampling=params, seed=5).tokens
+    for name, make in tree_drafters(target, trained).items():
+        for k in (1, 6):
+            drafter = make()
+            decoder = se.SpeculativeDecoder(target, drafter)
+            state = decoder.start(PROMPT, k=k, max_new_tokens=30, sampling=params, seed=5)
+            accepted, tree_rounds = 0, 0
+            while state.stop_reason is None:
+                event = decoder.step(state)
+                accepted += event.accepted
+                tree_rounds += event.tree_parents is not None and len(event.drafted) > 0
+                assert drafter.cache_ids == state.committed[:-1], name
+                assert cache_len(drafter.cache) == event.draft_cache_len == len(state.committed) - 1, name
+                assert event.target_cache_len == event.committed_len - 1, name
+                assert len(event.drafted) <= k, name
+                if event.tree_parents is not None and event.drafted:
+                    assert all(-1 <= p < i for i, p in enumerate(event.tree_parents)), name      # topological
+                    assert event.emitted[:event.accepted] == [event.drafted[i] for i in event.tree_path], name
+            if params.greedy:
+                assert state.committed[PROMPT.shape[1]:] == plain, (name, k)
+            assert tree_rounds > 0, (name, k)
+            if name.startswith("trained") and params.greedy:
+                assert accepted > 0, (name, k)        # the accepted-path features are exercised, not only rejections
+
+
+def test_the_head_cache_equals_a_fresh_pass_over_true_features_after_tree_rounds(target, trained):
+    """After tree rounds whose accepted paths leave the head's top-1 spine, the head's last prediction equals one
+    from a fresh pass over the target's features of the committed text: the engine handed over the features of
+    the accepted path's nodes, and no predicted feature survives in the cache."""
+    drafter = EagleTreeDrafter(trained, target, REDUCED, width=3, size_by_cost=False)
+    decoder = se.SpeculativeDecoder(target, drafter)
+    state = decoder.start(PROMPT, k=8, max_new_tokens=24, sampling=se.SamplingParams(1.0), seed=0)
+    off_spine = 0
+    while state.stop_reason is None:
+        event = decoder.step(state)
+        parents = event.tree_parents or []
+        off_spine += any(parents.index(parents[node]) != node for node in event.tree_path or [])   # not a first child
+    assert off_spine > 0                                  # some accepted path took a second sibling
+    committed = state.committed
+    with torch.no_grad():
+        features = layer_features(target, torch.tensor([committed]))[0, :-1]                      # [T - 1, H]
+        embeds = target.get_input_embeddings().weight[torch.tensor(committed[1:])]
+        fresh = trained(features[None], embeds[None])[0, -1]
+    assert torch.allclose(drafter._predicted, fresh, atol=1e-4)
+
+
+def test_under_sampling_the_tree_is_the_heads_top_tokens_whatever_the_generator(target, trained):
+    drafter = EagleTreeDrafter(trained, target, REDUCED, size_by_cost=False)
+    decoder = se.SpeculativeDecoder(target, drafter)
+    state = decoder.start(PROMPT, k=6, max_new_tokens=8, sampling=SAMPLED, seed=0)
+    trees = []
+    for seed in (0, 1, 2):
+        proposal = drafter.propose(state.committed, 6, SAMPLED, torch.Generator().manual_seed(seed))
+        assert proposal.probs is None and set(proposal.tree.drawn) == {"deterministic"}
+        trees.append((proposal.tree.tokens, proposal.tree.parents))
+    assert trees[0] == trees[1] == trees[2] and len(trees[0][0]) == 6
+    assert all(t in REDUCED.tolist() for t in trees[0][0])
+
+
+def test_the_kept_nodes_are_the_likeliest_closed_under_parents_and_sized_by_cost(target, trained):
+    drafter = EagleTreeDrafter(trained, target, REDUCED, size_by_cost=False)
+    scores = [0.6, 0.3, 0.5, 0.1, 0.3, 0.05]       # a parent never scores below its child: products of probabilities
+    assert drafter._keep(scores, 3) == [0, 1, 2]    # ties (0.3, 0.3) go to the earlier node, a parent before its child
+    assert drafter._keep(scores, 16) == list(range(6))
+    drafter.costs = (0.0, 1.0, 1.0, 1.0, 3.0) + (10.0,) * 13     # rows 1-3 cost one step, 4 rows three
+    assert drafter._keep(scores, 8) == [0, 2]        # (1 + 0.6 + 0.5) / 1 beats every larger tree
+    drafter.nodes = 1
+    drafter.costs = None
+    assert drafter._keep(scores, 8) == [0]
+
+
+def test_a_path_stop_leaves_unsure_branches_unexpanded(target, trained):
+    drafter = EagleTreeDrafter(trained, target, REDUCED, size_by_cost=False, min_path_confidence=0.999)
+    state = se.SpeculativeDecoder(target, drafter).start(PROMPT, k=8, max_new_tokens=8, sampling=GREEDY)
+    tree = drafter.propose(state.committed, 8, GREEDY, torch.Generator()).tree
+    assert tree.tokens and set(tree.parents) == {-1}          # the root's top tokens only: no head forward ran
+
+
+def test_a_round_whose_best_node_cannot_pay_for_a_verify_row_stops_after_one_level(target, trained):
+    drafter = EagleTreeDrafter(trained, target, REDUCED)
+    state = se.SpeculativeDecoder(target, drafter).start(PROMPT, k=8, max_new_tokens=8, sampling=GREEDY)
+    drafter.costs = (0.0, 1.0) + (3.0,) * 16              # a second row triples the cost: only sure nodes pay
+    assert drafter._worth_growing(1.0, 8) and not drafter._worth_growing(0.1, 8)
+    drafter.costs = (0.0, 1.0) + (20.0,) * 16             # no tree of 16 sure nodes pays for itself
+    assert drafter.propose(state.committed, 8, GREEDY, torch.Generator()).tree.tokens == []
+    assert cache_len(drafter.cache) == len(state.committed) - 1
+    drafter.costs = (0.0,) + (1.0,) * 17                   # rows are free: grow
+    assert drafter._worth_growing(0.01, 8) and len(drafter.propose(state.committed, 8, GREEDY, None).tree.tokens) == 8
+
+
+def test_eagle_tree_draft_names(target, trained):
+    assert se.parse_draft("eagle-tree") == se.DraftSpec("eagle-tree")
+    assert se.parse_draft("eagle-tree:8").arg == 8
+    assert se.parse_draft("eagle+lookup-tree:4") == se.DraftSpec("eagle+lookup-tree", None, 4)
+    for bad in ("eagle-tree:0", "eagle-tree:17", "eagle-tree:x", "eagle+lookup-tree:2.5"):
+        with pytest.raises(ValueError, match="node count N in 1..16"):
+            se.parse_draft(bad)
+    with pytest.raises(ValueError, match="width must be an integer >= 1"):
+        EagleTreeDrafter(trained, target, REDUCED, width=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", ["eagle-tree", "eagle+lookup-tree"])
+def test_greedy_identity_on_the_offline_default(smollm2, draft):
+    """The shipped head on SmolLM2-135M (speed layer as installed): token-identical to plain greedy decoding, every
+    round's caches at the committed text, and the head's drafts accepted."""
+    texts = ["Give me three practical tips for staying focused while studying.",
+             "Repeat exactly, twice: 'the quick brown fox jumps over the lazy dog'."]
+    eos = smollm2.tokenizer.eos_token_id
+    accepted = drafted = 0
+    for text in texts:
+        prompt = smollm2.encode_prompt(text)
+        plain = se.autoregressive_generate(smollm2.model, prompt, max_new_tokens=40, sampling=GREEDY,
+                                           eos_token_id=eos).tokens
+        drafter = se.make_drafter(draft, smollm2)
+        result = se.SpeculativeDecoder(smollm2.model, drafter).generate(prompt, k=8, max_new_tokens=40,
+                                                                        sampling=GREEDY, eos_token_id=eos)
+        assert result.tokens == plain, (draft, smollm2.tokenizer.decode(result.tokens))
+        for event in result.rounds:
+            assert event.target_cache_len == event.draft_cache_len == event.committed_len - 1
+        assert any(e.tree_parents for e in result.rounds)
+        accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
+    assert drafted > 0 and accepted / drafted > 0.15
+
+
+def test_the_benchmarks_spine_measure_follows_first_children_while_the_target_agrees():
+    from types import SimpleNamespace
+
+    from spec_engine.bench import spine_accepted, tree_gain
+    # root -> a(5), b(6); a -> c(7); b -> d(8). The target's argmax: 6 after the root, then 8 after b.
+    top = lambda token: [(token, 0.9)]
+    event = SimpleNamespace(drafted=[5, 6, 7, 8], tree_parents=[-1, -1, 0, 1], tree_path=[1, 3],
+                            target_top=[top(6), top(7), top(8), top(0), top(0)])
+    assert spine_accepted(event) == 0                       # the spine's first node (5) is refused
+    hit = SimpleNamespace(drafted=[6, 5, 8], tree_parents=[-1, -1, 0], tree_path=[0, 2],
+                          target_top=[top(6), top(8), top(0), top(0)])
+    assert spine_accepted(hit) == 2
+    gain = tree_gain([event, hit, SimpleNamespace(tree_parents=None)])
+    assert gain == {"tree_longer_share": 0.5, "tree_path_per_round": 2.0, "spine_per_round": 1.0, "tree_nodes": 3.5}
