@@ -13,6 +13,9 @@
                                    measured recommendation stored with the weights)
     eagle+lookup[:C]               prompt lookup (matches of 2+ tokens) where the text repeats itself, the EAGLE
                                    head elsewhere
+    eagle-tree[:N]                 EAGLE-2's dynamic tree from the shipped head: grown by path confidence, the best N
+                                   nodes kept (default: as many as the measured verify-cost curve pays for)
+    eagle+lookup-tree[:N]          prompt lookup's chain where the text repeats itself, the EAGLE tree elsewhere
     <preset or path>               a separate draft model with the target's tokenizer
     <preset>:cross-tokenizer       a draft with another tokenizer, text re-tokenized
     <preset>:naive-ids             the tokenizer-mismatch mistake: ids passed through unchanged
@@ -270,14 +273,15 @@ def shipped_eagle_tree(spec, target, fixed_length):
 @register("eagle-tree", "EAGLE-2 tree (the EAGLE head's likeliest branches)",
           "The EAGLE head grows a tree by path confidence (the product of its probabilities along a branch) and "
           "keeps the likeliest nodes: where its first guess is wrong, its second may be right, judged in one forward.",
-          parse=tree_nodes, available=eagle_available)
+          parse=tree_nodes, available=eagle_available, tree=True)
 def build_eagle_tree(spec, target, draft, fixed_length):
     return shipped_eagle_tree(spec, target, fixed_length)
 
 
 @register("eagle+lookup-tree", "EAGLE-2 tree + prompt lookup (copies when the text repeats)",
           "Prompt lookup's chain where the text repeats itself, else the EAGLE head's tree; the choice depends on the "
-          "text alone, so every round stays exact.", parse=tree_nodes, available=eagle_available)
+          "text alone, so every round stays exact.", parse=tree_nodes, available=eagle_available,
+          tree=True)
 def build_eagle_lookup_tree(spec, target, draft, fixed_length):
     return LookupFirstDrafter(shipped_eagle_tree(spec, target, fixed_length),
                               fixed_length_lookup() if fixed_length else None)
