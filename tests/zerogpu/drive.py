@@ -66,7 +66,8 @@ def main(path: str) -> None:
     outputs = list(handlers.run(*run_args(), state))
     record = state.active.record
     out["run"] = comparable(outputs[-1])
-    out["run_streamed"] = sum(1 for o in outputs if isinstance(o[-2], dict) and o[-2].get("final") is False)
+    summary = handlers.RUN_OUTPUTS.index("summary")
+    out["run_streamed"] = sum(1 for o in outputs if isinstance(o[summary], dict) and o[summary].get("final") is False)
     out["session"] = {"history": [r.run_id for r in state.history], "rounds": len(record.rounds),
                       "fragments": len(record.fragments), "timed": record.timing is not None,
                       "plain": record.plain is not None, "baselines": len(state.baselines)}
@@ -76,7 +77,7 @@ def main(path: str) -> None:
     stopped = SessionState()
     gen = handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=200, auto_baseline=False), stopped)
     for o in gen:
-        if isinstance(o[-2], dict) and o[-2].get("rounds", 0) >= 2:
+        if isinstance(o[summary], dict) and o[summary].get("rounds", 0) >= 2:
             break
     next(handlers.stop(stopped))
     list(gen)
