@@ -114,7 +114,7 @@ class LayerSkipDrafter(ModelDrafter):
 
     def check_target(self, target_model) -> None:
         if target_model is not self.target:
-            raise ValueError("a LayerSkipDrafter drafts for the model it was built from; build one for this target")
+            raise ValueError(f"a {type(self).__name__} drafts for the model it was built from; build one for this target")
 
 
 # Chosen by measurement on the offline default (SmolLM2-135M, 30 layers): bench/choose_skip_layers.py ranks

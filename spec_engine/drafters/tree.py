@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from spec_engine.core.cache import check_invariant, forward_tree_logits, new_cache, trim_cache
+from spec_engine.core.cache import check_invariant, forward_tree_logits, trim_cache
 from spec_engine.core.sampling import SamplingParams, sample, warp
 from spec_engine.core.tree_rule import DRAWS, TokenTree, without
 from spec_engine.drafters.base import TreeProposal
-from spec_engine.drafters.model import ModelDrafter, layer_skip_view
+from spec_engine.drafters.model import LayerSkipDrafter, ModelDrafter, layer_skip_view
 
 TREE_WIDTH = 2            # siblings per node; not yet measured (issue #26 item 3 sizes trees from the verify costs)
 
@@ -79,15 +79,9 @@ class LayerSkipTreeDrafter(ModelTreeDrafter):
         super().__init__(layer_skip_view(target_model, self.skip_layers), width, drawn,
                          name=f"layer-skip-tree{self.skip_layers}")
 
-    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
-        self.cache = new_cache(self.target)
-        self.cache_ids = []
-        if len(prompt_ids) > 1:
-            self._feed(prompt_ids[:-1])
-
-    def check_target(self, target_model) -> None:
-        if target_model is not self.target:
-            raise ValueError("a LayerSkipTreeDrafter drafts for the model it was built from; build one for this target")
+    # The chain's own: a cache laid out for the whole target, and the target it was built from.
+    begin = LayerSkipDrafter.begin
+    check_target = LayerSkipDrafter.check_target
 
 
 def siblings(q_row: torch.Tensor, count: int, drawn: str, generator: torch.Generator) -> list[int]:
