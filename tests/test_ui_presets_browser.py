@@ -34,9 +34,19 @@ IN_VIEW = """(selectors) => window.scrollY === 0 && selectors.every((sel) =>
     }))"""
 
 
-def in_view(page, *selectors: str) -> bool:
-    """Each selector has an element on the first screen of the page, visible without scrolling."""
-    return page.evaluate(IN_VIEW, list(selectors))
+WHERE = """(selectors) => selectors.map((sel) => { const e = document.querySelector(sel); if (!e) return sel + ': missing';
+    const b = e.getBoundingClientRect(), hit = document.elementFromPoint(b.left + b.width / 2, b.top + b.height / 2);
+    return `${sel}: top ${Math.round(b.top)} bottom ${Math.round(b.bottom)}, centre hits ${hit ? hit.outerHTML.slice(0, 80) : null}`;
+}).concat([`scrollY ${window.scrollY}, window ${window.innerWidth}x${window.innerHeight}`])"""
+
+
+def wait_in_view(page, *selectors: str, timeout: int = 15_000) -> None:
+    """Each selector comes to rest on the first screen within `timeout` ms (the page may still be laying out
+    just after the Run button appears); on failure the message says where each element is and what covers it."""
+    try:
+        page.wait_for_function(IN_VIEW, arg=list(selectors), timeout=timeout)
+    except Exception as error:
+        raise AssertionError(f"not all in view: {page.evaluate(WHERE, list(selectors))}") from error
 
 
 def font_px(page, selector: str, pseudo: str | None = None) -> float:
@@ -47,7 +57,7 @@ def font_px(page, selector: str, pseudo: str | None = None) -> float:
 def test_choosing_a_scenario_runs_it_with_the_results_in_view(playground, chromium):
     page = open_page(chromium, playground, 1024, 768)
     try:
-        assert in_view(page, "#spec-present", "#spec-scenario", "#spec-run")
+        wait_in_view(page, "#spec-present", "#spec-scenario", "#spec-run")
         choose_scenario(page, SCENARIO)          # one click: no Run press
         page.wait_for_selector(TOKEN, timeout=180_000)
         assert "running_sum" in page.input_value("#spec-prompt textarea")           # the scenario set the controls
@@ -55,9 +65,9 @@ def test_choosing_a_scenario_runs_it_with_the_results_in_view(playground, chromi
         assert "4. Prompt lookup on a code edit. Look for:" in page.locator("#spec-caption").inner_text()
         # While it runs, the numbers and the tokens are on the first screen (a re-render may replace them between
         # two reads, hence the short wait rather than one read).
-        page.wait_for_function(IN_VIEW, arg=["#spec-stats .spec-stats", TOKEN], timeout=10_000)
+        wait_in_view(page, "#spec-stats .spec-stats", TOKEN, timeout=10_000)
         page.wait_for_function(FINISHED, timeout=180_000)
-        assert in_view(page, "#spec-stats .chip", TOKEN)
+        wait_in_view(page, "#spec-stats .chip", TOKEN, timeout=10_000)
     finally:
         page.close()
 
