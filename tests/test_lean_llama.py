@@ -10,11 +10,14 @@ from transformers.cache_utils import DynamicLayer
 
 from spec_engine.accel import lean_llama
 from spec_engine.accel.growing_cache import GrowingLayer
-from spec_engine.core.cache import cache_len, forward_logits, new_cache, trim_cache
+from spec_engine.core.cache import cache_len, forward_logits, forward_tree_logits, keep_path, new_cache, trim_cache
 from spec_engine.accel.cpu_attention import use_engine_attention
 from spec_engine.accel.cpu_gemm import PackedLinear, available, pack_linears, prepack
 from spec_engine.drafters import layer_skip_view
+from spec_engine.core.sampling import SamplingParams
+from spec_engine.core.tree_rule import TokenTree
 from spec_engine.drafters.eagle import random_eagle_drafter
+from spec_engine.drafters.eagle_tree import EagleTreeDrafter
 
 FEATURES = (0, 1, 2, 3, -1)   # embeddings, layer outputs, the post-norm final states (3 of 3 layers, as -1 is)
 
@@ -199,6 +202,74 @@ def test_eagle_head_steps_run_lean_and_agree(lean_off):
         drafter.begin(ids, features)
         return drafter._predicted
     torch.testing.assert_close(predicted(), lean_off(predicted), rtol=1e-5, atol=1e-5)
+
+
+def counting_tree_runs(monkeypatch) -> list[int]:
+    """Rows of every lean run given a tree's visibility (appended as they run)."""
+    runs, real = [], lean_llama.run_layers
+
+    def run_layers(inner, embeds, *args, **kwargs):
+        if kwargs.get("visible") is not None:
+            runs.append(embeds.shape[1])
+        return real(inner, embeds, *args, **kwargs)
+    monkeypatch.setattr(lean_llama, "run_layers", run_layers)
+    return runs
+
+
+def test_lean_tree_forward_equals_transformers_with_the_tree_mask(lean_off, monkeypatch):
+    """Trees of several shapes after a committed text: the lean forward (given the tree's positions and visibility)
+    gives transformers' logits and hidden states for every node, and after `keep_path` the same cache entries."""
+    model = llama()
+    lean_llama.use_lean_forward(model)
+    runs = counting_tree_runs(monkeypatch)
+    shapes = [[-1], [-1, -1, -1], [-1, 0, 1, 2], [-1, -1, 0, 0, 1, 2, 5], [-1, 0, -1, 2, 1, 3, -1, 6]]
+    generator = torch.Generator().manual_seed(4)
+    for trial, parents in enumerate(shapes):
+        committed = torch.randint(0, 96, (5 + 3 * trial,), generator=generator).tolist()
+        tree = TokenTree.of(torch.randint(0, 96, (len(parents),), generator=generator).tolist(), parents)
+        caches = new_cache(model), new_cache(model)
+        results = []
+        for cache, run in zip(caches, (lambda fn: fn(), lean_off)):
+            run(lambda: forward_logits(model, committed[:-1], cache, 1))
+            results.append(run(lambda: forward_tree_logits(model, committed[-1], tree.tokens, tree.parents,
+                                                           tree.depths(), cache, FEATURES)))
+        (lean_logits, lean_states), (stock_logits, stock_states) = results
+        assert lean_logits.shape == (len(parents) + 1, 96) and lean_states.shape == (len(parents) + 1, 5 * 64)
+        torch.testing.assert_close(lean_logits, stock_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lean_states, stock_states, rtol=1e-5, atol=1e-5)
+        path = tree.path_to(len(parents) - 1)
+        for cache in caches:
+            keep_path(cache, len(committed), [len(committed) + i for i in path])
+        for lean_layer, stock_layer in zip(*(cache.layers for cache in caches)):
+            torch.testing.assert_close(lean_layer.keys, stock_layer.keys, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(lean_layer.values, stock_layer.values, rtol=1e-5, atol=1e-5)
+    assert runs == [len(parents) + 1 for parents in shapes]          # the lean side ran each tree, the stock side not
+
+
+def test_eagle_tree_growth_runs_lean_and_agrees(lean_off, monkeypatch):
+    """The EAGLE-2 drafter's expansions (one head forward over a frontier under a tree mask) run lean and grow the
+    same tree, with the same path confidences, as transformers' forward of the head."""
+    target = llama()
+    lean_llama.use_lean_forward(target)
+    drafter = random_eagle_drafter(target, feature_layers=(1, -1), scale=2.0)
+    tree_drafter = EagleTreeDrafter(drafter.head, target, drafter.vocab_index, width=3, depth=4, size_by_cost=False)
+    runs = counting_tree_runs(monkeypatch)
+    features = torch.randn(12, 2 * 64, generator=torch.Generator().manual_seed(0))
+    ids = list(range(20, 33))
+
+    expand = tree_drafter._expand
+
+    def grow():
+        predicted = []                            # each expansion's predicted features [3, H]
+        tree_drafter._expand = lambda *args: predicted.append(expand(*args)) or predicted[-1]
+        tree_drafter.begin(ids, features)
+        proposal = tree_drafter.propose(ids, 8, SamplingParams(0.0), torch.Generator())
+        return proposal.tree.tokens, proposal.tree.parents, tree_drafter.last_scores, torch.stack(predicted)
+    lean, stock = grow(), lean_off(grow)
+    assert lean[:2] == stock[:2] and len(lean[0]) == 8
+    torch.testing.assert_close(lean[2], stock[2], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(lean[3], stock[3], rtol=1e-5, atol=1e-5)
+    assert runs == [3, 3, 3]                      # depth 4: three expansions of a 3-node frontier, lean; stock none
 
 
 @pytest.mark.skipif(not available(), reason="this torch has no MKL packed sgemm")

@@ -1,7 +1,7 @@
 """Trees in the engine: one target forward scores every node of a draft tree under a tree attention mask, the
 accepted path's KV entries are moved into place and the rest dropped, and greedy tree decoding is token-identical to
-plain greedy decoding: on tiny models with the speed layer on and off (the tree forward is transformers' own, with
-the mask as `attention_mask`, either way), and on SmolLM2-135M.
+plain greedy decoding: on tiny models with the speed layer on and off (the lean tree forward, and transformers' own
+with the mask as `attention_mask`), and on SmolLM2-135M.
 
 The forward is checked directly: each node's logits equal a plain forward over the committed text plus that node's
 path, and the compacted cache equals a fresh prefill of the committed text, so a mask that let a node see its

@@ -45,13 +45,16 @@ class CpuSpeedLayer(speed.SpeedLayer):
     def products(self):
         return cpu_gemm.batched_gemm()
 
-    def forward(self, model, input_ids, cache, logits_to_keep: int, feature_layers: tuple[int, ...]):
+    def forward(self, model, input_ids, cache, logits_to_keep: int, feature_layers: tuple[int, ...],
+                positions=None, visible=None):
         if not lean_llama.enabled(model):
             return None
-        return lean_llama.forward_logits(model, input_ids, cache, logits_to_keep, feature_layers)
+        return lean_llama.forward_logits(model, input_ids, cache, logits_to_keep, feature_layers, positions, visible)
 
-    def run_layers(self, stack, embeds, cache):
-        return lean_llama.run_layers(stack, embeds, cache)[0] if lean_llama.enabled(stack) else None
+    def run_layers(self, stack, embeds, cache, positions=None, visible=None):
+        if not lean_llama.enabled(stack):
+            return None
+        return lean_llama.run_layers(stack, embeds, cache, positions=positions, visible=visible)[0]
 
     def new_layer(self, layer):
         return growing_cache.growing(layer)

@@ -201,22 +201,31 @@ def mlp(block: LlamaMLP, lean: LeanLayer, x: torch.Tensor) -> torch.Tensor:
 
 
 def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
-               lean: LeanLayers | None = None) -> tuple[torch.Tensor, dict]:
+               lean: LeanLayers | None = None, positions: torch.Tensor | None = None,
+               visible: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """The decoder stack over embeds [1, n, H] placed after what `cache` holds -> (final post-norm states [1, n, H],
     {index: hidden state [1, n, H]} for `state_indices`). Indices are transformers' `hidden_states` ones, counted
     from 0 (the embeddings; i is the output of layer i - 1, the layer count the post-norm final states, as -1 is)
-    and returned so. `lean`: the fused projections (those of `inner`'s own switch when None)."""
+    and returned so. `lean`: the fused projections (those of `inner`'s own switch when None). A token tree gives
+    its rotary positions [n] and its visibility [n, start + n] (bool, core/cache.py `tree_visibility`); a run of
+    consecutive tokens gives neither (positions follow the cache, the mask is causal)."""
     assert embeds.dim() == 3 and embeds.shape[0] == 1, f"the lean path runs one sequence, got {tuple(embeds.shape)}"
     lean = lean or lean_layers(inner)
     n, last = embeds.shape[1], len(inner.layers)
     wanted = {index % (last + 1) for index in state_indices}
     start = int(cache.get_seq_length())
-    positions = torch.arange(start, start + n, device=embeds.device)                  # [n]
+    if positions is None:
+        positions = torch.arange(start, start + n, device=embeds.device)              # [n]
     cos, sin = inner.rotary_emb(embeds, positions[None])                              # [1, n, D] each
     half = sin.shape[-1] // 2
     cos, sin = cos[:, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, :, None]   # [1, n, 1, D]
     # One query attends to every cached key; several need the causal mask, offset by the cache: [n, start + n].
-    mask = None if n == 1 else torch.arange(start + n, device=embeds.device) <= positions[:, None]
+    # A tree brings its own: [n, start + n].
+    if visible is not None:
+        assert visible.shape == (n, start + n) and visible.dtype == torch.bool, (tuple(visible.shape), start, n)
+        mask = visible
+    else:
+        mask = None if n == 1 else torch.arange(start + n, device=embeds.device) <= positions[:, None]
     hidden, states = embeds, {}
     for i, layer in enumerate(inner.layers):
         if i in wanted:
@@ -231,12 +240,15 @@ def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
     return hidden, states
 
 
-def forward_logits(model, input_ids: torch.Tensor, cache, logits_to_keep: int,
-                   feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """What `cache.forward_logits` computes, on the lean path: input_ids [1, n] -> (logits [logits_to_keep, vocab],
-    the `feature_layers` hidden states side by side [n, len(feature_layers) * H], or None)."""
+def forward_logits(model, input_ids: torch.Tensor, cache, logits_to_keep: int, feature_layers: tuple[int, ...] = (),
+                   positions: torch.Tensor | None = None,
+                   visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What `cache.forward_logits` (or, given a tree's positions and visibility, `cache.forward_tree_logits`)
+    computes, on the lean path: input_ids [1, n] -> (logits [logits_to_keep, vocab], the `feature_layers` hidden
+    states side by side [n, len(feature_layers) * H], or None)."""
     inner = model.model
-    final, states = run_layers(inner, inner.embed_tokens(input_ids), cache, feature_layers, lean_layers(model))
+    final, states = run_layers(inner, inner.embed_tokens(input_ids), cache, feature_layers, lean_layers(model),
+                               positions=positions, visible=visible)
     logits = model.lm_head(final[:, -logits_to_keep:])                                 # [1, keep, vocab]
     count = len(inner.layers) + 1
     features = torch.cat([states[i % count][0] for i in feature_layers], dim=-1) if feature_layers else None

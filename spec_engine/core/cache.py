@@ -98,10 +98,10 @@ def prefill(model, token_ids: list[int], cache, feature_layers: tuple[int, ...] 
     return logits, (torch.cat(parts) if parts else None)
 
 
-def tree_attention_mask(parents: list[int], cached: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """The additive mask [1, 1, n + 1, cached + n + 1] of a tree forward over [root, node 0..n-1] after `cached`
-    positions: every row sees the cached text and the root (the last committed token); node i also sees its own
-    ancestors and itself, and nothing else of the tree. 0 where visible, the dtype's minimum where not."""
+def tree_visibility(parents: list[int], cached: int, device) -> torch.Tensor:
+    """What each row of a tree forward over [root, node 0..n-1] after `cached` positions sees, [n + 1, cached + n + 1]
+    bool: every row the cached text and the root (the last committed token); node i also its own ancestors and
+    itself, and nothing else of the tree."""
     n = len(parents)
     visible = torch.zeros(n + 1, cached + n + 1, dtype=torch.bool, device=device)
     visible[:, :cached + 1] = True                                            # the committed text and the root
@@ -110,7 +110,18 @@ def tree_attention_mask(parents: list[int], cached: int, dtype: torch.dtype, dev
         if parent >= 0:
             visible[row, cached + 1:] = visible[parent + 1, cached + 1:]      # the parent's ancestors, topological
         visible[row, cached + row] = True
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+    return visible
+
+
+def tree_attention_mask(parents: list[int], cached: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """`tree_visibility` as transformers' additive mask [1, 1, n + 1, cached + n + 1]: 0 where visible, the dtype's
+    minimum where not."""
+    return additive_mask(tree_visibility(parents, cached, device), dtype)
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """visible [n, L] bool -> [1, 1, n, L]: 0 where visible, the dtype's minimum where not (what transformers adds)."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
 
@@ -123,9 +134,8 @@ def forward_tree_logits(model, root: int, tokens: list[int], parents: list[int],
     `feature_layers` (as `forward_logits`), also the hidden states of those layers at [root, nodes...],
     [n + 1, len(feature_layers) * hidden]: under the mask each node's are those of its own path.
 
-    Always transformers' forward with the mask as `attention_mask` (transformers takes a 4-D mask as given): the
-    speed layer's lean forward (core/speed.py `forward`) has no mask argument, so it is not asked. Its products and
-    attention function still run inside `products()`; both take the mask as the stock ones do."""
+    A speed layer may run it (core/speed.py `forward`, given the positions and the visibility); else transformers'
+    forward with the mask as `attention_mask` (transformers takes a 4-D mask as given)."""
     layers = getattr(cache, "layers", [])
     if any(getattr(layer, "is_sliding", False) for layer in layers):
         raise ValueError("tree drafts need a model without sliding-window attention layers (their KV cannot be "
@@ -134,8 +144,14 @@ def forward_tree_logits(model, root: int, tokens: list[int], parents: list[int],
     start = cache_len(cache)
     input_ids = torch.tensor([[root, *tokens]], dtype=torch.long, device=device)                  # [1, n + 1]
     position_ids = torch.tensor([[start, *(start + d for d in depths)]], dtype=torch.long, device=device)   # [1, n + 1]
-    mask = tree_attention_mask(parents, start, model.dtype, device)              # [1, 1, n + 1, start + n + 1]
-    with speed.active().products():
+    visible = tree_visibility(parents, start, device)                            # [n + 1, start + n + 1]
+    layer = speed.active()
+    with layer.products():
+        found = layer.forward(model, input_ids, cache, len(tokens) + 1, feature_layers, position_ids[0], visible)
+        if found is not None:
+            logits, features = found
+            return (logits, features) if feature_layers else logits
+        mask = additive_mask(visible, model.dtype)                               # [1, 1, n + 1, start + n + 1]
         out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True,
                     logits_to_keep=len(tokens) + 1, output_hidden_states=bool(feature_layers))
     if feature_layers:

@@ -9,8 +9,10 @@ speed layer: `spec_engine/__init__.py` installs the CPU one (`spec_engine/accel`
     adopt(module)      prepare a loaded model or draft head (patch, fuse)        nothing: stock modules
     warm(module)       build what is built lazily, before anything is timed     nothing
     products()         a context every model forward runs inside                none
-    forward(...)       logits (+ features) of a forward over new tokens          model(...) through transformers
-    run_layers(...)    a bare decoder stack over embeddings (the EAGLE head)     the stack's own forward
+    forward(...)       logits (+ features) of a forward over new tokens, or      model(...) through transformers
+                       over a token tree (its positions and visibility given)
+    run_layers(...)    a bare decoder stack over embeddings (the EAGLE head),    the stack's own forward
+                       also a tree's (positions and visibility given)
     new_layer(layer)   a KV cache layer to use instead of transformers' one      the layer itself
     draft_dtype(m)     the dtype a small head should draft in beside model m     m's dtype
     warp_rows(...)     temperature/softmax/top-p of float rows, + top-p members  sampling.warp
@@ -45,10 +47,13 @@ class SpeedLayer:
     def products(self):
         return contextlib.nullcontext()
 
-    def forward(self, model, input_ids, cache, logits_to_keep: int, feature_layers: tuple[int, ...]):
+    def forward(self, model, input_ids, cache, logits_to_keep: int, feature_layers: tuple[int, ...],
+                positions=None, visible=None):
+        """input_ids [1, n] after what `cache` holds; a tree forward also gives positions [n] and visible [n, L]
+        (bool: which of the cache's L positions, these n included, each row sees). -> (logits, features) or None."""
         return None
 
-    def run_layers(self, stack, embeds, cache):
+    def run_layers(self, stack, embeds, cache, positions=None, visible=None):
         return None
 
     def new_layer(self, layer):

@@ -35,7 +35,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from spec_engine.core import speed
-from spec_engine.core.cache import check_invariant, new_cache, trim_cache
+from spec_engine.core.cache import additive_mask, check_invariant, new_cache, trim_cache
 from spec_engine.core.sampling import SamplingParams, choose_token, top_probability
 from spec_engine.drafters.base import Drafter, Proposal, vocab_size
 from spec_engine.drafters.sizing import best_draft_length, verify_costs
@@ -100,11 +100,19 @@ class EagleHead(nn.Module):
         return self.fuse(torch.cat([*normed, features[..., -hidden:]], dim=-1))       # [..., H]
 
     def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache=None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                cache=None, attention_mask: torch.Tensor | None = None,
+                visible: torch.Tensor | None = None) -> torch.Tensor:
+        """`attention_mask`: training's padding mask [B, n]. `visible` [n, L] (bool): a tree's rows, each seeing
+        the cache's positions it is True at (drafting a tree: eagle_tree.py), at `position_ids`."""
         features = self.fuse_features(features)
         assert features.shape == next_embeds.shape and features.dim() == 3, (features.shape, next_embeds.shape)
         fused = self.fc(torch.cat([features, next_embeds], dim=-1))                   # [B, n, H]
-        if cache is not None and attention_mask is None:                              # drafting: a speed layer may run it
+        if visible is not None:                                                       # a tree: a speed layer may run it
+            found = speed.active().run_layers(self.body, fused, cache, positions=position_ids[0], visible=visible)
+            if found is not None:
+                return found
+            attention_mask = additive_mask(visible, fused.dtype)                      # [1, 1, n, L]
+        elif cache is not None and attention_mask is None:                            # drafting: a speed layer may run it
             assert position_ids is None or int(position_ids[0, 0]) == cache.get_seq_length(), "pairs follow the cache"
             found = speed.active().run_layers(self.body, fused, cache)                # [1, n, H] or None
             if found is not None:

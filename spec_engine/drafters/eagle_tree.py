@@ -80,13 +80,11 @@ class EagleTreeDrafter(EagleDrafter):
         for j, slots in enumerate(ancestors):
             visible[j, slots] = True
             visible[j, cached + j] = True
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=device)
-        mask = mask.masked_fill_(~visible, torch.finfo(self.dtype).min)[None, None]        # [1, 1, m, cached + m]
         next_embeds = self.embed[torch.tensor(token_ids, device=device)].to(self.dtype)    # [m, H]
         positions = torch.tensor([committed_len - 2 + d for d in depths], device=device)[None]   # [1, m]
         with speed.active().products():
             return self.head(features.to(self.dtype)[None], next_embeds[None], positions, self.cache,
-                             attention_mask=mask)[0]
+                             visible=visible)[0]                                          # visible [m, cached + m]
 
     def _children(self, probs: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
         """probs [m, N] -> per row its top `width` reduced indices with probability > 0, and those probabilities."""
