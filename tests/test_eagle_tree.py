@@ -134,6 +134,30 @@ def test_a_round_whose_best_node_cannot_pay_for_a_verify_row_stops_after_one_lev
     assert drafter._worth_growing(0.01, 8) and len(drafter.propose(state.committed, 8, GREEDY, None).tree.tokens) == 8
 
 
+def test_growth_that_could_never_be_kept_is_skipped_and_the_tree_is_unchanged(target, trained):
+    """Over sampled rounds of several heads, widths, k and node counts, the same tree with and without skipping the
+    levels `_keep` could not keep from, in fewer head forwards."""
+    random_head = random_eagle_drafter(target, seed=1, scale=3.0)
+    expansions = {True: 0, False: 0}
+    for head, vocab in ((trained, REDUCED), (random_head.head, random_head.vocab_index)):
+        for width, k, nodes in ((1, 8, None), (3, 4, None), (3, 8, 3), (4, 16, None), (2, 6, 6)):
+            trees = {}
+            for prune in (True, False):
+                drafter = EagleTreeDrafter(head, target, vocab, width=width, depth=6, nodes=nodes, size_by_cost=False)
+                drafter.prune_unkeepable = prune
+                expand = drafter._expand
+
+                def counted(*args, prune=prune, expand=expand):
+                    expansions[prune] += 1
+                    return expand(*args)
+                drafter._expand = counted
+                result = se.SpeculativeDecoder(target, drafter).generate(PROMPT, k=k, max_new_tokens=12,
+                                                                         sampling=SAMPLED, seed=5)
+                trees[prune] = [(r.drafted, r.tree_parents) for r in result.rounds]
+            assert trees[True] == trees[False], (width, k, nodes)
+    assert expansions[True] < expansions[False], expansions
+
+
 def test_eagle_tree_draft_names(target, trained):
     assert se.parse_draft("eagle-tree") == se.DraftSpec("eagle-tree")
     assert se.parse_draft("eagle-tree:8").arg == 8

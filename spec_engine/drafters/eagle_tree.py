@@ -38,7 +38,8 @@ from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.drafters.base import Proposal, TokenTree, TreeProposal
 from spec_engine.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, head_dtype, load_head, recommended_settings
 
-EAGLE_TREE_WIDTH = 3       # children per expanded node, and nodes expanded per level
+EAGLE_TREE_WIDTH = 4       # children per expanded node, and nodes expanded per level (docs/benchmarks.md: 3 and 4 tie at
+                           # 4 nodes, 4 gives 2% more tokens per forward at 8; a 5th never helped)
 EAGLE_TREE_DEPTH = 5       # levels grown (head forwards: depth - 1)
 
 
@@ -60,6 +61,7 @@ class EagleTreeDrafter(EagleDrafter):
         super().__init__(head, target_model, vocab_index, name=name, size_by_cost=size_by_cost and nodes is None,
                          min_path_confidence=min_path_confidence)
         self.width, self.depth, self.nodes = width, depth, nodes
+        self.prune_unkeepable = True             # skip growth `_keep` could never keep (`_could_keep_deeper`)
         self.last_scores: list[float] = []       # the kept nodes' path confidences, for benchmarks and displays
 
     def _confidences(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -127,6 +129,8 @@ class EagleTreeDrafter(EagleDrafter):
                         if scores[i] >= self.min_path_confidence]
             if not frontier:
                 break               # every branch is a long shot: skip the head forwards its children would cost
+            if self.prune_unkeepable and not self._could_keep_deeper(scores, frontier, level, k):
+                break
             start = self.cache.get_seq_length()
             features = self._expand(torch.stack([predicted[parents[i]] for i in frontier]),
                                     [tokens[i] for i in frontier], [depths[i] for i in frontier],
@@ -143,6 +147,18 @@ class EagleTreeDrafter(EagleDrafter):
         renumber = {old: new for new, old in enumerate(keep)}
         tree = TokenTree.of([tokens[i] for i in keep], [renumber.get(parents[i], -1) for i in keep])
         return TreeProposal(tree, None)
+
+    def _could_keep_deeper(self, scores: list[float], frontier: list[int], level: int, k: int) -> bool:
+        """Whether a child of the frontier could be among the nodes `_keep` keeps. At most N = min(k, nodes) are kept
+        (the cost sizing keeps a prefix of the same ranking), so no child can be when (a) it would sit below level
+        N (its path alone would be N + 1 nodes), or (b) N nodes already score at least the best frontier node,
+        which bounds every descendant's score (a product of probabilities), and ties go to the earlier node. The
+        tree kept is the same as without this check; the round skips head forwards whose nodes would be dropped."""
+        budget = min(k, self.nodes or k)
+        if level >= budget:
+            return False
+        best = max(scores[i] for i in frontier)
+        return sum(score >= best for score in scores) < budget
 
     def _worth_growing(self, best: float, k: int) -> bool:
         """Whether any tree could pay for its verify rows: no node scores above the root's best child (`best`), so m
