@@ -253,6 +253,7 @@ def test_eagle_tree_growth_runs_lean_and_agrees(lean_off, monkeypatch):
     lean_llama.use_lean_forward(target)
     drafter = random_eagle_drafter(target, feature_layers=(1, -1), scale=2.0)
     tree_drafter = EagleTreeDrafter(drafter.head, target, drafter.vocab_index, width=3, depth=4, size_by_cost=False)
+    tree_drafter.prune_unkeepable = False         # every level grows, so every expansion is compared
     runs = counting_tree_runs(monkeypatch)
     features = torch.randn(12, 2 * 64, generator=torch.Generator().manual_seed(0))
     ids = list(range(20, 33))
