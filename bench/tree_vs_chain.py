@@ -6,7 +6,7 @@ Timing-free, so a loaded machine gives the same numbers; not a test. `--widths` 
 at each pair (`eagle-tree w4 d5`), the sweep its defaults were chosen by.
 
     python -m bench.tree_vs_chain --kinds chat --per-kind 8 --k 4 8 --tokens 48 --out bench/results/tree-vs-chain-heldout-chat
-    python -m bench.tree_vs_chain --kinds chat --per-kind 6 --k 4 8 12 16 --widths 2 3 4 5 --depths 5 8 \
+    python -m bench.tree_vs_chain --kinds chat --per-kind 6 --k 4 8 12 16 --drafts eagle eagle-tree --widths 3 4 \
         --threads 1 --out bench/results/eagle-tree-shape-heldout-chat
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from spec_engine.bench import tree_gain
 from spec_engine.bench_hf import encode, load_prompts, select_prompts
 from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate
 from spec_engine.core.sampling import SamplingParams
-from spec_engine.drafters.eagle_tree import load_eagle_tree_drafter
+from spec_engine.drafters.eagle_tree import EAGLE_TREE_DEPTH, EAGLE_TREE_WIDTH, load_eagle_tree_drafter
 from spec_engine.drafters.registry import make_drafter
 from spec_engine.models import DEFAULT_MODEL, load_model
 
@@ -86,7 +86,6 @@ def main(argv=None) -> None:
 def shaped(names: list[str], widths: list[int] | None, depths: list[int] | None) -> dict:
     """Each draft name -> a builder of its fixed-size drafter; with widths or depths, `eagle-tree` becomes one arm per
     (width, depth) pair, the others' defaults filling in what is not swept."""
-    from spec_engine.drafters.eagle_tree import EAGLE_TREE_DEPTH, EAGLE_TREE_WIDTH
     arms = {}
     for name in names:
         if name == "eagle-tree" and (widths or depths):

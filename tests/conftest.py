@@ -148,7 +148,6 @@ def open_playground(browser, url: str, **options):
     return page
 
 
-
 PLOT_DATA = "document.querySelector('{} .js-plotly-plot')?.data"    # a Plotly figure's traces, by its elem_id
 
 
@@ -157,6 +156,7 @@ def set_number(page, selector: str, value) -> None:
     box = page.locator(f"{selector} input[type=number]")
     box.fill(str(value))
     box.press("Enter")
+
 
 ENDLESS = ("Write a long, detailed guide to learning the piano, with ten numbered sections of several paragraphs "
            "each.")     # greedy, the offline default does not reach EOS within 600 tokens
