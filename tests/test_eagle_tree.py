@@ -50,14 +50,15 @@ def test_greedy_identity_and_the_head_cache_every_round(target, trained, params)
             drafter = make()
             decoder = se.SpeculativeDecoder(target, drafter)
             state = decoder.start(PROMPT, k=k, max_new_tokens=30, sampling=params, seed=5)
-            accepted, tree_rounds = 0, 0
+            accepted, tree_rounds, committed = 0, 0, PROMPT.shape[1]
             while state.stop_reason is None:
                 event = decoder.step(state)
                 accepted += event.accepted
+                committed += len(event.emitted)            # counted from the rounds, not from the engine's count
                 tree_rounds += event.tree_parents is not None and len(event.drafted) > 0
                 assert drafter.cache_ids == state.committed[:-1], name
-                assert cache_len(drafter.cache) == event.draft_cache_len == len(state.committed) - 1, name
-                assert event.target_cache_len == event.committed_len - 1, name
+                assert cache_len(drafter.cache) == event.draft_cache_len == committed - 1, name
+                assert event.committed_len == committed and event.target_cache_len == committed - 1, name
                 assert len(event.drafted) <= k, name
                 if event.tree_parents is not None and event.drafted:
                     assert all(-1 <= p < i for i, p in enumerate(event.tree_parents)), name      # topological
@@ -67,6 +68,24 @@ def test_greedy_identity_and_the_head_cache_every_round(target, trained, params)
             assert tree_rounds > 0, (name, k)
             if name.startswith("trained") and params.greedy:
                 assert accepted > 0, (name, k)        # the accepted-path features are exercised, not only rejections
+
+
+def test_a_width_one_tree_drafts_what_the_chain_drafter_drafts(target, trained):
+    """A tree of width 1 is a chain: grown level by level by `_expand`, it must propose, round after round, exactly the
+    tokens the chain drafter (`EagleDrafter.propose`, one head step per draft) proposes greedily from the same text.
+    The two compute the head's positions separately, so an expansion at a position off by one drafts other tokens
+    (the lean-forward parity test cannot see that: it feeds the same positions to both sides). Greedy: the chain
+    samples its drafts under sampling, while the tree takes the head's top tokens."""
+    random_head = random_eagle_drafter(target, seed=1, scale=3.0)
+    for head, vocab in ((trained, REDUCED), (random_head.head, random_head.vocab_index)):
+        drafts = {}
+        for kind in ("tree", "chain"):
+            drafter = (EagleTreeDrafter(head, target, vocab, width=1, depth=6, size_by_cost=False) if kind == "tree"
+                       else se.EagleDrafter(head, target, vocab, size_by_cost=False))
+            result = se.SpeculativeDecoder(target, drafter).generate(PROMPT, k=6, max_new_tokens=24, sampling=GREEDY)
+            drafts[kind] = [r.drafted for r in result.rounds]
+        assert drafts["tree"] == drafts["chain"]
+        assert max(len(d) for d in drafts["tree"]) >= 3          # rounds reached the deeper levels' positions
 
 
 def test_the_head_cache_equals_a_fresh_pass_over_true_features_after_tree_rounds(target, trained):
@@ -186,8 +205,10 @@ def test_greedy_identity_on_the_offline_default(smollm2, draft):
         result = se.SpeculativeDecoder(smollm2.model, drafter).generate(prompt, k=8, max_new_tokens=40,
                                                                         sampling=GREEDY, eos_token_id=eos)
         assert result.tokens == plain, (draft, smollm2.tokenizer.decode(result.tokens))
+        committed = prompt.shape[1]                   # counted from the rounds, not from the engine's count
         for event in result.rounds:
-            assert event.target_cache_len == event.draft_cache_len == event.committed_len - 1
+            committed += len(event.emitted)
+            assert event.target_cache_len == event.draft_cache_len == committed - 1 == event.committed_len - 1
         assert any(e.tree_parents for e in result.rounds)
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
     assert drafted > 0 and accepted / drafted > 0.15

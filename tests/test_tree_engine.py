@@ -120,8 +120,11 @@ def test_greedy_tree_decoding_is_plain_greedy_decoding_on_tiny_models(speed, see
         for name, (make, k) in drafters.items():
             result = se.SpeculativeDecoder(target, make()).generate(prompt, k=k, max_new_tokens=40, sampling=GREEDY)
             assert result.tokens == plain, name
+            committed = prompt.shape[1]               # counted from what the rounds emitted, not from the engine's count
             for event in result.rounds:
-                assert event.target_cache_len == event.committed_len - 1, name        # the engine checks it too
+                committed += len(event.emitted)
+                assert event.committed_len == committed and event.target_cache_len == committed - 1, name
+                assert event.target_cache_len_before == committed - len(event.emitted) + len(event.drafted), name
                 if event.tree_parents is None:                    # a last round with room for no draft: a chain of 0
                     assert event.drafted == [] and event.finished, name
                     continue

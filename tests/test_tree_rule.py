@@ -300,3 +300,34 @@ def test_token_tree_names_the_bad_field():
         TokenTree([1], [-1], ["deterministic"])
     assert TokenTree.of([5, 6, 7, 8], [-1, -1, 0, 2]).depths() == [1, 1, 2, 3]
     assert TokenTree.of([5, 6, 7, 8], [-1, -1, 0, 2]).path_to(3) == [0, 2, 3]
+
+
+def test_verify_tree_feeds_the_reference_one_uniform_per_node_then_the_point():
+    """The engine's tree round (`verify.verify_tree`) draws one uniform per node (in node order, float64) and then the
+    CDF point from the run's generator, and decides exactly as `tree_step` (the rule the enumeration above proves)
+    fed those draws: the proof covers the engine's sampled path draw for draw. Its verdict reports each tried node's
+    own uniform and acceptance probability. A node reading another node's uniform, one uniform reused, or the point
+    taken from the uniforms all fail here."""
+    from spec_engine.core.sampling import make_generator, unit_draw
+    from spec_engine.core.verify import verify_tree
+    generator = torch.Generator().manual_seed(5)
+    for trial in range(120):
+        shape = list(SHAPES.values())[trial % len(SHAPES)]
+        drawn = drawn_for(shape, ["with_replacement", "without_replacement", "deterministic", MIXED][trial % 4])
+        params = SETTINGS[trial % len(SETTINGS)]
+        n = len(shape)
+        logits = torch.randn(n + 1, VOCAB + 3, generator=generator, dtype=torch.float64) * 1.5      # [n + 1, vocab]
+        q = warp(torch.randn(n + 1, VOCAB + 3, generator=generator, dtype=torch.float64) * 1.5, params)
+        tokens = torch.multinomial(q[0], n, replacement=True, generator=generator).tolist()
+        tree = TokenTree(tokens, shape, drawn)
+        seed = 300 + trial
+        verdict, probs = verify_tree("exact", params, tree, q, logits, make_generator("cpu", seed))
+        replay = make_generator("cpu", seed)
+        uniforms = torch.rand(n, generator=replay, dtype=torch.float64).tolist()
+        point = float(unit_draw(replay, probs.device))
+        step = tree_step(warp(logits, params), q, tree, uniforms, point)
+        assert (verdict.accepted, verdict.next_token) == (step.accepted, step.token), trial
+        assert verdict.tried == [node for node, _ in step.tried], trial
+        assert verdict.accept_probs == [chance for _, chance in step.tried], trial
+        assert verdict.uniforms == [uniforms[node] for node in verdict.tried], trial
+        assert torch.equal(probs, warp(logits, params)), trial

@@ -19,9 +19,9 @@ from spec_engine.drafters.eagle import random_eagle_drafter
 from spec_engine.drafters.eagle_tree import EagleTreeDrafter
 from spec_engine.drafters.lookup import TreeLookupDrafter
 from spec_engine.drafters.tree import ModelTreeDrafter
-from test_statistical import ALPHA, LENGTH, N, PROMPT, chi_square_pvalue, exact_joint
+from test_statistical import ALPHA, LENGTH, N, POWER, PROMPT, chi_square_pvalue, exact_joint, power_against
 
-pytestmark = pytest.mark.slow      # 1,500 engine runs per test: minutes each on two shared cores
+slow = pytest.mark.slow      # 1,500 engine runs per test: minutes each on two shared cores
 
 K = 4          # nodes per tree: with width 2, the root's 2 children and 2 under the first (a 2-level tree)
 SAMPLED = [se.SamplingParams(1.0), se.SamplingParams(0.8, top_k=5, top_p=0.9)]
@@ -36,6 +36,7 @@ def tree_samples(target_model, make_drafter, params, rule="exact", n=N) -> list[
     return samples
 
 
+@slow
 @pytest.mark.parametrize("drawn, params", [("with_replacement", SAMPLED[0]), ("without_replacement", SAMPLED[0]),
                                            ("without_replacement", SAMPLED[1]), ("deterministic", SAMPLED[1])],
                          ids=lambda x: ids(x) if isinstance(x, se.SamplingParams) else x)
@@ -44,12 +45,14 @@ def test_model_tree_drafter(target, draft, params, drawn):
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 
+@slow
 def test_tree_lookup_drafter(target):
     params = SAMPLED[0]
     samples = tree_samples(target, lambda: TreeLookupDrafter(branches=3, max_ngram=3), params)
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 
+@slow
 def test_eagle_tree_drafter(target):
     """The EAGLE-2 tree: an untrained head over a reduced vocabulary (ids 4 and 6 never proposed), its top 2 per
     node grown 3 levels and the best K kept: deterministic siblings, ranked by the head's warped probabilities."""
@@ -60,6 +63,7 @@ def test_eagle_tree_drafter(target):
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 
+@slow
 def test_the_wrong_tree_rule_is_rejected(target, draft):
     """Siblings judged against p itself: each extra sibling is a free extra chance, so the draft's picks are
     over-weighted. A draft's top 3 as siblings at T = 1: p = 6.5e-6 at these seeds (measured once; with top-2
@@ -68,3 +72,45 @@ def test_the_wrong_tree_rule_is_rejected(target, draft):
     samples = tree_samples(target, lambda: ModelTreeDrafter(draft, width=3, drawn="deterministic"), params,
                            rule="tree_best_sibling")
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) < ALPHA
+
+
+def sibling_pair_law(q_row: list[float], drawn: str) -> dict[tuple, float]:
+    """P(first sibling, second sibling) when two children are drawn from q_row as `drawn` says."""
+    law = {}
+    for a, qa in enumerate(q_row):
+        for b, qb in enumerate(q_row):
+            if drawn == "with_replacement":
+                law[(a, b)] = qa * qb
+            else:
+                law[(a, b)] = qa * qb / (1 - qa) if a != b and qa < 1 else 0.0
+    total = sum(law.values())                  # q_row comes from float32: sum to 1 in float64
+    return {pair: prob / total for pair, prob in law.items()}
+
+
+@pytest.mark.parametrize("params", SAMPLED, ids=ids)
+@pytest.mark.parametrize("drawn", ["with_replacement", "without_replacement"])
+def test_a_tree_drafter_draws_its_siblings_the_way_it_labels_them(draft, params, drawn):
+    """The tree rule trusts the label (`TokenTree.drawn`): a drafter that draws with replacement but says "without"
+    (or the reverse) moves the output distribution (TV 0.011 at T = 1, 0.034 at T = 0.8 / top-k 5 / top-p 0.9), which
+    the end-to-end tests above cannot see at their sample size. Here the root's two siblings, over seeded proposals,
+    must follow the law their label states for the q row the drafter reports. The bug caught: the other label's law;
+    N is the smallest multiple of 100 whose chi-square test at ALPHA rejects it with probability POWER (noncentral
+    chi-square), and a repeated sibling under "without" fails outright. A correct drafter fails with probability
+    ALPHA."""
+    drafter = ModelTreeDrafter(draft, width=2, drawn=drawn)
+    committed = PROMPT[0].tolist()
+    drafter.begin(committed)
+    proposal = drafter.propose(committed, 2, params, torch.Generator().manual_seed(0))
+    q_row = proposal.probs[0].double().tolist()                            # the root's row: what both were drawn from
+    law = sibling_pair_law(q_row, drawn)
+    other = sibling_pair_law(q_row, "without_replacement" if drawn == "with_replacement" else "with_replacement")
+    n = 100
+    while power_against(other, law, n) < POWER:
+        n += 100
+    samples = []
+    for seed in range(n):
+        proposal = drafter.propose(committed, 2, params, torch.Generator().manual_seed(seed))
+        assert proposal.tree.parents == [-1, -1] and proposal.tree.drawn[0] == drawn
+        assert torch.equal(proposal.probs[0].double(), torch.tensor(q_row, dtype=torch.float64))
+        samples.append(tuple(proposal.tree.tokens))
+    assert chi_square_pvalue(samples, law) > ALPHA, n

@@ -61,6 +61,34 @@ def test_model_text_is_escaped_in_the_figure_and_the_token_view():
     assert kinds == ["accepted", "rejected", "rejected", "correction"] and 'class="round tree"' in html
 
 
+def drawn_edges(fig, name: str) -> set:
+    """The segments of the figure's edge trace `name` ("kept path" or "edge"), each ((x, y), (x, y)), parent first."""
+    trace = next(t for t in fig.data if t.name == name)
+    xs, ys = list(trace.x), list(trace.y)
+    return {((xs[i], ys[i]), (xs[i + 1], ys[i + 1])) for i in range(0, len(xs), 3)}
+
+
+@pytest.mark.parametrize("change, bold, thin", [
+    ({}, [(-1, 0), (0, "next")], [(-1, 1), (0, 2), (0, 3), (1, 4)]),                 # correction below node 0
+    ({"accepted": 2, "emitted": [1, 3, 7], "correction": None, "bonus": 7, "tree_path": [0, 3],
+      "tree_tried": [0, 2, 3]}, [(-1, 0), (0, 3), (3, "next")], [(-1, 1), (0, 2), (1, 4)]),   # bonus below leaf 3
+    ({"accepted": 0, "emitted": [9], "tree_path": [], "tree_tried": [0, 1]},
+     [(-1, "next")], [(-1, 0), (-1, 1), (0, 2), (0, 3), (1, 4)]),                         # both root children refused
+])
+def test_only_the_kept_path_and_the_token_after_it_are_drawn_bold(change, bold, thin):
+    """The bold edges are exactly the kept path's, root first, plus the edge to the emitted token; every other edge,
+    the refused children of a kept node included, is thin."""
+    ev = tree_event(**change)
+    ys, xs, _ = tree.layout_round(ev)                   # the first (only) tree sits at offset 0
+    n = len(ev.drafted)
+
+    def at(node):
+        return (0, ys[-1]) if node == -1 else (xs[n], ys[n]) if node == "next" else (xs[node], ys[node])
+    fig = tree.tree_figure([ev], LABEL)
+    assert drawn_edges(fig, "kept path") == {(at(a), at(b)) for a, b in bold}
+    assert drawn_edges(fig, "edge") == {(at(a), at(b)) for a, b in thin}
+
+
 def test_chain_rounds_keep_their_view_and_draw_no_tree():
     chain = tree_event(tree_parents=None, tree_path=None, tree_tried=None, drafted=[1, 3], accepted=1,
                        target_probs=[0.5, 0.1], draft_probs=[1.0, 1.0], accept_probs=[0.5, 0.1], uniforms=[0.2, 0.9])
