@@ -13,7 +13,9 @@ Figures are collected in FIGURES and printed at the end: `pytest tests/test_faul
 import asyncio
 import contextlib
 import concurrent.futures
+import datetime
 import json
+import math
 import re
 import sys
 import time
@@ -544,13 +546,14 @@ def test_abandoned_sessions_expire_with_their_kv_caches_and_exports(playground_r
     step), then go idle. A time to live after their last use their states are deleted: the step-through's caches,
     the export folders and Gradio's served copies go, and the process's memory returns to its level. Before: the
     main state was only ever read, so Gradio never started its time to live, and nothing deleted the caches or the
-    files. The time to live outlasts opening all N (~17 s each on two loaded cores), so all are held at once."""
+    files. Gradio's own loop deletes expired state every second, reading each state's time of last use; the test
+    moves those times a time to live into the past (an injected clock) instead of waiting one out."""
     import app
     from gradio_client import Client
     from test_app_faults import wait_until
     from ui.classroom import stepper
     from ui.layout import build_demo
-    ttl, n = 75.0, 3
+    ttl, n = 3600.0, 3
     previous = limits.configure(session_ttl_seconds=ttl, queue_size=64, concurrency=1, max_run_seconds=60.0)
     demo = app.queue(build_demo(preload=False))
     prompt = long_prompt(300)                  # each step-through keeps ~300 positions of KV, ~14 MB in float32
@@ -570,25 +573,40 @@ def test_abandoned_sessions_expire_with_their_kv_caches_and_exports(playground_r
         client.predict(*step_args(prompt=prompt, chat=False, max_new_tokens=64), api_name="/step_reset")
         client.predict(*step_args(prompt=prompt, chat=False, max_new_tokens=64), api_name="/step")
         assert served.exists() and len(folders) == 1 and folders[0].exists()
+        # Gradio's served copy goes by its own schedule, by file age (a file's ctime cannot be moved back): it is in
+        # a set Gradio sweeps, and the sweep's age is the time to live (below)
+        assert any(str(served) in files for files in demo.temp_file_sets)
         keys = set(stepper._live) - before
         caches.extend(weakref.ref(stepper._live[key].state.target_cache) for key in keys)
-        return keys, [served, *folders], client.session_hash
+        return keys, folders, client.session_hash
 
     def expired(sessions) -> bool:
         return all(not (keys & set(stepper._live)) and not any(path.exists() for path in paths)
                    for keys, paths, _ in sessions)
+
+    def age(sessions) -> None:
+        """Move every state's time of last use a time to live (and a second) into the past: Gradio's next sweep
+        finds them expired, as it would after a real wait."""
+        for _, _, hash_ in sessions:
+            held = demo.state_holder.session_data[hash_]
+            for key, (time_to_live, used) in list(held._state_ttl.items()):
+                held._state_ttl[key] = (time_to_live, used - datetime.timedelta(seconds=ttl + 1))
+    assert demo.delete_cache == (math.ceil(ttl / 10), math.ceil(ttl))       # served copies: gone a TTL after
     try:
         port = free_port()
         demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
         url = f"http://127.0.0.1:{port}/"
         warm = [open_session()]                                # models, kernels, allocator: the level to return to
-        assert wait_until(lambda: expired(warm), timeout=2 * ttl + 30)
+        assert not expired(warm)
+        age(warm)
+        assert wait_until(lambda: expired(warm), timeout=30)
         level = rss_mb(trim=True)
-        start = time.perf_counter()
         sessions = [open_session() for _ in range(n)]
-        assert time.perf_counter() - start < ttl and all(keys for keys, _, _ in sessions)
+        assert all(keys for keys, _, _ in sessions)
         held = rss_mb(trim=True)
-        assert wait_until(lambda: expired(sessions), timeout=2 * ttl + 30)     # idle clients, still connected
+        assert not any(expired([session]) for session in sessions)             # nothing goes before its time
+        age(sessions)
+        assert wait_until(lambda: expired(sessions), timeout=30)                # idle clients, still connected
         after, trimmed = rss_mb(), rss_mb(trim=True)
         left = [value for _, _, hash_ in sessions for value in demo.state_holder.session_data[hash_].state_data.values()
                 if isinstance(value, (SessionState, stepper.StepSession))]
