@@ -6,6 +6,7 @@ pays for dequantizing the GGUF files (~20 s SmolLM2, ~55 s Gemma).
 import contextlib
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,11 +24,74 @@ torch.set_num_threads(1)
 os.environ.setdefault("SPEC_ENGINE_GEMM_TUNE", "0")
 
 
+# The three tiers (docs/testing.md):
+#   fast     pytest -m "not slow"   every edit, <= 3 min: pure code and tiny models
+#   default  pytest                 the README's command and CI, <= 20 min: adds real models, the app, the browser
+#   full     pytest --full          adds the `full` tests: complete matrices and long soaks (also run by hand)
+# A test is `slow` (out of the fast tier) when marked so, when it is browser / e2e / full, or when it asks for a
+# real model, the app or the browser: the fast tier's rule reads from what a test uses, not from a list.
+HEAVY_FIXTURES = {"smollm2", "gemma", "playground", "playground_registry", "chromium"}
+SUITE_BUDGET_S = float(os.environ.get("SPEC_SUITE_BUDGET_S", 30 * 60))    # the default tier fails past this (CI)
+FAST_BUDGET_S = 3 * 60
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=os.environ.get("SPEC_TESTS_FULL") == "1",
+                     help="also run the full tier's tests (complete matrices, long soaks; SPEC_TESTS_FULL=1)")
+
+
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: loads a large model or does a long computation")
+    config.addinivalue_line("markers", "slow: out of the fast tier (pytest -m 'not slow'): a real model, the app, "
+                                       "the browser or a long computation")
+    config.addinivalue_line("markers", "full: only in the full tier (pytest --full): complete matrices, long soaks; "
+                                       "a representative part of each runs in the default tier")
     config.addinivalue_line("markers", "e2e: launches the playground server and drives it over HTTP")
     config.addinivalue_line("markers", "browser: drives the playground in headless Chromium (/usr/bin/chromium)")
     config.addinivalue_line("markers", "measured_costs: drafts are sized by the verify-cost curve measured here")
+    config._spec_started = time.monotonic()
+
+
+def pytest_collection_modifyitems(config, items):
+    full = config.getoption("--full")
+    kept, left = [], []
+    for item in items:
+        if (any(item.get_closest_marker(name) for name in ("browser", "e2e", "full"))
+                or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.slow)
+        (kept if full or item.get_closest_marker("full") is None else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+def whole_suite(config) -> str | None:
+    """'default' or 'fast' when this run is that whole tier (no paths, no -k), else None: only those are timed
+    against a budget."""
+    from _pytest.config import Config
+    if config.args_source != Config.ArgsSource.TESTPATHS or config.option.keyword or config.getoption("--full"):
+        return None
+    marks = (config.option.markexpr or "").strip()
+    return "default" if not marks else "fast" if marks in ('not slow', '"not slow"') else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Print the run's time; the default tier fails when it passes SUITE_BUDGET_S (a guard against creep)."""
+    config = session.config
+    elapsed = time.monotonic() - config._spec_started
+    tier = whole_suite(config)
+    budget = {"default": SUITE_BUDGET_S, "fast": FAST_BUDGET_S}.get(tier)
+    line = f"suite time: {elapsed:.0f} s" + (f" ({tier} tier, budget {budget:.0f} s)" if budget else "")
+    config._spec_time_line = line
+    if tier == "default" and elapsed > budget and session.exitstatus == 0:
+        config._spec_time_line += " -- OVER BUDGET: the suite fails (docs/testing.md says how to cut it)"
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    line = getattr(config, "_spec_time_line", None)
+    if line:
+        terminalreporter.write_line(line)
 
 
 @contextlib.contextmanager

@@ -30,16 +30,12 @@ def committed_count(page) -> int:
                          ".length")
 
 
-LONG_ANSWER = "Write a Python function that merges two sorted lists into one sorted list, with a docstring."
-# greedy, the offline default does not stop on its own within 600 tokens here (LONG_ANSWER ends at EOS after ~190)
-
-
 def test_run_hover_stop_in_a_browser(page, tmp_path):
-    # A prompt whose greedy answer runs past 160 tokens, so the run is still streaming when Stop is pressed (the
-    # default prompt's answer ends at EOS after ~57 tokens, which a fast run can finish before the hover checks).
-    page.fill("#spec-prompt textarea", LONG_ANSWER)
+    # A run that cannot end by itself before Stop (greedy, ENDLESS does not reach EOS within 600 tokens): it is still
+    # streaming through the hover checks, and Stop then ends it (one run, no wait for a long answer to finish).
+    page.fill("#spec-prompt textarea", ENDLESS)
     max_new = page.locator("#spec-max-new input[type=number]")
-    max_new.fill("300")
+    max_new.fill("600")
     max_new.press("Enter")
     page.click("#spec-run")
 
@@ -82,14 +78,7 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
     assert abs(box["x"] - anchor["x"]) < 500 and box["width"] > 100
     page.screenshot(path=str(tmp_path / "playground-running.png"), full_page=True)
 
-    # Stop ends a run within about one round and says so. A fresh run that cannot end on its own first (the run
-    # above ends at EOS after ~190 tokens, which a fast machine reaches while the hover is retried), stopped as
-    # soon as it streams.
-    page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')", timeout=120_000)
-    page.fill("#spec-prompt textarea", ENDLESS)
-    max_new.fill("600")
-    max_new.press("Enter")
-    page.click("#spec-run")
+    # Stop ends the run within about one round and says so.
     page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Decoding')", timeout=120_000)
     page.click("#spec-stop")
     page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Stopped after')", timeout=30_000)

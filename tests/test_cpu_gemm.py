@@ -216,6 +216,7 @@ def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
     assert prepack(draft) == len(layers(draft)) and all(m.packed is not None for m in layers(draft))
 
 
+@pytest.mark.slow
 def test_verify_cost_benchmark_writes_its_table(tmp_path):
     """bench/verify_cost.py runs end to end (timings are its output, never asserted here)."""
     from bench import verify_cost

@@ -247,8 +247,10 @@ def test_drafts_are_cut_to_the_prefix_worth_its_verify_rows(target, trained):
     assert unsized.costs is None
 
 
-@pytest.mark.parametrize("make", ["random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-trained",
-                                  "trained-bf16"])
+@pytest.mark.slow          # chi-square: the default tier runs the app's two EAGLE drafts, the full tier every head
+@pytest.mark.parametrize("make", ["trained-reduced", "lookup-first"] + [
+    pytest.param(name, marks=pytest.mark.full)
+    for name in ("random-reduced", "trained-dynamic", "layered-trained", "trained-bf16")])
 def test_sampled_output_follows_the_target_distribution(target, trained, layered, make):
     params = se.SamplingParams(0.7, top_p=0.9) if make == "random-reduced" else se.SamplingParams(1.0, top_k=5)
     samples = speculative_samples(target, drafters(target, trained, layered)[make], params)

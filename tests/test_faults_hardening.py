@@ -490,27 +490,31 @@ def test_stop_during_a_long_prefill_ends_the_run(playground_registry):
     assert record.stop_reason == "cancelled" and not record.rounds and "stopped while reading the prompt" in status
 
 
-def test_chunked_prefill_of_a_real_prompt_keeps_greedy_identity(smollm2):
-    """SmolLM2-135M, a prompt of more than two chunks: the same greedy tokens with the default chunks as with one
-    prefill forward, with the CPU speed layer and without it."""
+@pytest.mark.parametrize("chunk", [64, pytest.param(512, marks=pytest.mark.full)], ids=["chunk64", "chunk512"])
+def test_chunked_prefill_of_a_real_prompt_keeps_greedy_identity(smollm2, chunk):
+    """SmolLM2-135M, a prompt of more than two chunks: the same greedy tokens in chunks as with one prefill forward,
+    with the CPU speed layer and without it. The default tier cuts 64-token chunks (the same code, a short prompt);
+    the full tier the app's own 512 (PREFILL_CHUNK) on a prompt of over 1,024 tokens."""
     import spec_engine as se
     from conftest import speed_layer_off
     from spec_engine import accel
     from spec_engine.core import speed
     from spec_engine.core.cache import PREFILL_CHUNK
-    ids = smollm2.encode_prompt(long_prompt(2 * PREFILL_CHUNK + 1), chat=False)
+    assert chunk in (64, PREFILL_CHUNK)
+    ids = smollm2.encode_prompt(long_prompt(2 * chunk + 1), chat=False)
+    assert ids.shape[1] > 2 * chunk
     tokens = {}
     for layer in ("cpu", "off"):
         previous = speed.install(accel.CpuSpeedLayer()) if layer == "cpu" else None
         with speed_layer_off() if layer == "off" else contextlib.nullcontext():
-            for chunk in (PREFILL_CHUNK, 10**6):
+            for size in (chunk, 10**6):
                 decoder = se.SpeculativeDecoder(smollm2.model, se.PromptLookupDrafter())
-                decoder.prefill_chunk = chunk
-                tokens[layer, chunk] = decoder.generate(ids, k=4, max_new_tokens=16).tokens
+                decoder.prefill_chunk = size
+                tokens[layer, size] = decoder.generate(ids, k=4, max_new_tokens=16).tokens
         if previous is not None:
             speed.install(previous)
     FIGURES["cases tried"] += 1
-    assert len(set(map(tuple, tokens.values()))) == 1 and len(tokens["cpu", PREFILL_CHUNK]) == 16, tokens
+    assert len(set(map(tuple, tokens.values()))) == 1 and len(tokens["cpu", chunk]) == 16, tokens
 
 
 # ------------------------------------------------------------- 7. many sessions opened and abandoned
@@ -527,12 +531,14 @@ def rss_mb(trim: bool = False) -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def test_memory_stays_level_over_many_runs(client):
+@pytest.mark.parametrize("n", [6, pytest.param(20, marks=pytest.mark.full)])
+def test_memory_stays_level_over_many_runs(client, n):
     """A figure more than a new case (the first pass measured +6 MB over 30 runs by hand): RSS of the server process
-    (this one) after 2 warm-up runs and after N more in one session, each run's caches dropped when it ends."""
+    (this one) after 2 warm-up runs and after N more in one session, each run's caches dropped when it ends. The
+    default tier's 6 runs catch a leak of 5 MB a run; the full tier's soak, 1.5 MB a run."""
     for _ in range(2):
         client.predict(*args(max_new_tokens=8), api_name="/run")
-    before, n = rss_mb(trim=True), 20          # trimmed: the heap's free pages, kept for reuse, are not growth
+    before = rss_mb(trim=True)                 # trimmed: the heap's free pages, kept for reuse, are not growth
     for seed in range(n):
         client.predict(*args(max_new_tokens=8, temperature=0.7, seed=seed), api_name="/run")
     after = rss_mb(trim=True)

@@ -161,6 +161,7 @@ def lab_draws(pair, prompt):
     return exact, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["plain", "exact"])
 def test_chi_square_does_not_reject_the_exact_samplers(lab_draws, sampler):
     exact, draws = lab_draws
@@ -169,6 +170,7 @@ def test_chi_square_does_not_reject_the_exact_samplers(lab_draws, sampler):
     assert report.chi.pvalue > ALPHA, report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", se.WRONG_RULES)
 def test_chi_square_rejects_the_wrong_rules_at_the_same_n(lab_draws, sampler):
     exact, draws = lab_draws
@@ -178,6 +180,7 @@ def test_chi_square_rejects_the_wrong_rules_at_the_same_n(lab_draws, sampler):
     assert report.tv > 0.1
 
 
+@pytest.mark.slow
 def test_acceptance_is_measured_for_speculative_draws_only(lab_draws):
     _, draws = lab_draws
     assert draws["plain"].acceptance is None
@@ -203,6 +206,7 @@ def test_draw_rejects_greedy_and_unknown_samplers(pair, prompt):
         next(lab.draw(pair.target.model, None, prompt, 1, 2, LAB_SAMPLING, 10, "heuristic"))
 
 
+@pytest.mark.slow
 def test_histogram_lists_likely_outcomes_then_the_rest(lab_draws):
     exact, draws = lab_draws
     hist = lab.histogram(exact, list(draws.values()), length=2, top=3)

@@ -39,6 +39,7 @@ def test_lab_streams_then_shows_both_histograms_and_the_table(toy_run):
     assert isinstance(table, pd.DataFrame) and len(table) == 4
 
 
+@pytest.mark.slow
 def test_lab_numbers_come_from_engine_draws_with_the_same_seeds(toy_run):
     *_, table, run = toy_run[-1]
     pair = toy.toy_pair()

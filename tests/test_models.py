@@ -338,6 +338,7 @@ def round_trip(tmp_path_factory):
     return {"cache": cache, "first": first, "second": second, "messages": (first_messages, second_messages)}
 
 
+@pytest.mark.slow          # dequantizes the GGUF into an empty cache
 def test_first_load_dequantizes_and_second_reads_the_cache(round_trip):
     first, second = round_trip["first"], round_trip["second"]
     print(f"\nfirst load {first.load_seconds:.1f} s ({first.source}); cached load {second.load_seconds:.1f} s")
@@ -353,6 +354,7 @@ def test_first_load_dequantizes_and_second_reads_the_cache(round_trip):
     assert json.loads((entries[0] / loading.CACHE_MARKER).read_text())["preset"] == DEFAULT_MODEL
 
 
+@pytest.mark.slow          # dequantizes the GGUF into an empty cache
 def test_cached_model_matches_the_gguf_model_exactly(round_trip):
     first, second = round_trip["first"], round_trip["second"]
     assert type(first.model) is type(second.model)
@@ -361,6 +363,7 @@ def test_cached_model_matches_the_gguf_model_exactly(round_trip):
         assert torch.equal(first.model(ids).logits, second.model(ids).logits)
 
 
+@pytest.mark.slow          # dequantizes the GGUF into an empty cache
 def test_cached_tokenizer_matches_the_gguf_tokenizer(round_trip):
     first, second = round_trip["first"], round_trip["second"]
     for text in TOKENIZER_PROBES:
@@ -373,6 +376,7 @@ def test_cached_tokenizer_matches_the_gguf_tokenizer(round_trip):
     assert first.tokenizer.eos_token == second.tokenizer.eos_token
 
 
+@pytest.mark.slow          # dequantizes the GGUF into an empty cache
 def test_cached_weights_convert_to_the_requested_dtype(round_trip, monkeypatch):
     monkeypatch.setenv("SPEC_ENGINE_CACHE", str(round_trip["cache"]))
     half = load_model(DEFAULT_MODEL, device="cpu", dtype="bf16")

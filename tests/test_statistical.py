@@ -154,21 +154,29 @@ def speculative_samples(target_model, make_drafter, params, rule="exact", prompt
 SAMPLED = [se.SamplingParams(1.0), se.SamplingParams(0.7, top_p=0.9), se.SamplingParams(1.5, top_k=4),
            se.SamplingParams(1.0, top_k=5, top_p=0.8)]
 ids = lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}"
+full = pytest.mark.full
+# Every chi-square test is out of the fast tier (1,500 engine runs each); the default tier runs each drafter kind at
+# one or two settings, the full tier (pytest --full) every setting.
+pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("params", SAMPLED, ids=ids)
+def in_full(*params):
+    return [pytest.param(p, marks=full) for p in params]
+
+
+@pytest.mark.parametrize("params", SAMPLED[:2] + in_full(*SAMPLED[2:]), ids=ids)
 def test_model_drafter(target, draft, params):
     samples = speculative_samples(target, lambda: se.ModelDrafter(draft), params)
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 
-@pytest.mark.parametrize("params", SAMPLED[:2], ids=ids)
+@pytest.mark.parametrize("params", SAMPLED[1:2] + in_full(SAMPLED[0]), ids=ids)
 def test_layer_skip_drafter(target, params):
     samples = speculative_samples(target, lambda: se.LayerSkipDrafter(target, [1]), params)
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 
-@pytest.mark.parametrize("params", [SAMPLED[0], SAMPLED[3]], ids=ids)
+@pytest.mark.parametrize("params", SAMPLED[3:] + in_full(SAMPLED[0]), ids=ids)
 def test_prompt_lookup_drafter(target, params):
     samples = speculative_samples(target, lambda: se.PromptLookupDrafter(max_ngram=3), params)
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA

@@ -105,7 +105,7 @@ class OracleTreeDrafter(Drafter):
 
 
 @pytest.mark.parametrize("speed", list(SPEED))
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 def test_greedy_tree_decoding_is_plain_greedy_decoding_on_tiny_models(speed, seed):
     target = tiny_llama(vocab=10, layers=2, seed=seed)
     prompt = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]])

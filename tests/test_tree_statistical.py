@@ -37,8 +37,9 @@ def tree_samples(target_model, make_drafter, params, rule="exact", n=N) -> list[
 
 
 @slow
-@pytest.mark.parametrize("drawn, params", [("with_replacement", SAMPLED[0]), ("without_replacement", SAMPLED[0]),
-                                           ("without_replacement", SAMPLED[1]), ("deterministic", SAMPLED[1])],
+@pytest.mark.parametrize("drawn, params", [("with_replacement", SAMPLED[0]), ("without_replacement", SAMPLED[1]),
+                                           pytest.param("without_replacement", SAMPLED[0], marks=pytest.mark.full),
+                                           pytest.param("deterministic", SAMPLED[1], marks=pytest.mark.full)],
                          ids=lambda x: ids(x) if isinstance(x, se.SamplingParams) else x)
 def test_model_tree_drafter(target, draft, params, drawn):
     samples = tree_samples(target, lambda: ModelTreeDrafter(draft, width=2, drawn=drawn), params)
@@ -87,6 +88,7 @@ def sibling_pair_law(q_row: list[float], drawn: str) -> dict[tuple, float]:
     return {pair: prob / total for pair, prob in law.items()}
 
 
+@slow
 @pytest.mark.parametrize("params", SAMPLED, ids=ids)
 @pytest.mark.parametrize("drawn", ["with_replacement", "without_replacement"])
 def test_a_tree_drafter_draws_its_siblings_the_way_it_labels_them(draft, params, drawn):

@@ -153,6 +153,7 @@ def test_tree_drafts_refuse_the_chains_wrong_rules():
         validate.check_rule_for("layer-skip-tree", "no_residual")
 
 
+@pytest.mark.slow
 def test_the_lab_shows_the_wrong_tree_rule_drift():
     """The toy pair drafting trees (top 2 per node): the exact tree rule passes the chi-square test, the best-sibling
     rule fails it at N = 300 (measured TV on the next token: 0.02 exact, 0.18 wrong; p-values 0.6 and 2e-10)."""
