@@ -1,9 +1,10 @@
-"""Plant the bugs of issue #29 one at a time in a copy of the project and run the deterministic tests against each.
+"""Plant the bugs of issues #29 and #34 one at a time in a copy of the project and run the tests that must catch each.
 
 Each bug is a small source edit (a string replacement that must find its original text exactly once, so this script
 fails loudly when the code moves). The copy is the checkout's tracked and untracked, not ignored, files (so tests
-not yet committed count), one fresh copy per bug. The tests run are the fast deterministic files (no chi-square,
-no seeded statistical test: `caught` means a test failed that fails on every run), `-m "not slow"`, with the
+not yet committed count), one fresh copy per bug. The tests run are each bug's files: for the bugs of core/ and the
+display, the fast tier (`-m "not slow"`) of the deterministic files; for a drafter's sibling draws, the default tier
+of the tree chi-square file (fixed seeds: `caught` means a test failed that fails on every run); with the
 environment's speed layer (the compiled sampling searches on the CPU, as the app runs: csrc/sampling.cpp is
 compiled again from the copy's source, its library named by the source's hash). A run of the unchanged copy comes
 first and must pass.
@@ -68,6 +69,8 @@ class Bug:
     path: str
     old: str
     new: str
+    tests: tuple = TEST_FILES             # the files run against it
+    tier: str = "fast"                    # "fast": -m "not slow" (core/ bugs must be caught there); "default": all
 
 
 BUGS = (
@@ -119,6 +122,27 @@ BUGS = (
     Bug("correction_rendered_as_accepted", "a correction rendered as accepted", "ui/views/render.py",
         'for kind, token in (("correction", ev.correction), ("bonus", ev.bonus)):',
         'for kind, token in (("accepted", ev.correction), ("bonus", ev.bonus)):'),
+    # issue #34: the tree gaps
+    Bug("tree_siblings_drawn_with_replacement_labelled_without",
+        'a tree drafter draws its siblings with replacement but labels them "without" (TV 0.011-0.034)',
+        "spec_engine/drafters/tree.py",
+        '        if drawn == "without_replacement":\n            left = without(left, token)\n    return picked',
+        "    return picked",
+        ("tests/test_tree_statistical.py::test_a_tree_drafter_draws_its_siblings_the_way_it_labels_them",), "default"),
+    Bug("tree_view_bolds_every_child_of_a_kept_node", "the tree view draws every child of a kept node in bold",
+        "ui/views/tree.py", "bold = i in path or (i == n and (parent < 0 or parent in path))",
+        "bold = i in path or parent in path or (i == n and parent < 0)", ("tests/test_tree_view.py",)),
+    Bug("eagle_tree_expansion_position_off_by_one", "the EAGLE tree expands its frontier one position late",
+        "spec_engine/drafters/eagle_tree.py", "positions = torch.tensor([committed_len - 2 + d for d in depths]",
+        "positions = torch.tensor([committed_len - 1 + d for d in depths]", ("tests/test_eagle_tree.py",)),
+    Bug("verify_tree_uniforms_reversed", "`verify_tree` hands node i the uniform drawn for node n - 1 - i",
+        "spec_engine/core/verify.py", "                     uniforms, point, rule)\n",
+        "                     uniforms[::-1], point, rule)\n", ("tests/test_tree_rule.py", "tests/test_tree_engine.py")),
+    Bug("tree_residual_not_updated_between_siblings",
+        "the tree rule judges a later sibling against p instead of the residual the earlier ones left",
+        "spec_engine/core/tree_rule.py",
+        "left = residual(p_row, q_j) if rule in WRONG_TREE else residual(left, q_j)",
+        "left = residual(p_row, q_j) if rule in WRONG_TREE else left", ("tests/test_tree_rule.py",)),
 )
 
 
@@ -143,15 +167,17 @@ def plant(copy: Path, bug: Bug) -> None:
     path.write_text(text.replace(bug.old, bug.new))
 
 
-def run_tests(copy: Path, timeout: int) -> dict:
-    """pytest over TEST_FILES in `copy`; -> counts, the failed tests' ids and the seconds it took."""
+def run_tests(copy: Path, timeout: int, files: tuple = TEST_FILES, tier: str = "fast") -> dict:
+    """pytest over `files` in `copy` (their fast tier's tests, or their default tier's); -> counts, the failed tests'
+    ids and the seconds it took."""
     report = copy / "report.xml"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPATH", None)
     check = subprocess.run([sys.executable, "-c", "import spec_engine, ui; print(spec_engine.__file__, ui.__file__)"],
                            cwd=copy, env=env, capture_output=True, text=True, check=True).stdout
     assert all(Path(p).resolve().is_relative_to(copy.resolve()) for p in check.split()), f"imports outside the copy: {check}"
-    command = [sys.executable, "-m", "pytest", *TEST_FILES, "-m", "not slow", "-q", "-p", "no:cacheprovider",
+    tier_options = ["-m", "not slow"] if tier == "fast" else []
+    command = [sys.executable, "-m", "pytest", *files, *tier_options, "-q", "-p", "no:cacheprovider",
                f"--junitxml={report}", *(f"--deselect={test}" for test in STATISTICAL)]
     start = time.perf_counter()
     try:
@@ -170,13 +196,13 @@ def run_tests(copy: Path, timeout: int) -> dict:
     return {"tests": total, "failed": failed, "skipped": skipped, "seconds": seconds, "timeout": False}
 
 
-def row(label: str, where: str, result: dict) -> str:
+def row(label: str, where: str, result: dict, against: str = "") -> str:
     if result["timeout"]:
-        return f"| {label} | `{where}` | timed out | | {result['seconds']:.0f} s | |"
+        return f"| {label} | `{where}` | {against} | timed out | | {result['seconds']:.0f} s | |"
     failed = result["failed"]
     caught = f"**yes** ({len(failed)} failed)" if failed else "**no**"
     names = "; ".join(f"`{name}`" for name in failed[:3]) + (f"; … {len(failed) - 3} more" if len(failed) > 3 else "")
-    return (f"| {label} | `{where}` | {caught} | {result['tests'] - len(failed) - result['skipped']} passed, "
+    return (f"| {label} | `{where}` | {against} | {caught} | {result['tests'] - len(failed) - result['skipped']} passed, "
             f"{result['skipped']} skipped | {result['seconds']:.0f} s | {names} |")
 
 
@@ -192,7 +218,7 @@ def main() -> None:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     lines = [
-        "# Planted bugs (issue #29), each against the deterministic tests",
+        "# Planted bugs (issues #29 and #34), each against the tests that must catch it",
         "",
         "```bash",
         "nice -n 10 " + " ".join(["python", "-m", "bench.planted_bugs", *sys.argv[1:]]),
@@ -200,11 +226,12 @@ def main() -> None:
         "",
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}{' + uncommitted changes' if dirty else ''}, "
         f"Python {sys.version.split()[0]}, SPEC_ENGINE_ACCEL={os.environ.get('SPEC_ENGINE_ACCEL', '1 (default)')}. "
-        f"Tests: `pytest {' '.join(TEST_FILES)} -m \"not slow\"`, less the one chi-square test of test_sampling.py "
-        "(nothing statistical: a failure here fails on every run). Each bug is planted alone in a fresh copy.",
+        "Tests: each row's files, in the fast tier (`-m \"not slow\"`) or the default tier (`pytest`), less the one "
+        "chi-square test of test_sampling.py; seeded tests have fixed seeds, so a failure here fails on every run. "
+        "Each bug is planted alone in a fresh copy; the unchanged copy runs the fast tier of the first four files.",
         "",
-        "| planted bug | edited | caught? | the other tests | time | failing tests (first 3) |",
-        "|---|---|---|---|---|---|",
+        "| planted bug | edited | tests run | caught? | the other tests | time | failing tests (first 3) |",
+        "|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory(prefix="planted-") as scratch:
         def run(label: str, bug: Bug | None) -> dict:
@@ -212,8 +239,10 @@ def main() -> None:
             copy_checkout(copy)
             if bug:
                 plant(copy, bug)
-            result = run_tests(copy, args.timeout)
-            lines.append(row(label, bug.path if bug else "nothing", result))
+            files, tier = (bug.tests, bug.tier) if bug else (TEST_FILES, "fast")
+            result = run_tests(copy, args.timeout, files, tier)
+            against = f"{tier} tier of " + ", ".join(f"`{Path(f).name}`" for f in files)
+            lines.append(row(label, bug.path if bug else "nothing", result, against))
             print(lines[-1], flush=True)
             shutil.rmtree(copy, ignore_errors=True)
             return result
