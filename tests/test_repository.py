@@ -46,3 +46,19 @@ def test_ruff_check_passes():
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_every_benchmark_result_is_indexed_and_cited():
+    """bench/results/README.md names every result with the command that made it, and each is cited outside the
+    folder (README, docs/, a bench script or the engine): an uncited result is a superseded one (issue #35)."""
+    results = ROOT / "bench" / "results"
+    index = (results / "README.md").read_text(encoding="utf-8")
+    files = [f for f in tracked_files() if f.startswith("bench/results/") and not f.endswith("README.md")]
+    assert files
+    sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "bench").glob("*.py"),
+               *(ROOT / "spec_engine").rglob("*.py"), *(ROOT / "spec_engine").rglob("*.json")]
+    text = "\n".join(path.read_text(encoding="utf-8", errors="ignore") for path in sources)
+    for name in files:
+        stem = Path(name).stem if name.endswith((".json", ".md")) else Path(name).name
+        assert f"`{Path(name).name}`" in index, f"{name} is not in bench/results/README.md"
+        assert stem in text, f"{name} is cited nowhere outside bench/results (remove it, or cite it)"
