@@ -28,6 +28,7 @@ def toy_run():
     return outputs
 
 
+@pytest.mark.slow              # the lab draws hundreds of toy runs
 def test_lab_streams_then_shows_both_histograms_and_the_table(toy_run):
     assert toy_run[0][0].startswith("Enumerating")
     status, exact_plot, wrong_plot, table, run = toy_run[-1]
@@ -74,6 +75,7 @@ def test_lab_input_mistakes_are_readable_errors(change, message):
         list(lab_ui.run_lab(*lab_args(**change), SessionState()))
 
 
+@pytest.mark.slow              # the lab draws hundreds of toy runs
 def test_lab_without_wrong_rules_draws_two_samplers():
     *_, table, run = list(lab_ui.run_lab(*lab_args(n=50, depth=1, wrong_rules=False), SessionState()))[-1]
     assert [d.sampler for d in run.draws] == ["plain", "exact"] and len(table) == 2
@@ -176,6 +178,7 @@ def test_the_validators_name_every_bad_input_at_once(playground_registry):
     assert "between 1 and 16" in verdicts[1]["message"]
 
 
+@pytest.mark.slow              # the lab draws hundreds of toy runs
 def test_toy_draws_run_on_one_intra_op_thread_and_restore_the_count(monkeypatch):
     """Two threads made each toy draw ~10x slower on two shared cores (a barrier per tiny op): the toy lab draws
     with one, and the process's count comes back afterwards, also when the run is stopped half-way."""
