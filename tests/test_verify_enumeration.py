@@ -599,13 +599,13 @@ def test_the_new_rules_emit_what_their_definitions_say(rule, path, k):
 
 
 # TV of the first 3 tokens from the target, enumerated (k = 2, DRIFT settings, salt 0); the drift each rule causes.
-DRIFTS = {"typical": 0.05, "q_mismatch": 0.01}
+DRIFTS = {"typical": 0.5, "q_mismatch": 0.05}         # measured: 0.580 and 0.073
 
 
 @pytest.mark.parametrize("rule", list(DRIFTS))
 def test_typical_and_q_mismatch_drift_from_the_target_and_by_how_much(rule):
-    """Quantified: typical's TV from the target is > 0.05 here and q_mismatch's > 0.01 (the numbers are printed by
-    the assertion); with a one-hot draft q_mismatch is the exact rule (no q to get wrong), and at temperature 1
+    """Quantified: typical's TV from the target is 0.580 here and q_mismatch's 0.073 (the assertion prints them;
+    k = 2); with a one-hot draft q_mismatch is the exact rule (no q to get wrong), and at temperature 1
     without top-k / top-p the draft's q before warping is the q it sampled from: the bug is invisible."""
     toy = Toy(DRIFT, 0, False)
     tv = total_variation(emitted_distribution(toy, 2, rule), target_distribution(toy))

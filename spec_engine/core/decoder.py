@@ -253,7 +253,8 @@ class SpeculativeDecoder:
             verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(target_rows.device) - clock.start,
             prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
             finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note,
-            tree_parents=list(tree.parents), tree_path=verdict.accepted[:accepted], tree_tried=verdict.tried)
+            tree_parents=list(tree.parents), tree_path=verdict.accepted[:accepted], tree_tried=verdict.tried,
+            drafter=proposal.source or self.drafter.name)
 
     def _event(self, state: DecodeState, proposal: Proposal, verdict: Verdict, drafted: torch.Tensor,
                target_probs: torch.Tensor, target_members, emitted: list[int], caches_before: tuple[int, int | None],
@@ -293,7 +294,8 @@ class SpeculativeDecoder:
             committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
             verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(drafted.device) - clock.start,
             prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
-            finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note)
+            finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note,
+            drafter=proposal.source or self.drafter.name)
 
     def generate(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
                  seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> GenerationResult:

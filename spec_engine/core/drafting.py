@@ -37,6 +37,7 @@ class Proposal:
     unwarped: torch.Tensor | None = None # [len(tokens), target_vocab] the draft's temperature-1 softmax before top-k /
                                          #   top-p, reported only when `Drafter.report_unwarped` is set: what the
                                          #   shipped bug rule "q_mismatch" reads as q
+    source: str | None = None            # who proposed it, when a drafter combines others (else the drafter's name)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class TreeProposal:
     tree: TokenTree                      # up to k nodes
     probs: torch.Tensor | None           # [n + 1, target_vocab] q at the root and after each node, or None (deterministic)
     note: str | None = None
+    source: str | None = None            # who proposed it, when a drafter combines others (else the drafter's name)
 
 
 class Drafter:
