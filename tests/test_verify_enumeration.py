@@ -225,7 +225,7 @@ def test_wrong_rules_drift_from_the_target(rule, reference):
     assert tv > 0.05, f"{rule} should visibly differ from the target (TV {tv:.3f})"
 
 
-@pytest.mark.parametrize("rule", ["exact", "topp_membership", "no_residual"])
+@pytest.mark.parametrize("rule", ["exact", "strict", "typical", "topp_membership", "no_residual"])
 @pytest.mark.parametrize("on_support", [False, True], ids=["whole-row", "members"])
 def test_the_engines_rule_equals_the_reference_draw_for_draw(rule, on_support):
     """verify_with_draws (what verify_sampled settles with) and rule.speculative_step agree on the accepted count and
@@ -643,3 +643,18 @@ def test_under_greedy_every_new_rule_is_the_argmax_test():
     for rule in ("strict", "typical", "q_mismatch"):
         verdict, _, _ = verify(rule, SamplingParams(0.0), torch.tensor([0, 2]), None, logits, make_generator("cpu", 0))
         assert (verdict.accepted, verdict.next_token, verdict.uniforms) == (1, 1, []), rule
+
+
+def test_typicals_threshold_follows_the_entropy_when_p_is_flat():
+    """Medusa's threshold is min(0.09, 0.3 exp(-H)): a flat row (ten tokens at 0.06, one at 0.4; H = 2.054 nats)
+    lowers it to 0.3 e^-2.054 = 0.0385, so a draft of probability 0.06 is kept there, while the peaked row of the
+    forced-outcome test keeps the 0.09 cap. A threshold that ignores the entropy (or flips its sign) refuses it."""
+    from spec_engine.core.rule import typical_threshold
+    flat = torch.tensor([0.06] * 10 + [0.4], dtype=torch.float64)
+    entropy = -(10 * 0.06 * np.log(0.06 + 1e-5) + 0.4 * np.log(0.4 + 1e-5))
+    assert typical_threshold(flat) == pytest.approx(0.3 * np.exp(-entropy), rel=1e-12)
+    assert 0.038 < typical_threshold(flat) < 0.039
+    assert typical_threshold(torch.tensor([0.97, 0.01, 0.01, 0.01], dtype=torch.float64)) == 0.09
+    p = torch.stack([flat, flat])                                                   # [n + 1, vocab]
+    kept = verify_with_draws(torch.tensor([3]), None, p, [0.99], 0.5, "typical")
+    assert (kept.accepted, kept.accept_probs) == (1, [1.0])
