@@ -161,7 +161,7 @@ def lab_draws(pair, prompt):
     return exact, out
 
 
-@pytest.mark.parametrize("sampler", ["plain", "exact"])
+@pytest.mark.parametrize("sampler", ["plain", "exact", "strict"])
 def test_chi_square_does_not_reject_the_exact_samplers(lab_draws, sampler):
     exact, draws = lab_draws
     report = lab.report(exact, draws[sampler])
@@ -182,6 +182,7 @@ def test_acceptance_is_measured_for_speculative_draws_only(lab_draws):
     _, draws = lab_draws
     assert draws["plain"].acceptance is None
     assert 0 < draws["exact"].acceptance < 1
+    assert draws["strict"].acceptance < draws["exact"].acceptance < draws["typical"].acceptance   # sampled draft
     assert draws["exact"].drafted >= N * K                                       # every round drafts k
 
 
