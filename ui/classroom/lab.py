@@ -51,7 +51,8 @@ enumerated from the model. Every verification rule runs side by side. The exact 
 llama.cpp's: keep a draft only when the target's own draw equals it) leave only sampling noise (small
 total-variation distance, the chi-square test does not reject), but strict keeps fewer drafts of a sampled draft.
 Medusa's *typical* acceptance keeps more and drifts; so do the mistakes: *q before warping* (a bug transformers
-shipped), *top-p membership* and *no residual*. With a **tree**
+shipped, nearly invisible at temperature 1: lower it to 0.7 to see it), *top-p membership* and *no residual*. With
+a **tree**
 draft the exact rule tries siblings in turn against the residual each refusal leaves; the wrong *best sibling* rule
 judges every sibling against p itself, so extra siblings become extra free chances and the text drifts."""
 
