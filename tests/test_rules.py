@@ -159,3 +159,25 @@ def test_greedy_identity_on_smollm2(smollm2):
             prompt, k=4, max_new_tokens=20, sampling=greedy)
         assert result.tokens == plain.tokens, rule
         assert result.stats.accepted > 0 and any(r.correction is not None for r in result.rounds), rule
+
+
+def test_the_eagle_head_and_lookup_first_report_the_unwarped_q_for_q_mismatch(target):
+    """An (untrained) EAGLE head over a reduced vocabulary: under q_mismatch its proposals carry the head's
+    temperature-1 softmax on the reduced ids and zeros elsewhere; inside eagle+lookup the flag reaches the head."""
+    from spec_engine.drafters.eagle import EagleDrafter, EagleHead, head_config
+    torch.manual_seed(0)
+    reduced = torch.tensor([0, 1, 2, 3, 5, 7])
+    for make in (lambda: EagleDrafter(EagleHead(head_config(target.config)), target, reduced),
+                 lambda: se.LookupFirstDrafter(EagleDrafter(EagleHead(head_config(target.config)), target, reduced))):
+        drafter = make()
+        result = se.SpeculativeDecoder(target, drafter, rule="q_mismatch").generate(
+            torch.tensor([[1, 2, 3, 4]]), k=2, max_new_tokens=6, sampling=SAMPLED, seed=0)
+        assert len(result.tokens) == 6
+        head = getattr(drafter, "fallback", drafter)
+        assert head.report_unwarped
+        state = se.SpeculativeDecoder(target, head, rule="q_mismatch").start(torch.tensor([[1, 2, 3, 4]]), k=2,
+                                                                             max_new_tokens=6, sampling=SAMPLED)
+        proposal = head.propose(state.committed, 2, SAMPLED, state.generator)
+        assert proposal.unwarped is not None and proposal.unwarped.shape == proposal.probs.shape
+        assert proposal.unwarped[:, [4, 6]].abs().sum() == 0
+        assert proposal.unwarped.sum(-1).tolist() == pytest.approx([1.0] * len(proposal.tokens), abs=1e-5)

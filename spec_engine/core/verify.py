@@ -90,7 +90,7 @@ def judged_draft_probs(rule: str, draft_probs: torch.Tensor | None, unwarped: to
         return draft_probs
     if unwarped is None:
         raise ValueError("rule 'q_mismatch' reads the draft's distribution before warping, and this drafter does not "
-                         "report it (Proposal.unwarped): use a model draft (same tokenizer or layer skip)")
+                         "report it (Proposal.unwarped): use a model draft, layer skip or the EAGLE head")
     assert unwarped.shape == draft_probs.shape, (unwarped.shape, draft_probs.shape)
     return unwarped.to(draft_probs.dtype)
 
