@@ -11,6 +11,9 @@ each wrong rule's exact distribution (enumerated from the same models) for power
 passes unnoticed with probability at most 1e-3 for a random choice of seeds (noncentral chi-square approximation).
 The exactness of the rule itself is proved deterministically in test_verify_enumeration.py; these tests cover the
 drafters' and the engine's sampling plumbing end to end.
+The rules of issue #37 (slow tier): strict and exact pass for every chain drafter kind at T = 1 and at T = 0.7 /
+top-p 0.8 (600 draws each, sized against a strict verifier that compares with the argmax); typical and q_mismatch
+are rejected at the N their own enumerated joints call for (power 0.999).
 """
 import itertools
 
