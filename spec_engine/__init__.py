@@ -15,7 +15,9 @@ from spec_engine.drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Dr
 from spec_engine.drafters.eagle import EagleDrafter, EagleHead, load_eagle_drafter
 from spec_engine.drafters.registry import DraftSpec, make_drafter, parse_draft, register_draft
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
-from spec_engine.core.metrics import acceptance_rate, expected_tokens_per_round, judged_acceptance, speedup_model
+from spec_engine.core.metrics import (acceptance_by_position, acceptance_rate, expected_tokens_by_position,
+                                      expected_tokens_per_round, judged_acceptance, speedup_model)
+from spec_engine.core.rule import LIBRARY_RULES, RULE_INFO, RuleInfo
 from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.core.verify import RULES, WRONG_RULES
 from spec_engine.core.tree_rule import TREE_RULES, WRONG_TREE as WRONG_TREE_RULES
@@ -28,6 +30,7 @@ __all__ = [
     "SamplingParams", "warp", "SpeculativeDecoder", "context_length", "DecodeState", "autoregressive_generate", "validate_request",
     "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "LookupFirstDrafter", "CrossTokenizerDrafter",
     "acceptance_rate", "expected_tokens_per_round", "judged_acceptance", "speedup_model",
+    "acceptance_by_position", "expected_tokens_by_position", "RULE_INFO", "RuleInfo", "LIBRARY_RULES",
     "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "register_draft", "draft_modes", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
     "load_model", "LoadedModel", "prepare", "speed_layer",
 ]

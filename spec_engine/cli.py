@@ -17,10 +17,12 @@ import sys
 import torch
 
 from spec_engine.core import speed
+from spec_engine.core.metrics import expected_tokens_by_position
 from spec_engine.core.decoder import MAX_K, MAX_NEW_TOKENS, SpeculativeDecoder, autoregressive_generate
 from spec_engine.drafters.registry import make_drafter, parse_draft
 from spec_engine.models import DEFAULT_MODEL, load_model
 from spec_engine.core.sampling import SamplingParams
+from spec_engine.core.rule import RULE_INFO
 from spec_engine.core.verify import RULES
 
 COLOURS = {"accepted": "\033[32m", "correction": "\033[31m", "bonus": "\033[34m", "reset": "\033[0m"}
@@ -41,7 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=64, help=f"1..{MAX_NEW_TOKENS}")
-    parser.add_argument("--rule", default="exact", choices=RULES, help="the last two are deliberately wrong")
+    parser.add_argument("--rule", default="exact", choices=RULES, help="; ".join(
+        f"{name}: {'exact' if RULE_INFO[name].exact else RULE_INFO[name].kind}" for name in RULES))
     parser.add_argument("--no-chat", action="store_true", help="encode the prompt as plain text, no chat template")
     parser.add_argument("--device", default=os.environ.get("SPEC_DEVICE") or None,
                         help="cpu | cuda | cuda:N (default: $SPEC_DEVICE, else CUDA when present)")
@@ -97,7 +100,8 @@ def main(argv=None) -> int:
             "stats": result.stats.__dict__, "total_seconds": result.total_seconds,
             "baseline": None if baseline is None else {"tokens": baseline.tokens, "total_seconds": baseline.total_seconds,
                                                        "tokens_per_second": baseline.tokens_per_second},
-            "speedup_vs_plain": speedup, "rounds": [r.to_dict() for r in result.rounds]}))
+            "speedup_vs_plain": speedup, "provenance": result.provenance,
+            "rounds": [r.to_dict() for r in result.rounds]}))
         return 0
     colour = sys.stdout.isatty()
     print(marked_text(result.rounds, target.tokenizer, colour))
@@ -110,6 +114,9 @@ def main(argv=None) -> int:
               else f"{s.accepted}/{s.drafted} drafts")
     print(f"acceptance rate {s.acceptance_rate:.2f} ({drafts}), "
           f"{s.tokens_per_round:.2f} tokens per target forward, {s.rounds} rounds")
+    if s.acceptance_by_position:
+        print("acceptance by position " + " ".join(f"{alpha:.2f}" for alpha in s.acceptance_by_position)
+              + f" (E = 1 + sum of prod = {expected_tokens_by_position(s.acceptance_by_position):.2f} tokens per forward)")
     print(f"speculative {s.tokens_per_second:.1f} tok/s ({result.total_seconds:.2f} s for {s.new_tokens} tokens)")
     if baseline:
         print(f"plain       {baseline.tokens_per_second:.1f} tok/s ({baseline.total_seconds:.2f} s for {len(baseline.tokens)} tokens)"

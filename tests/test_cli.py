@@ -2,6 +2,7 @@
 plain-decoding baseline it measures; bad input exits with status 2 and the reason."""
 import json
 
+from spec_engine import RoundEvent, acceptance_by_position
 from spec_engine.cli import main, parse_args
 
 
@@ -12,6 +13,10 @@ def test_cli_json_run_equals_its_measured_baseline(smollm2, capsys):
     assert code == 0
     assert out["tokens"] and out["tokens"] == out["baseline"]["tokens"]
     assert len(out["rounds"]) == out["stats"]["rounds"] and out["speedup_vs_plain"] > 0
+    rounds = [RoundEvent.from_dict(r) for r in out["rounds"]]
+    assert out["stats"]["acceptance_by_position"] == acceptance_by_position(rounds)
+    assert [p["token"] for p in out["provenance"]] == out["tokens"]
+    assert {p["kind"] for p in out["provenance"]} <= {"draft", "correction", "bonus"}
 
 
 def test_cli_bad_k_exits_with_the_reason(smollm2, capsys):

@@ -439,7 +439,7 @@ def test_incompatible_draft_vocabulary_is_refused(target):
 
 
 def test_wrong_rules_run_and_are_labelled(target, draft):
-    assert set(se.WRONG_RULES) == {"topp_membership", "no_residual"}
+    assert set(se.WRONG_RULES) == {"typical", "q_mismatch", "topp_membership", "no_residual"}
     for rule in se.WRONG_RULES:
         for params in (GREEDY, SAMPLED):
             result = se.SpeculativeDecoder(target, se.ModelDrafter(draft), rule=rule).generate(

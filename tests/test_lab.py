@@ -154,7 +154,7 @@ def lab_draws(pair, prompt):
     exact = lab.exact_distribution(pair.target.model, prompt[0].tolist(), DEPTH, LAB_SAMPLING)
     drafter = lambda: se.ModelDrafter(pair.draft.model)                          # noqa: E731
     out = {}
-    for sampler in lab.SAMPLERS:
+    for sampler in (s for s in lab.SAMPLERS if s != "q_mismatch"):       # at T = 1 its drift is too small for N
         for draws in lab.draw(pair.target.model, drafter, prompt, DEPTH, K, LAB_SAMPLING, N, sampler, seed=0):
             pass
         out[sampler] = draws
@@ -162,7 +162,7 @@ def lab_draws(pair, prompt):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", ["plain", "exact"])
+@pytest.mark.parametrize("sampler", ["plain", "exact", "strict"])
 def test_chi_square_does_not_reject_the_exact_samplers(lab_draws, sampler):
     exact, draws = lab_draws
     report = lab.report(exact, draws[sampler])
@@ -171,8 +171,10 @@ def test_chi_square_does_not_reject_the_exact_samplers(lab_draws, sampler):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", se.WRONG_RULES)
+@pytest.mark.parametrize("sampler", [rule for rule in se.WRONG_RULES if rule != "q_mismatch"])
 def test_chi_square_rejects_the_wrong_rules_at_the_same_n(lab_draws, sampler):
+    """typical and the older mistakes. q_mismatch is left out: at temperature 1 its wrong q differs from the right
+    one only by top-p's cut (a seeded run: TV 0.067, p = 0.08 at this N); test_statistical.py rejects it at T = 0.7."""
     exact, draws = lab_draws
     report = lab.report(exact, draws[sampler])
     assert report.n == N
@@ -185,6 +187,7 @@ def test_acceptance_is_measured_for_speculative_draws_only(lab_draws):
     _, draws = lab_draws
     assert draws["plain"].acceptance is None
     assert 0 < draws["exact"].acceptance < 1
+    assert draws["strict"].acceptance < draws["exact"].acceptance < draws["typical"].acceptance   # sampled draft
     assert draws["exact"].drafted >= N * K                                       # every round drafts k
 
 

@@ -32,12 +32,15 @@ def toy_run():
 def test_lab_streams_then_shows_both_histograms_and_the_table(toy_run):
     assert toy_run[0][0].startswith("Enumerating")
     status, exact_plot, wrong_plot, table, run = toy_run[-1]
-    assert "toy pair" in status and "Done: 400 continuations" in status
-    assert [t.name for t in exact_plot.data] == ["exact (from the model)", "plain sampling", "speculative, exact rule"]
-    assert [t.name for t in wrong_plot.data] == ["exact (from the model)", "speculative, top-p membership (wrong)",
-                                                 "speculative, no residual (wrong)"]
+    assert "toy pair" in status and "Done: 700 continuations" in status
+    assert [t.name for t in exact_plot.data] == ["exact (from the model)", "plain sampling", "speculative, exact rule",
+                                                 "speculative, strict (target's own draw)"]
+    assert [t.name for t in wrong_plot.data] == [
+        "exact (from the model)", "speculative, typical acceptance (Medusa, lossy)",
+        "speculative, q before warping (transformers bug #32867)", "speculative, top-p membership (wrong)",
+        "speculative, no residual (wrong)"]
     assert list(exact_plot.data[0].x) == ["sat", "ran", "and", "."]     # the top-p set after "the cat", by p
-    assert isinstance(table, pd.DataFrame) and len(table) == 4
+    assert isinstance(table, pd.DataFrame) and len(table) == 7
 
 
 @pytest.mark.slow
@@ -56,6 +59,10 @@ def test_lab_numbers_come_from_engine_draws_with_the_same_seeds(toy_run):
         assert row[0] == lab_plots.SAMPLER_NAMES[sampler] and row[1] == 100
         assert row[3] == round(report.tv, 4) and row[4] == round(report.tv_next, 4)
         assert row[7] == lab_plots.fmt_p(report.chi.pvalue)
+        if sampler in ("exact", "strict"):                  # exact rules, not rejected: "exact (acceptance 0.52)"
+            assert row[9] == f"exact (acceptance {report.acceptance:.2f})" and row[2] == round(report.acceptance, 3)
+        if report.chi.pvalue < lab_plots.ALPHA:
+            assert row[9] == f"changes what is sampled (TV {report.tv:.2f}, p = {lab_plots.fmt_p(report.chi.pvalue)})"
 
 
 def test_the_level_radio_redraws_from_the_stored_run(toy_run):
@@ -76,9 +83,9 @@ def test_lab_input_mistakes_are_readable_errors(change, message):
 
 
 @pytest.mark.slow              # the lab draws hundreds of toy runs
-def test_lab_without_wrong_rules_draws_two_samplers():
+def test_lab_without_wrong_rules_draws_plain_and_the_exact_rules():
     *_, table, run = list(lab_ui.run_lab(*lab_args(n=50, depth=1, wrong_rules=False), SessionState()))[-1]
-    assert [d.sampler for d in run.draws] == ["plain", "exact"] and len(table) == 2
+    assert [d.sampler for d in run.draws] == ["plain", "exact", "strict"] and len(table) == 3
 
 
 def test_labels_are_escaped_for_plotly():

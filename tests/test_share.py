@@ -7,6 +7,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+import spec_engine as se
+
 from ui.playground import share, validate
 from ui.playground.presets import load_presets
 from ui.playground.state import RunSettings
@@ -45,6 +47,12 @@ def test_a_link_carries_every_setting_and_reads_back_the_same(presets):
     assert " " not in query and "\n" not in query and "<" not in query     # percent-encoded
     clean, scenario = read(params_of(query), presets)
     assert RunSettings(**clean) == original and scenario is None
+
+
+def test_every_verification_rule_travels_in_a_link(presets):
+    for rule in se.RULES:
+        clean, _ = read(params_of(share.link_query(settings(rule=rule))), presets)
+        assert clean["rule"] == rule
 
 
 def test_layer_options_travel_only_when_set(presets):

@@ -11,6 +11,9 @@ each wrong rule's exact distribution (enumerated from the same models) for power
 passes unnoticed with probability at most 1e-3 for a random choice of seeds (noncentral chi-square approximation).
 The exactness of the rule itself is proved deterministically in test_verify_enumeration.py; these tests cover the
 drafters' and the engine's sampling plumbing end to end.
+The rules of issue #37 (slow tier): strict and exact pass for every chain drafter kind at T = 1 and at T = 0.7 /
+top-p 0.8 (600 draws each, sized against a strict verifier that compares with the argmax); typical and q_mismatch
+are rejected at the N their own enumerated joints call for (power 0.999).
 """
 import itertools
 
@@ -87,6 +90,16 @@ def power_against(wrong: dict[tuple, float], joint: dict[tuple, float], n: int) 
     return float(ncx2.sf(chi2.isf(ALPHA, df), df, n * w2))
 
 
+def smallest_n_for_power(wrong: dict[tuple, float], joint: dict[tuple, float], power: float = POWER) -> int:
+    """The smallest n on the grid 100, 150, 200, ... at which the test rejects `joint` with probability >= power
+    under `wrong` (the power is computed at that very n, pooling included, so its non-monotony does not matter)."""
+    n = 100
+    while not power_against(wrong, joint, n) >= power:             # nan (a single pooled cell) is no power
+        n += 50
+        assert n <= 40_000, "this wrong rule is too close to the target to test by sampling"
+    return n
+
+
 def samples_for_power(wrong: dict[tuple, float], joint: dict[tuple, float], power: float = POWER) -> int:
     """The smallest n from N up (in steps of 250) whose test rejects `joint` with probability >= power under
     `wrong`. Not below N: with fewer samples more cells are pooled, and the power of a pooled test is not monotone
@@ -99,21 +112,25 @@ def samples_for_power(wrong: dict[tuple, float], joint: dict[tuple, float], powe
 
 
 @torch.inference_mode()
-def wrong_rule_joint(target, draft, prompt: torch.Tensor, params: se.SamplingParams, rule: str) -> dict[tuple, float]:
+def wrong_rule_joint(target, draft, prompt: torch.Tensor, params: se.SamplingParams, rule: str,
+                     pieces=None) -> dict[tuple, float]:
     """Exact P(first LENGTH tokens) of speculative sampling with rounds of K model drafts under `rule`, enumerated
-    from the models' warped distributions with the rule's own pieces (verify.rule_acceptance and
-    rule_correction_distribution); rounds draft min(K, tokens left - 1), as the engine does."""
-    from spec_engine.core.verify import rule_acceptance, rule_correction_distribution
+    from the models' warped distributions with the rule's own pieces (verify.accept_chances, judged_draft_probs and
+    rule_correction_distribution); rounds draft min(K, tokens left - 1), as the engine does. The drafts are drawn
+    from the warped q; q_mismatch judges them with the draft's temperature-1 softmax. `pieces(p_row, q_row, x) ->
+    (chance kept, correction distribution)` replaces the rule's pieces (a bug written out by hand)."""
+    from spec_engine.core.verify import accept_chances, judged_draft_probs, rule_correction_distribution
     vocab = target.config.vocab_size
     contexts = [c for length in range(LENGTH) for c in itertools.product(range(vocab), repeat=length)]
 
-    def rows(model) -> dict[tuple, torch.Tensor]:
+    def rows(model, sampling) -> dict[tuple, torch.Tensor]:
         out = {}
         for context in contexts:
             ids = torch.cat([prompt, torch.tensor([context], dtype=torch.long)], dim=1)
-            out[context] = warp(model(input_ids=ids).logits[0, -1].double(), params)
+            logits = model(input_ids=ids).logits[0, -1].double()
+            out[context] = warp(logits, sampling) if sampling else torch.softmax(logits, -1)
         return out
-    p, q = rows(target), rows(draft)
+    p, q, unwarped = rows(target, params), rows(draft, params), rows(draft, None)
     joint: dict[tuple, float] = {}
 
     def run(context: tuple, prob: float) -> None:
@@ -133,9 +150,14 @@ def wrong_rule_joint(target, draft, prompt: torch.Tensor, params: se.SamplingPar
             for y in range(vocab):
                 run(prefix + (y,), prob * float(p[prefix][y]))
             return
-        accept = rule_acceptance(rule, float(p[prefix][drafts[i]]), float(q[prefix][drafts[i]]))
+        judged_q = judged_draft_probs(rule, q[prefix][None], unwarped[prefix][None])[0]
+        if pieces is not None:
+            accept, correction = pieces(p[prefix], q[prefix], drafts[i])
+        else:
+            accept = accept_chances(rule, p[prefix][None], [float(p[prefix][drafts[i]])],
+                                    [float(judged_q[drafts[i]])])[0]
+            correction = rule_correction_distribution(rule, p[prefix], judged_q)
         settle(context, drafts, i + 1, prob * accept)
-        correction = rule_correction_distribution(rule, p[prefix], q[prefix])
         for y in range(vocab):
             run(prefix + (y,), prob * (1 - accept) * float(correction[y]))
 
@@ -218,3 +240,64 @@ def test_the_same_test_rejects_wrong_rules(target, draft, rule, params):
     n = samples_for_power(wrong, joint)
     samples = speculative_samples(target, lambda: se.ModelDrafter(draft), params, rule=rule, n=n)
     assert chi_square_pvalue(samples, joint) < ALPHA, n
+
+
+# --------------------------------------------------------------- strict, typical and q_mismatch (issue #37)
+
+T07 = se.SamplingParams(0.7, top_p=0.8)
+KINDS = {
+    "model": lambda target, draft: se.ModelDrafter(draft),
+    "layer-skip": lambda target, draft: se.LayerSkipDrafter(target, [1]),
+    "prompt-lookup": lambda target, draft: se.PromptLookupDrafter(max_ngram=3),
+    "naive-ids": lambda target, draft: se.NaiveIdDrafter(tiny_llama(vocab=12, layers=1, seed=2)),
+    "cross-tokenizer": lambda target, draft: se.CrossTokenizerDrafter(
+        tiny_llama(vocab=len(DRAFT_PIECES), layers=1, seed=3), ToyTokenizer(DRAFT_PIECES), ToyTokenizer(TARGET_PIECES)),
+}
+STRICT_N = 600
+ARGMAX_BUG = (lambda p, q, x: (1.0 if int(p.argmax()) == x else 0.0,
+                               torch.nn.functional.one_hot(p.argmax(), p.shape[0]).to(p.dtype)))
+
+
+STRICT_CASES = [("strict", SAMPLED[0], "strict-T1"), ("strict", T07, "strict-T0.7-p0.8"),
+                ("exact", T07, "exact-T0.7-p0.8")]
+# The default tier runs the model draft at every setting and prompt lookup under strict at T = 0.7; the full tier
+# every drafter kind at every setting.
+STRICT_MATRIX = [pytest.param(kind, rule, params, id=f"{kind}-{label}",
+                              marks=() if kind == "model" or (kind, label) == ("prompt-lookup", "strict-T0.7-p0.8")
+                              else pytest.mark.full)
+                 for kind in KINDS for rule, params, label in STRICT_CASES]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, rule, params", STRICT_MATRIX)
+def test_strict_and_exact_pass_for_every_drafter_kind(target, draft, kind, rule, params):
+    """N = STRICT_N = 600 draws: a correct sampler fails with probability ALPHA = 1e-4 (15 cases: below 2e-3). The
+    bug it is sized to catch is a strict verifier that compares the draft with the target's argmax instead of its
+    own draw (and emits the argmax): its power against it is > 0.999 at both settings (asserted for the model
+    draft). Subtler mistakes (a redraw from p after a mismatch: power < 0.01 here) are left to the enumeration in
+    test_verify_enumeration.py, which fails on them deterministically."""
+    joint = exact_joint(target, PROMPT, params)
+    if kind == "model" and rule == "strict":
+        bug = wrong_rule_joint(target, draft, PROMPT, params, "strict", pieces=ARGMAX_BUG)
+        assert power_against(bug, joint, STRICT_N) > POWER
+    samples = speculative_samples(target, lambda: KINDS[kind](target, draft), params, rule=rule, n=STRICT_N)
+    assert chi_square_pvalue(samples, joint) > ALPHA
+
+
+LOSSY = [("typical", SAMPLED[0]), ("q_mismatch", T07)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule,params", LOSSY, ids=["typical-T1", "q_mismatch-T0.7-p0.8"])
+def test_the_same_test_rejects_typical_and_q_mismatch(target, draft, rule, params):
+    """Each rule's exact joint (enumerated from the same models with the engine's pieces) sizes N for power POWER
+    at ALPHA (`smallest_n_for_power`: typical 1,200 draws, TV 0.31 from the target at T = 1; q_mismatch 800, TV
+    0.21 at T = 0.7 / top-p 0.8); these seeds give p = 2.3e-9 and 1.9e-16."""
+    joint = exact_joint(target, PROMPT, params)
+    wrong = wrong_rule_joint(target, draft, PROMPT, params, rule)
+    assert sum(wrong.values()) == pytest.approx(1.0, abs=1e-9)
+    n = smallest_n_for_power(wrong, joint)
+    samples = speculative_samples(target, lambda: se.ModelDrafter(draft), params, rule=rule, n=n)
+    pvalue = chi_square_pvalue(samples, joint)
+    print(f"{rule}: N = {n}, p = {pvalue:.3g}")
+    assert pvalue < ALPHA, (n, pvalue)

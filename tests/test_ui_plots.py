@@ -150,3 +150,18 @@ def test_comparison_figure_groups_by_draft():
     assert list(skip_acc.x) == [2, 4]
     by_draft = plots.comparison_figure(state.summaries(), "draft")
     assert "prompt-lookup" in list(by_draft.data[-2].x) + list(by_draft.data[-1].x)
+
+
+def test_position_figure_shows_the_engines_acceptance_by_position_against_the_iid_curve():
+    """run_rounds judge position 1 three times (kept twice), 2 twice (kept twice), 3 twice (kept once), 4 once (kept):
+    alpha = [2/3, 1, 1/2, 1]; E = 1 + 2/3 + 2/3 + 1/3 + 1/3 = 3.00, the measured 9 tokens / 3 forwards; a = 6/8."""
+    import spec_engine as se
+    rounds = run_rounds()
+    fig = plots.position_figure(rounds)
+    alphas = list(trace(fig, "α_i measured").y)
+    assert alphas == pytest.approx([2 / 3, 1.0, 0.5, 1.0]) == se.acceptance_by_position(rounds)
+    assert list(trace(fig, "i.i.d.: a = 0.75 everywhere").y) == pytest.approx([0.75] * 4)
+    assert list(trace(fig, "reached and kept: Π α_j").y) == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
+    assert list(trace(fig, "i.i.d.: a^i").y) == pytest.approx([0.75 ** i for i in range(1, 5)])
+    assert "E = 1 + ΣΠα = 3.00 vs 3.00 measured" in fig.layout.title.text
+    assert "Acceptance by position" in plots.position_figure([]).layout.title.text

@@ -32,7 +32,7 @@ def test_shipped_presets_load_and_cover_the_classroom():
     drafts = {s.draft for s in presets.scenarios}
     assert {"layer-skip", "early-exit", "prompt-lookup", "eagle", "eagle+lookup", "gemma-3-270m:naive-ids",
             "gemma-3-270m:cross-tokenizer"} <= drafts
-    assert {s.rule for s in presets.scenarios} == {"exact", "topp_membership", "no_residual"}
+    assert {s.rule for s in presets.scenarios} == {"exact", "topp_membership", "no_residual", "strict", "typical"}
     assert all(s.caption and s.prompt for s in presets.scenarios)
     assert any("Rewrite" in p.text for p in presets.prompts)          # prompt lookup's showcase
 

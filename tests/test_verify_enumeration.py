@@ -1,6 +1,8 @@
 """Exact enumeration on a tiny vocabulary: the speculative process emits tokens with exactly the target's
 warped probabilities (to 1e-9 in float64), for random p and q that depend on the context, several warping
-settings, k = 1..3, stochastic and deterministic drafts. The same enumeration shows the wrong rules drift.
+settings, k = 1..3, stochastic and deterministic drafts. The same enumeration shows the wrong rules drift; for the
+rules of issue #37 it holds strict to the target (exact for any draft, fewer drafts kept than the exact rule with a
+sampled draft, as many with a one-hot one) and typical and q_mismatch to the drift their definitions predict.
 
 The enumerator runs the rule's reference, `rule.speculative_step` (the paper's algorithm as one pure function, its
 cells cut where the paper's definitions say), and the engine's own rule, `verify_with_draws` (the `settle` that
@@ -49,6 +51,11 @@ class Toy:
             return torch.nn.functional.one_hot(probs.argmax(), VOCAB).to(torch.float64)
         return probs
 
+    @lru_cache(maxsize=None)
+    def q_unwarped(self, context: tuple) -> torch.Tensor:
+        """The draft's temperature-1 softmax before top-k / top-p: the q the shipped bug (q_mismatch) reads."""
+        return torch.softmax(toy_logits("draft", context, self.salt), dim=-1)
+
 
 def add(dist: dict, seq: tuple, prob: float) -> None:
     dist[seq[:LENGTH]] = dist.get(seq[:LENGTH], 0.0) + prob
@@ -75,16 +82,19 @@ def definition_outcomes(drafted: tuple, q_rows: torch.Tensor, target_probs: torc
     n = len(drafted)
     p_rows, q_rows = target_probs, q_rows                                               # [n + 1, V], [n, V]
 
-    def accept_prob(i):
+    def breaks(i):
+        """Where uniform i's outcome can change: min(1, p/q) (strict: every step of p_i's CDF, its own draw)."""
         p_x, q_x = float(p_rows[i, drafted[i]]), float(q_rows[i, drafted[i]])
-        if rule == "topp_membership":
-            return 1.0 if p_x > 0 else 0.0
-        return min(1.0, p_x / q_x) if q_x > 0 else 0.0
+        if rule == "strict":
+            return list(np.cumsum(p_rows[i].tolist()) / float(p_rows[i].sum()))
+        if rule in ("topp_membership", "typical"):
+            return []                                          # no draw decides these
+        return [min(1.0, p_x / q_x) if q_x > 0 else 0.0]
 
     def next_dist(accepted):
         if accepted == n:
             return p_rows[n]
-        return residual(p_rows[accepted], q_rows[accepted]) if rule == "exact" else p_rows[accepted]
+        return residual(p_rows[accepted], q_rows[accepted]) if rule in ("exact", "q_mismatch") else p_rows[accepted]
 
     outcomes: dict = {}
 
@@ -92,8 +102,8 @@ def definition_outcomes(drafted: tuple, q_rows: torch.Tensor, target_probs: torc
         i = len(uniforms)
         full = uniforms + [0.0] * (n - i)                      # later uniforms are never read after a rejection
         accepted = speculative_step(p_rows, q_rows, list(drafted), full, 0.5, rule)[0]
-        if accepted > i:                                       # uniform i decides position i
-            for middle, width in cells([accept_prob(i)]):
+        if i < n and accepted >= i:                            # position i is judged: uniform i decides it
+            for middle, width in cells(breaks(i)):
                 visit(uniforms + [middle], weight * width)
             return
         dist = next_dist(accepted).tolist()
@@ -104,7 +114,7 @@ def definition_outcomes(drafted: tuple, q_rows: torch.Tensor, target_probs: torc
     return outcomes
 
 
-def round_outcomes(drafted: tuple, draft_probs, target_probs: torch.Tensor, rule: str, members) -> dict:
+def round_outcomes(drafted: tuple, draft_probs, target_probs: torch.Tensor, rule: str, members, unwarped=None) -> dict:
     """{(accepted, next token): probability} of one verified round, over the uniforms and the CDF point, from
     verify_with_draws alone. Its outcome is piecewise constant in the draws: uniform i matters only through
     `uniform < accept_probs[i]`, the point only through the CDF of the distribution the next token comes from. The
@@ -112,14 +122,18 @@ def round_outcomes(drafted: tuple, draft_probs, target_probs: torch.Tensor, rule
     evaluated at its midpoint, so a rule that reports one distribution and samples another shows."""
     n = len(drafted)
     drafted_t = torch.tensor(drafted, dtype=torch.long)
-    call = lambda uniforms, point: verify_with_draws(drafted_t, draft_probs, target_probs, uniforms, point, rule, members)
+    call = lambda uniforms, point: verify_with_draws(drafted_t, draft_probs, target_probs, uniforms, point, rule, members,
+                                                     unwarped)
     outcomes: dict = {}
 
     def visit(uniforms: list[float], weight: float) -> None:
         i = len(uniforms)
         probe = call(uniforms + [0.0] * (n - i), 0.5)
-        if probe.accepted > i:                           # uniform i decides position i: cut at its accept prob
-            for middle, width in cells([probe.accept_probs[i]]):
+        if i < n and probe.accepted >= i:                # position i is judged: cut uniform i at its accept prob
+            cuts = [probe.accept_probs[i]]               # (strict: at every step of the row's CDF, its own draw)
+            if rule == "strict":
+                cuts += list(np.cumsum(target_probs[i].tolist()) / float(target_probs[i].sum()))
+            for middle, width in cells(cuts):
                 visit(uniforms + [middle], weight * width)
             return
         full = uniforms + [0.0] * (n - i)                # later uniforms are never read after a rejection
@@ -155,13 +169,17 @@ def emitted_distribution(toy: Toy, k: int, rule: str, on_support: bool = False, 
             draft_probs = None if toy.deterministic else \
                 torch.stack(draft_rows) if draft_rows else torch.zeros(0, VOCAB, dtype=torch.float64)
             members = [members_of(row) for row in target_probs] if on_support else None
+            unwarped = None if draft_probs is None else torch.stack(
+                [toy.q_unwarped(context + drafts[:i]) for i in range(n)] or [torch.zeros(VOCAB, dtype=torch.float64)])[:n]
             if reference:
                 q_rows = torch.stack([torch.nn.functional.one_hot(torch.tensor(x), VOCAB).to(torch.float64)
                                       for x in drafts]) if toy.deterministic and n else \
                     draft_probs if draft_probs is not None else torch.zeros(0, VOCAB, dtype=torch.float64)
+                if rule == "q_mismatch" and unwarped is not None:
+                    q_rows = unwarped                    # the bug is the exact rule fed this q
                 outcomes = definition_outcomes(drafts, q_rows, target_probs, rule)
             else:
-                outcomes = round_outcomes(drafts, draft_probs, target_probs, rule, members)
+                outcomes = round_outcomes(drafts, draft_probs, target_probs, rule, members, unwarped)
             for (accepted, token), weight in outcomes.items():
                 run(context + drafts[:accepted] + (token,), draft_prob * weight)
 
@@ -209,7 +227,7 @@ def test_wrong_rules_drift_from_the_target(rule, reference):
     assert tv > 0.05, f"{rule} should visibly differ from the target (TV {tv:.3f})"
 
 
-@pytest.mark.parametrize("rule", ["exact", "topp_membership", "no_residual"])
+@pytest.mark.parametrize("rule", ["exact", "strict", "typical", "topp_membership", "no_residual"])
 @pytest.mark.parametrize("on_support", [False, True], ids=["whole-row", "members"])
 def test_the_engines_rule_equals_the_reference_draw_for_draw(rule, on_support):
     """verify_with_draws (what verify_sampled settles with) and rule.speculative_step agree on the accepted count and
@@ -469,3 +487,176 @@ def test_the_membership_rule_keeps_any_draft_the_target_allows_whatever_q():
         assert verdict.accept_probs == [pytest.approx(accept)] and verdict.accepted == (1 if accept > 0.5 else 0)
     one_hot = verify_with_draws(torch.tensor([2]), None, target_probs, [0.0], 0.5, "topp_membership")
     assert (one_hot.accepted, one_hot.accept_probs) == (0, [0.0])
+
+
+# ------------------------------------------------------------------ strict, typical, q_mismatch (issue #37)
+
+def definition(rule: str, p: torch.Tensor, q: torch.Tensor, x: int) -> tuple[float, torch.Tensor]:
+    """(chance of keeping draft x, the distribution of the token emitted when it is refused), written from each rule's
+    definition alone (not the engine's code): the analytic side the engine's enumeration is held to."""
+    if rule == "strict":                                   # the target's own draw equals x with probability p(x)
+        rest = p.clone()
+        rest[x] = 0.0
+        return float(p[x]), rest / rest.sum() if rest.sum() > 0 else p
+    if rule == "typical":                                  # Medusa: p(x) > min(0.09, 0.3 exp(-H)), H with log(p + 1e-5)
+        entropy = float(-(p * torch.log(p + 1e-5)).sum())
+        return (1.0 if float(p[x]) > min(0.09, 0.3 * np.exp(-entropy)) else 0.0), p
+    chance = min(1.0, float(p[x]) / float(q[x])) if q[x] > 0 else 0.0       # exact; q_mismatch is given its wrong q
+    left = torch.clamp(p - q, min=0.0)
+    return chance, left / left.sum() if left.sum() > 0 else p
+
+
+def analytic_distribution(toy: Toy, k: int, rule: str) -> dict:
+    """The first LENGTH tokens' distribution under `rule` from `definition`: drafts drawn from the warped q, judged
+    (q_mismatch) against the draft's q before warping."""
+    dist: dict = {}
+
+    def run(context: tuple, prob: float) -> None:
+        if len(context) >= LENGTH or prob == 0:
+            add(dist, context, prob)
+            return
+        n = min(k, LENGTH - len(context) - 1)
+        for drafts in itertools.product(range(VOCAB), repeat=n):
+            draft_prob = prob
+            for i, x in enumerate(drafts):
+                draft_prob *= float(toy.q(context + drafts[:i])[x])
+            if draft_prob > 0:
+                judge(context, drafts, 0, draft_prob)
+
+    def judge(context: tuple, drafts: tuple, i: int, prob: float) -> None:
+        prefix = context + drafts[:i]
+        p = toy.p(prefix)
+        if i == len(drafts):
+            for y in range(VOCAB):
+                run(prefix + (y,), prob * float(p[y]))
+            return
+        q = toy.q_unwarped(prefix) if rule == "q_mismatch" and not toy.deterministic else toy.q(prefix)
+        chance, refused = definition(rule, p, q, drafts[i])
+        judge(context, drafts, i + 1, prob * chance)
+        for y in range(VOCAB):
+            run(prefix + (y,), prob * (1 - chance) * float(refused[y]))
+
+    run((), 1.0)
+    return dist
+
+
+def assert_same(got: dict, want: dict, tol: float = 1e-9) -> None:
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    for seq in set(got) | set(want):
+        assert abs(got.get(seq, 0.0) - want.get(seq, 0.0)) < tol, (seq, got.get(seq), want.get(seq))
+
+
+@pytest.mark.parametrize("params", SETTINGS[:4], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled-draft", "one-hot-draft"])
+@pytest.mark.parametrize("path", ["reference", "engine-whole-row", "engine-members"])
+def test_strict_rule_emits_the_target_distribution(params, k, deterministic, path):
+    """strict is exact for any draft: the reference and the engine's `settle`, enumerated over every cell of their
+    draws (each uniform cut at every step of its row's CDF: it is the target's own draw), emit the target's joint."""
+    toy = Toy(params, 0, deterministic)
+    got = emitted_distribution(toy, k, "strict", on_support=path == "engine-members", reference=path == "reference")
+    assert_same(got, target_distribution(toy))
+
+
+def first_round_acceptance(toy: Toy, k: int, rule: str) -> float:
+    """E[accepted drafts] of the first round of k drafts after the empty context, enumerated through the engine."""
+    total = 0.0
+    for drafts in itertools.product(range(VOCAB), repeat=k):
+        draft_prob = float(np.prod([float(toy.q(drafts[:i])[x]) for i, x in enumerate(drafts)]))
+        if draft_prob == 0:
+            continue
+        target_probs = torch.stack([toy.p(drafts[:i]) for i in range(k + 1)])
+        draft_probs = None if toy.deterministic else torch.stack([toy.q(drafts[:i]) for i in range(k)])
+        for (accepted, _), weight in round_outcomes(drafts, draft_probs, target_probs, rule, None).items():
+            total += draft_prob * weight * accepted
+    return total
+
+
+@pytest.mark.parametrize("params", SETTINGS[:3], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+@pytest.mark.parametrize("salt", [0, 1])
+def test_strict_accepts_less_than_exact_with_a_sampled_draft_and_the_same_with_a_one_hot_draft(params, salt):
+    """Per judged draft, strict keeps x with p(x), exact with min(1, p(x)/q(x)): on average over a sampled draft
+    sum q p < sum min(p, q) unless q is one-hot, where both are p(x). Measured on the first round of 2 drafts."""
+    sampled, one_hot = Toy(params, salt, False), Toy(params, salt, True)
+    strict, exact = first_round_acceptance(sampled, 2, "strict"), first_round_acceptance(sampled, 2, "exact")
+    assert strict < exact - 0.01, (strict, exact)
+    assert first_round_acceptance(one_hot, 2, "strict") == pytest.approx(first_round_acceptance(one_hot, 2, "exact"),
+                                                                        abs=1e-12)
+
+
+DRIFT = SamplingParams(0.7, top_p=0.9)
+
+
+@pytest.mark.parametrize("rule", ["strict", "typical", "q_mismatch"])
+@pytest.mark.parametrize("path", ["reference", "engine-whole-row", "engine-members"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_new_rules_emit_what_their_definitions_say(rule, path, k):
+    """The reference and the engine's `settle` (with the q the decoder hands it: `unwarped` for q_mismatch) emit, to
+    1e-9, the joint computed from each rule's definition alone (`definition`): strict the target's, typical and
+    q_mismatch their own drift. A wiring bug (a flipped threshold, the warped q read by q_mismatch, the argmax
+    compared instead of the target's draw) moves probability and fails here."""
+    toy = Toy(DRIFT, 0, False)
+    got = emitted_distribution(toy, k, rule, on_support=path == "engine-members", reference=path == "reference")
+    assert_same(got, analytic_distribution(toy, k, rule))
+
+
+# TV of the first 3 tokens from the target, enumerated (k = 2, DRIFT settings, salt 0); the drift each rule causes.
+DRIFTS = {"typical": 0.5, "q_mismatch": 0.05}         # measured: 0.580 and 0.073
+
+
+@pytest.mark.parametrize("rule", list(DRIFTS))
+def test_typical_and_q_mismatch_drift_from_the_target_and_by_how_much(rule):
+    """Quantified: typical's TV from the target is 0.580 here and q_mismatch's 0.073 (the assertion prints them;
+    k = 2); with a one-hot draft q_mismatch is the exact rule (no q to get wrong), and at temperature 1
+    without top-k / top-p the draft's q before warping is the q it sampled from: the bug is invisible."""
+    toy = Toy(DRIFT, 0, False)
+    tv = total_variation(emitted_distribution(toy, 2, rule), target_distribution(toy))
+    assert tv > DRIFTS[rule], f"{rule}: TV {tv:.4f}"
+    if rule == "q_mismatch":
+        for quiet in (Toy(DRIFT, 0, True), Toy(SamplingParams(1.0), 0, False)):
+            assert_same(emitted_distribution(quiet, 2, rule), target_distribution(quiet))
+
+
+def test_typical_keeps_by_threshold_whatever_the_draws_and_strict_by_the_targets_own_draw():
+    """Forced outcomes. typical on p = [0.5, 0.3, 0.15, 0.05] (threshold min(0.09, 0.3 e^-H) = 0.09): token 2 kept at
+    every uniform, token 3 refused at every uniform and the correction drawn from p (not the residual). strict: the
+    draft 1 is kept exactly when the uniform falls in token 1's CDF step [0.5, 0.8), else that draw is emitted."""
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    q = torch.tensor([[0.0, 0.0, 0.05, 0.95]], dtype=torch.float64)
+    for u in (0.0, 0.5, 0.999):
+        assert verify_with_draws(torch.tensor([2]), q, p, [u], 0.9, "typical").accepted == 1
+        refused = verify_with_draws(torch.tensor([3]), q, p, [u], 0.9, "typical")
+        assert (refused.accepted, refused.next_token, refused.accept_probs) == (0, 2, [0.0])   # p's CDF at 0.9: 2
+    for u, kept, token in ((0.2, 0, 0), (0.5, 1, 3), (0.79, 1, 3), (0.8, 0, 2), (0.97, 0, 3)):
+        verdict = verify_with_draws(torch.tensor([1]), q, p, [u], 0.99, "strict")
+        assert (verdict.accepted, verdict.next_token) == (kept, token), u
+        assert verdict.accept_probs == [pytest.approx(0.3)]
+
+
+def test_q_mismatch_needs_the_unwarped_draft_and_a_one_hot_draft_needs_none():
+    p = torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="q_mismatch.*before warping"):
+        verify_with_draws(torch.tensor([1]), p[:1], p, [0.5], 0.5, "q_mismatch")
+    assert verify_with_draws(torch.tensor([1]), None, p, [0.4], 0.5, "q_mismatch").accepted == 1
+
+
+def test_under_greedy_every_new_rule_is_the_argmax_test():
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.1, 0.1, 0.8]]))
+    for rule in ("strict", "typical", "q_mismatch"):
+        verdict, _, _ = verify(rule, SamplingParams(0.0), torch.tensor([0, 2]), None, logits, make_generator("cpu", 0))
+        assert (verdict.accepted, verdict.next_token, verdict.uniforms) == (1, 1, []), rule
+
+
+def test_typicals_threshold_follows_the_entropy_when_p_is_flat():
+    """Medusa's threshold is min(0.09, 0.3 exp(-H)): a flat row (ten tokens at 0.06, one at 0.4; H = 2.054 nats)
+    lowers it to 0.3 e^-2.054 = 0.0385, so a draft of probability 0.06 is kept there, while the peaked row of the
+    forced-outcome test keeps the 0.09 cap. A threshold that ignores the entropy (or flips its sign) refuses it."""
+    from spec_engine.core.rule import typical_threshold
+    flat = torch.tensor([0.06] * 10 + [0.4], dtype=torch.float64)
+    entropy = -(10 * 0.06 * np.log(0.06 + 1e-5) + 0.4 * np.log(0.4 + 1e-5))
+    assert typical_threshold(flat) == pytest.approx(0.3 * np.exp(-entropy), rel=1e-12)
+    assert 0.038 < typical_threshold(flat) < 0.039
+    assert typical_threshold(torch.tensor([0.97, 0.01, 0.01, 0.01], dtype=torch.float64)) == 0.09
+    p = torch.stack([flat, flat])                                                   # [n + 1, vocab]
+    kept = verify_with_draws(torch.tensor([3]), None, p, [0.99], 0.5, "typical")
+    assert (kept.accepted, kept.accept_probs) == (1, [1.0])

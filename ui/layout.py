@@ -101,7 +101,9 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                     c["max_new_tokens"] = gr.Slider(1, limits.current().max_new_tokens, value=64, step=1,
                                                     label="max new tokens", elem_id="spec-max-new")
                     c["seed"] = gr.Number(0, precision=0, minimum=0, label="seed", elem_id="spec-seed")
-                c["rule"] = gr.Radio(handlers.RULE_CHOICES, value="exact", label="Verification rule", elem_id="spec-rule")
+                c["rule"] = gr.Radio(handlers.RULE_CHOICES, value="exact", label="Verification rule", elem_id="spec-rule",
+                                     info="exact and strict are exact; typical is lossy; the rest are mistakes kept "
+                                          "to be measured (the exactness lab shows all of them side by side)")
                 with gr.Accordion("Draft options", open=False):
                     c["skip_layers"] = gr.Textbox("", label="Layer-skip: layers to skip",
                                                   placeholder=f"default: {skip_default}",
@@ -140,6 +142,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 with gr.Row():
                     out["forward_plot"] = gr.Plot(initial["forward_plot"], show_label=False, elem_id="plot-forward")
                     out["speed_plot"] = gr.Plot(initial["speed_plot"], show_label=False, elem_id="plot-speed")
+                out["position_plot"] = gr.Plot(initial["position_plot"], show_label=False, elem_id="plot-position")
         shared = share.build_panel(demo, c, scenario, caption, presets, default_target)   # links, equivalent code
         with gr.Tabs():
             with gr.Tab("Compare runs") as compare_tab:

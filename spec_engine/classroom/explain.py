@@ -109,6 +109,13 @@ def correction_source(greedy: bool | None, rule: str) -> str:
         return ""
     if rule == "exact":
         return " drawn from the residual max(0, p − q)"
+    if rule == "strict":
+        return " (the target's own draw where it differed from the draft: strict is exact too)"
+    if rule == "q_mismatch":
+        return (" drawn from the residual of the wrong q (the draft's distribution before warping, the shipped "
+                "bug), which biases the text")
+    if rule == "typical":
+        return " drawn from p itself (Medusa's typical acceptance is lossy: the text drifts from the target's)"
     return f" drawn from p itself (the '{rule}' rule skips the residual, which biases the text)"
 
 

@@ -12,7 +12,9 @@ tokenizer joins split characters only when decoding a sequence). `display` is fr
                   "max_new_tokens", "seed", "rule", ...},
      "models": {"target": ..., "draft": ...}, "prompt_ids": [...], "prompt_text": "...", "text": "...",
      "stop_reason": "eos" | "max_new_tokens" | "cancelled" | null, "rounds": [RoundEvent.to_dict(), ...],
-     "stats": RunStats (informative: recomputed on load), "baseline": BaselineResult | null,
+     "stats": RunStats (informative: recomputed on load; its acceptance_by_position too),
+     "provenance": [{"token", "kind": "draft" | "correction" | "bonus", "drafter"}, ...] (informative, likewise),
+     "baseline": BaselineResult | null,
      "pieces": {"<id>": "text", ...}, "special_ids": [...], "partial_ids": [...], "display": {...}}
 
 `loads`/`load` never trust the file: a malformed or foreign document raises `TraceError` (a ValueError) that
@@ -53,6 +55,7 @@ ROUND_TYPES = {
     "verify_seconds": float, "round_seconds": float, "prefill_seconds": float, "finished": bool,
     "stop_reason": "str?", "note": "str?",
     "tree_parents": "nodes?", "tree_path": "nodes?", "tree_tried": "nodes?",     # tree rounds only (core/tree_rule.py)
+    "drafter": "str?",
 }
 ROUND_OPTIONAL = {f.name for f in dataclasses.fields(RoundEvent)
                   if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
@@ -95,6 +98,7 @@ class Trace:
             "settings": dict(self.settings), "models": dict(self.models), "prompt_ids": list(self.prompt_ids),
             "prompt_text": self.prompt_text, "text": self.text, "stop_reason": self.stop_reason,
             "rounds": [r.to_dict() for r in self.rounds], "stats": dataclasses.asdict(self.stats),
+            "provenance": [entry for r in self.rounds for entry in r.provenance],
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
             "pieces": {str(i): text for i, (text, _, _) in sorted(self.pieces.items())},
             "special_ids": sorted(i for i, (_, special, _) in self.pieces.items() if special),

@@ -18,8 +18,8 @@ from spec_engine.core.drafting import Drafter, Proposal, TreeProposal
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, run_stats
 from spec_engine.core import timing
 from spec_engine.core.sampling import SamplingParams, choose_token, make_generator, top_entries
-from spec_engine.core.rule import EXACT
-from spec_engine.core.tree_rule import WRONG_TREE
+from spec_engine.core.rule import EXACT, Q_MISMATCH
+from spec_engine.core.tree_rule import TREE_RULES, WRONG_TREE
 from spec_engine.core.verify import RULES, TreeVerdict, Verdict, drafted_probs, verify, verify_tree
 
 MAX_K = 16
@@ -99,8 +99,9 @@ class DecodeState:
 
 
 class SpeculativeDecoder:
-    """Draft with `drafter`, verify with `target_model` under `rule` ("exact", or a wrong rule for demos: the chain's
-    wrong rules for chain proposals, "tree_best_sibling" for tree proposals).
+    """Draft with `drafter`, verify with `target_model` under `rule`: a name of `rule.RULE_INFO` ("exact"; "strict",
+    exact too; "typical", lossy; the deliberate mistakes for demos). Chain proposals take the chain rules, tree
+    proposals the tree rules ("exact", "tree_best_sibling"); another rule on a tree round is a ValueError.
 
     A drafter instance holds one run's draft state, so concurrent runs need their own drafters; the models
     themselves are only read and can be shared. The prompt is prefilled `prefill_chunk` tokens per forward, with
@@ -113,6 +114,7 @@ class SpeculativeDecoder:
         if rule not in RULES + WRONG_TREE:
             raise ValueError(f"rule must be one of {RULES + WRONG_TREE}, got {rule!r}")
         drafter.check_target(target_model)
+        drafter.report_unwarped = rule == Q_MISMATCH       # the bug reads the draft's distribution before warping
         self.target = target_model
         self.drafter = drafter
         self.rule = rule
@@ -167,7 +169,7 @@ class SpeculativeDecoder:
                                 len(proposal.tokens) + 1, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
         verdict, target_probs, target_members = verify(self.chain_rule(proposal), state.sampling, drafted, proposal.probs,
-                                                       target_logits, state.generator)
+                                                       target_logits, state.generator, proposal.unwarped)
         verify_done = timing.clock(device)
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
@@ -196,6 +198,9 @@ class SpeculativeDecoder:
                   should_stop: Callable[[], bool] | None) -> RoundEvent:
         """A tree round after drafting: score every node in one forward (tree attention), verify on the tree, commit
         the accepted path and the token after it, move the path's KV entries into place and drop the rest."""
+        if self.rule not in TREE_RULES:
+            raise ValueError(f"rule {self.rule!r} is not implemented on draft trees and {self.drafter.name} proposes "
+                             f"them: a tree round's rule must be one of {TREE_RULES}")
         tree, committed = proposal.tree, state.committed
         start = len(committed)            # the cache holds committed[:-1]; the accepted path's entries go here
         scored = forward_tree_logits(self.target, committed[-1], tree.tokens, tree.parents, tree.depths(),
@@ -248,7 +253,8 @@ class SpeculativeDecoder:
             verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(target_rows.device) - clock.start,
             prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
             finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note,
-            tree_parents=list(tree.parents), tree_path=verdict.accepted[:accepted], tree_tried=verdict.tried)
+            tree_parents=list(tree.parents), tree_path=verdict.accepted[:accepted], tree_tried=verdict.tried,
+            drafter=proposal.source or self.drafter.name)
 
     def _event(self, state: DecodeState, proposal: Proposal, verdict: Verdict, drafted: torch.Tensor,
                target_probs: torch.Tensor, target_members, emitted: list[int], caches_before: tuple[int, int | None],
@@ -288,7 +294,8 @@ class SpeculativeDecoder:
             committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
             verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(drafted.device) - clock.start,
             prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
-            finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note)
+            finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note,
+            drafter=proposal.source or self.drafter.name)
 
     def generate(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
                  seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> GenerationResult:

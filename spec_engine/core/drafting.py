@@ -34,6 +34,10 @@ class Proposal:
     tokens: list[int]                    # up to k target-token ids
     probs: torch.Tensor | None           # [len(tokens), target_vocab] draft distributions, or None (one-hot)
     note: str | None = None              # e.g. how a cross-tokenizer boundary was handled
+    unwarped: torch.Tensor | None = None # [len(tokens), target_vocab] the draft's temperature-1 softmax before top-k /
+                                         #   top-p, reported only when `Drafter.report_unwarped` is set: what the
+                                         #   shipped bug rule "q_mismatch" reads as q
+    source: str | None = None            # who proposed it, when a drafter combines others (else the drafter's name)
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class TreeProposal:
     tree: TokenTree                      # up to k nodes
     probs: torch.Tensor | None           # [n + 1, target_vocab] q at the root and after each node, or None (deterministic)
     note: str | None = None
+    source: str | None = None            # who proposed it, when a drafter combines others (else the drafter's name)
 
 
 class Drafter:
@@ -52,6 +57,7 @@ class Drafter:
     name = "drafter"
     cache = None
     feature_layers: tuple[int, ...] = ()        # the target hidden states it reads (none: it drafts from ids)
+    report_unwarped = False                     # set by the loop for rule "q_mismatch": also report Proposal.unwarped
 
     def check_target(self, target_model) -> None:
         """Raise ValueError if this drafter cannot propose ids for `target_model`."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from spec_engine.core.metrics import acceptance_rate, draft_length, judged_acceptance
+from spec_engine.core.metrics import acceptance_by_position, acceptance_rate, draft_length, judged_acceptance
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class RoundEvent:
     tree_parents: list[int] | None = None     # each node's parent (-1: the root, the last committed token)
     tree_path: list[int] | None = None        # the accepted nodes, root's child first
     tree_tried: list[int] | None = None       # the nodes judged, in order (sampling)
+    drafter: str | None = None          # who proposed this round's drafts (a combined drafter: the part that did)
 
     @property
     def is_tree(self) -> bool:
@@ -77,6 +78,16 @@ class RoundEvent:
             return [t for i, t in enumerate(self.drafted) if i not in set(self.tree_path or [])]
         return self.drafted[self.accepted + 1:]
 
+    @property
+    def provenance(self) -> list[dict]:
+        """Each emitted token with where it came from: {"token", "kind": "draft" (a kept draft) | "correction" |
+        "bonus", "drafter": who proposed it (None for the target's correction or bonus)}."""
+        out = [{"token": t, "kind": "draft", "drafter": self.drafter} for t in self.emitted[:self.accepted]]
+        for token, kind in ((self.correction, "correction"), (self.bonus, "bonus")):
+            if token is not None:
+                out.append({"token": token, "kind": kind, "drafter": None})
+        return out
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -102,6 +113,8 @@ class RunStats:
     tokens_per_second: float
     accepted_histogram: list[int]       # count of rounds by number of accepted drafts, index 0..k
     judged_acceptance: float = 0.0      # accepted / judged drafts: the per-token a of the i.i.d. formula
+    acceptance_by_position: list[float] = field(default_factory=list)   # index i: draft position i + 1 (trees: depth)
+                                        #   kept among the rounds that judged it (core.metrics.acceptance_by_position)
 
 
 def run_stats(rounds: list[RoundEvent], total_seconds: float) -> RunStats:
@@ -125,6 +138,7 @@ def run_stats(rounds: list[RoundEvent], total_seconds: float) -> RunStats:
         tokens_per_second=new_tokens / total_seconds if total_seconds > 0 else 0.0,
         accepted_histogram=histogram,
         judged_acceptance=judged_acceptance(rounds),
+        acceptance_by_position=acceptance_by_position(rounds),
     )
 
 
@@ -137,6 +151,11 @@ class GenerationResult:
     total_seconds: float                # prefill + all rounds
     stop_reason: str
     stats: RunStats = field(repr=False)
+
+    @property
+    def provenance(self) -> list[dict]:
+        """Every new token, in order, with its kind (draft, correction, bonus) and drafter (RoundEvent.provenance)."""
+        return [entry for r in self.rounds for entry in r.provenance]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -49,6 +49,42 @@ def judged_acceptance(rounds) -> float:
     return accepted / (accepted + rejected) if accepted + rejected else 0.0
 
 
+def position_counts(rounds) -> tuple[list[int], list[int]]:
+    """(kept, judged) per draft position (index i: position i + 1; a tree: depth i + 1). A round judges its positions
+    1..accepted (all kept) and, when it has a correction, position accepted + 1 (refused; a tree: every sibling at that
+    depth refused). Drafts after a refusal are discarded unjudged, and a round cut by EOS inside its drafts counts the
+    drafts it kept only, as `judged_acceptance` does: sum(kept) / sum(judged) is that a."""
+    kept: list[int] = []
+    judged: list[int] = []
+    for r in rounds:
+        reached = r.accepted + (1 if r.correction is not None else 0)
+        while len(judged) < reached:
+            kept.append(0)
+            judged.append(0)
+        for i in range(reached):
+            judged[i] += 1
+            kept[i] += i < r.accepted
+    return kept, judged
+
+
+def acceptance_by_position(rounds) -> list[float]:
+    """alpha_i: the share of draft position i + 1 kept among the rounds that judged it, i.e. whose earlier drafts
+    were all kept and that drafted it (trees: by depth). As long as the deepest position any round judged."""
+    kept, judged = position_counts(rounds)
+    return [k / j for k, j in zip(kept, judged)]
+
+
+def expected_tokens_by_position(alphas: Sequence[float]) -> float:
+    """E[tokens per round] = 1 + sum_i prod_{j <= i} alpha_j for rounds that draft len(alphas) tokens: the chance of
+    reaching and keeping each position, plus the correction or bonus. With alpha_j = a for all j it is
+    `expected_tokens_per_round(a, k)`."""
+    total, reach = 1.0, 1.0
+    for alpha in alphas:
+        reach *= alpha
+        total += reach
+    return total
+
+
 @dataclass(frozen=True)
 class SpeedupModel:
     """The speedup formula with every term measured, in units of one plain decoding step (one target forward

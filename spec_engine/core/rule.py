@@ -1,30 +1,121 @@
-"""The rule, in the paper's terms: one pure function, the reference every proof calls.
+"""The rules, in the paper's terms: one pure function, the reference every proof calls, and one table that says what
+each rule is.
 
 Speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023): draft tokens x_1..x_k were drawn from
 q_1..q_k; the target scored them in one forward, giving p_1..p_{k+1}. For i = 1..k, accept x_i if
 u_i < min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a token from normalize(max(0, p_i - q_i)) and stop;
 if all k were accepted, emit a bonus token from p_{k+1}. The emitted tokens then follow p exactly.
 
-`speculative_step` is that, with its random draws given (so that tests can enumerate them) and nothing else: no host
-batching, no numpy, no display. The engine runs `verify.verify_sampled` (the same rule plus what the display shows,
-and a speed layer's shortcuts); tests/test_verify_enumeration.py proves this function exact by enumeration and the
-engine's rule equal to it, draw for draw.
+The other rules engines ship or got wrong (RULE_INFO below says which are exact):
+  strict      the target draws its own token y_i from p_i (the CDF of p_i inverted at u_i); x_i is kept when y_i == x_i,
+              else y_i itself is emitted. Exact for any draft, since every emitted token is a draw from p; it keeps x_i
+              with probability p_i(x_i), which is sum_x q(x) p(x) <= sum_x min(p(x), q(x)) on average over a sampled
+              draft, and the same as the exact rule's for a one-hot draft (q(x_i) = 1).
+  typical     Medusa's typical acceptance (Cai et al. 2024; FasterDecoding/Medusa, medusa/model/utils.py
+              `evaluate_posterior`): keep x_i when p_i(x_i) > min(epsilon, delta * exp(-H(p_i))) with
+              H(p) = -sum p log(p + 1e-5) as Medusa computes it and Medusa's defaults epsilon = posterior_threshold = 0.09,
+              delta = posterior_alpha = 0.3 (the code's comment: "recommended to be sqrt(posterior_threshold)"); at the
+              first refusal emit a draw from p_i, after k acceptances the bonus from p_{k+1}. No draw decides a
+              draft, q is not read. Lossy: a token above the threshold is kept whatever its share of p. Medusa's p is
+              softmax(logits / T); here it is the warped row (the same when top-k and top-p are off).
+  q_mismatch  the bug huggingface/transformers #32867 shipped (fixed by #33534): the exact rule fed a q that is not
+              the distribution the draft sampled from, the draft's temperature-1 softmax before temperature, top-k
+              and top-p, in the ratio and in the residual. Invisible at temperature 1 without top-k / top-p.
+  topp_membership, no_residual   older deliberate mistakes: keep any draft inside the target's top-p set; correct
+              from p instead of the residual.
+
+`speculative_step` is all of them, with its random draws given (so that tests can enumerate them) and nothing else:
+no host batching, no numpy, no display. The engine runs `verify.verify_sampled` (the same rules plus what the display
+shows, and a speed layer's shortcuts); tests/test_verify_enumeration.py proves this function exact (or measures its
+drift) by enumeration and the engine's rule equal to it, draw for draw.
 """
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 
 EXACT = "exact"
-# Deliberately wrong rules, kept for the classroom: keep any draft inside the target's top-p set ("topp_membership");
-# or correct from p instead of the residual ("no_residual"). Both over-weight the draft's picks.
-WRONG = ("topp_membership", "no_residual")
+STRICT = "strict"
+TYPICAL = "typical"
+Q_MISMATCH = "q_mismatch"
+TYPICAL_EPSILON = 0.09        # Medusa's posterior_threshold
+TYPICAL_DELTA = 0.3           # Medusa's posterior_alpha
+MEDUSA_LOG_FLOOR = 1e-5       # Medusa's entropy reads log(p + 1e-5)
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """What one verification rule is, said once: the engine, the CLI, the app, the lab and the equivalent-code panel
+    all read RULE_INFO."""
+
+    name: str
+    label: str                # the app's dropdown label
+    lesson: str               # one sentence: what it teaches
+    exact: bool               # the emitted tokens follow the target's distribution exactly
+    kind: str                 # "exact" | "lossy" (a trade shipped on purpose) | "mistake" (a bug, kept to be measured)
+    chains: bool = True       # judges chains of drafts
+    trees: bool = False       # judges draft trees (core/tree_rule.py)
+
+
+RULE_INFO: dict[str, RuleInfo] = {info.name: info for info in (
+    RuleInfo(EXACT, "exact (rejection sampling)", "Accept x with probability min(1, p(x)/q(x)) and correct from the "
+             "residual max(0, p - q): exact for any draft.", True, "exact", trees=True),
+    RuleInfo(STRICT, "strict (target's own draw)", "Keep x only when the target's own draw equals it, else emit that "
+             "draw: exact for any draft, but a sampled draft is kept less often (p(x) instead of min(1, p/q)).",
+             True, "exact"),
+    RuleInfo(TYPICAL, "typical acceptance (Medusa, lossy)", "Keep x when p(x) > min(0.09, 0.3 exp(-H(p))) (Medusa's "
+             "defaults): faster, and the text no longer follows the target's distribution.", False, "lossy"),
+    RuleInfo(Q_MISMATCH, "q before warping (transformers bug #32867)", "The exact rule with the draft's distribution "
+             "before temperature / top-k / top-p: a shipped bug, invisible at temperature 1.", False, "mistake"),
+    RuleInfo("topp_membership", "top-p membership (wrong)", "Keep any draft inside the target's top-p set: "
+             "over-weights the draft's picks.", False, "mistake"),
+    RuleInfo("no_residual", "no residual (wrong)", "Correct from p instead of the residual: the draft's picks count "
+             "twice.", False, "mistake"),
+    RuleInfo("tree_best_sibling", "best sibling (wrong, trees)", "Judge every sibling against p itself, no residual "
+             "between them: extra siblings become free extra chances.", False, "mistake", chains=False, trees=True),
+)}
+CHAIN_RULES = tuple(name for name, info in RULE_INFO.items() if info.chains)
+EXACT_RULES = tuple(name for name, info in RULE_INFO.items() if info.exact)
+# Rules that are not exact, kept so their drift can be measured: the chain's, then the tree's.
+WRONG = tuple(name for name, info in RULE_INFO.items() if not info.exact and info.chains)
+
+# The rule each library verifies with by default (equivalent-code panel). From the sources issue #37 cites.
+LIBRARY_RULES = {
+    "transformers": (EXACT, "rejection sampling with the assistant's own probabilities when it samples "
+                            "(`_speculative_sampling`); prompt lookup and other assistants without logits keep a draft "
+                            "while it equals the target's own sample, which is `strict`"),
+    "vLLM": (STRICT, "drafts (n-gram, EAGLE, draft model) propose their top token, kept with the target's probability "
+                     "of it: `strict` (the same as `exact` with a one-hot draft); a probabilistic draft option came "
+                     "later (vllm-project/vllm #16899, #20459, #35461)"),
+    "llama.cpp": (STRICT, "the target samples its own token at each drafted position and keeps the draft while they "
+                          "are equal (a probabilistic rule is asked for in #27694)"),
+    "SGLang": (STRICT, "target-only verification with its accept thresholds at 1.0 by default; lowering "
+                       "--speculative-accept-threshold-single / -acc makes it lossy"),
+}
+
+
+def rule_info(name: str) -> RuleInfo:
+    if name not in RULE_INFO:
+        raise ValueError(f"rule must be one of {tuple(RULE_INFO)}, got {name!r}")
+    return RULE_INFO[name]
+
+
+def typical_threshold(p_row: torch.Tensor, epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA) -> float:
+    """min(epsilon, delta * exp(-H(p))) for one distribution [vocab], H as Medusa computes it (log(p + 1e-5)), in
+    float64: a draft x is kept by the typical rule when p(x) > this."""
+    row = p_row.to(torch.float64)
+    entropy = float(-(row * torch.log(row + MEDUSA_LOG_FLOOR)).sum())
+    return min(epsilon, delta * math.exp(-entropy))
 
 
 def speculative_step(
     p: torch.Tensor,            # [k + 1, vocab] the target's warped distributions at the k + 1 positions
-    q: torch.Tensor,            # [k, vocab] the distributions the drafts were drawn from (one-hot: deterministic)
+    q: torch.Tensor,            # [k, vocab] the distributions the drafts were drawn from (one-hot: deterministic);
+                                #   q_mismatch: the draft's distributions before warping (the bug is this wrong q)
     drafted: list[int],         # [k] x_1..x_k
-    uniforms: list[float],      # [k] u_i in [0, 1), one per draft token
+    uniforms: list[float],      # [k] u_i in [0, 1), one per draft token (strict: where p_i's CDF is inverted)
     point: float,               # in [0, 1): where the emitted token's CDF is inverted
     rule: str = EXACT,
 ) -> tuple[int, int]:
@@ -32,9 +123,19 @@ def speculative_step(
     k = len(drafted)
     for i in range(k):
         p_x, q_x = float(p[i, drafted[i]]), float(q[i, drafted[i]])
-        keep = p_x > 0 if rule == "topp_membership" else q_x > 0 and uniforms[i] < min(1.0, p_x / q_x)
+        if rule == STRICT:
+            own = inverse_cdf(p[i], uniforms[i])
+            if own != drafted[i]:
+                return i, own
+            continue
+        if rule == "topp_membership":
+            keep = p_x > 0
+        elif rule == TYPICAL:
+            keep = p_x > typical_threshold(p[i])
+        else:
+            keep = q_x > 0 and uniforms[i] < min(1.0, p_x / q_x)
         if not keep:
-            return i, inverse_cdf(residual(p[i], q[i]) if rule == EXACT else p[i], point)
+            return i, inverse_cdf(residual(p[i], q[i]) if rule in (EXACT, Q_MISMATCH) else p[i], point)
     return k, inverse_cdf(p[k], point)
 
 

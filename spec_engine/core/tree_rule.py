@@ -39,14 +39,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec_engine.core.rule import EXACT, inverse_cdf, residual
+from spec_engine.core.rule import EXACT, RULE_INFO, inverse_cdf, residual
 
 DRAWS = ("with_replacement", "without_replacement", "deterministic")
 # The deliberately wrong tree rule, kept for the classroom: judge every sibling against p itself (no residual update
 # between siblings) and, if all are refused, correct from the residual of the last sibling alone. Extra siblings
 # become extra free chances, so the tree over-weights the draft's picks.
-WRONG_TREE = ("tree_best_sibling",)
-TREE_RULES = (EXACT, *WRONG_TREE)
+WRONG_TREE = tuple(name for name, info in RULE_INFO.items() if info.trees and not info.exact)     # tree_best_sibling
+TREE_RULES = tuple(name for name, info in RULE_INFO.items() if info.trees)                        # exact first
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,10 @@ Words (used the same way everywhere in this project):
 
 The exact rule (Leviathan et al. 2023; Chen et al. 2023) accepts x_i with probability min(1, p(x_i)/q(x_i))
 and samples the correction from the residual; the emitted token then has exactly distribution p. Greedy is
-its own path: accept while the draft equals the target's argmax. `topp_membership` and `no_residual` are
-deliberately wrong rules kept for the classroom, so the drift a heuristic causes can be measured.
+its own path under every rule: accept while the draft equals the target's argmax (`topp_membership` keeps its own).
+The other rules (`rule.RULE_INFO` says what each is): `strict` (exact: the target's own draw must equal the draft),
+`typical` (Medusa's, lossy), and the deliberate mistakes `q_mismatch`, `topp_membership`, `no_residual`, kept for
+the classroom so the drift they cause can be measured.
 """
 from __future__ import annotations
 
@@ -24,12 +26,12 @@ from dataclasses import dataclass, field
 import torch
 
 from spec_engine.core import speed
-from spec_engine.core.rule import EXACT, WRONG
+from spec_engine.core.rule import CHAIN_RULES, EXACT, Q_MISMATCH, STRICT, TYPICAL, WRONG, typical_threshold
 from spec_engine.core.rule import residual as residual_distribution       # normalize(max(0, p - q))
 from spec_engine.core.sampling import SamplingParams, sample_at, top_entries, top_p_members, unit_draw, warp
 from spec_engine.core.tree_rule import TREE_RULES, TokenTree, tree_greedy_step, tree_step
 
-RULES = (EXACT, *WRONG)
+RULES = CHAIN_RULES
 WRONG_RULES = WRONG
 RESIDUAL_TOP = 5
 
@@ -39,7 +41,8 @@ class Verdict:
     accepted: int                      # number of draft tokens kept
     next_token: int                    # correction (accepted < k) or bonus (accepted == k)
     accept_probs: list[float]          # min(1, p/q) for each decided draft token (greedy: 1.0 / 0.0)
-    uniforms: list[float]              # the draws compared with accept_probs (empty for greedy)
+    uniforms: list[float]              # the draws compared with accept_probs (empty for greedy; strict: where each
+                                       #   row's CDF was inverted for the target's own draw)
     next_probs_top: list[tuple[int, float]]  # top candidates of the distribution next_token came from
     drafted_p: list[float] = field(default_factory=list)   # p(x_i) of every draft token (sampled rounds; else empty)
     drafted_q: list[float] = field(default_factory=list)   # q(x_i) likewise (1.0 for a deterministic drafter)
@@ -70,13 +73,36 @@ def rule_acceptance(rule: str, target_p: float, draft_q: float) -> float:
     return acceptance_prob(target_p, draft_q)
 
 
+def accept_chances(rule: str, target_probs: torch.Tensor, target_p: list[float], draft_q: list[float]) -> list[float]:
+    """Each draft token's chance of being kept, [n]. typical: 1 or 0 (its threshold decides, no draw); strict: p(x_i),
+    shown only (the target's own draw decides, `settle`); the others: `rule_acceptance`."""
+    if rule == TYPICAL:
+        return [1.0 if p > typical_threshold(target_probs[i]) else 0.0 for i, p in enumerate(target_p)]
+    if rule == STRICT:
+        return list(target_p)
+    return [rule_acceptance(rule, p, q) for p, q in zip(target_p, draft_q)]
+
+
+def judged_draft_probs(rule: str, draft_probs: torch.Tensor | None, unwarped: torch.Tensor | None) -> torch.Tensor | None:
+    """The q the rule reads: the distributions the drafts were drawn from, except under `q_mismatch`, whose bug is to
+    read the draft's distributions before warping, `unwarped` [n, vocab]. A deterministic draft (None) stays one-hot."""
+    if rule != Q_MISMATCH or draft_probs is None:
+        return draft_probs
+    if unwarped is None:
+        raise ValueError("rule 'q_mismatch' reads the draft's distribution before warping, and this drafter does not "
+                         "report it (Proposal.unwarped): use a model draft, layer skip or the EAGLE head")
+    assert unwarped.shape == draft_probs.shape, (unwarped.shape, draft_probs.shape)
+    return unwarped.to(draft_probs.dtype)
+
+
 def rule_correction_distribution(rule: str, target_row: torch.Tensor, draft_row: torch.Tensor,
                                  support=None) -> torch.Tensor:
     """The distribution the token after a rejection is drawn from; [vocab], [vocab] -> [vocab].
-    Only the exact rule uses the residual; the wrong rules fall back to p, which over-weights the draft's picks.
+    The exact rule (and q_mismatch, with its wrong q) uses the residual; typical and the wrong rules draw from p,
+    which over-weights the draft's picks.
     `support`: ids holding every nonzero entry of target_row (its top-p members), which a speed layer may compute
     the residual over alone (core/speed.py)."""
-    if rule != "exact":
+    if rule not in (EXACT, Q_MISMATCH):
         return target_row
     found = None if support is None else speed.active().residual(target_row, draft_row, support)
     return found if found is not None else residual_distribution(target_row, draft_row)
@@ -143,10 +169,12 @@ def verify_sampled(
     generator: torch.Generator,
     rule: str = "exact",
     members: list | None = None,        # per target row, its top-p members (warp's record), or None
+    unwarped: torch.Tensor | None = None,   # [n, vocab] the draft's distributions before warping (q_mismatch only)
 ) -> Verdict:
     """The sampled round: a uniform per draft token, then one draw for the token after them (sampling.unit_draw),
     in that order from the run's generator; the rule itself is `settle`."""
     n = drafted.shape[0]
+    draft_probs = judged_draft_probs(rule, draft_probs, unwarped)
     assert target_probs.shape[0] == n + 1, (target_probs.shape, n)
     assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), (draft_probs.shape, target_probs.shape)
     target_p, draft_q, uniform_list, drafted_ids = decision_inputs(drafted, draft_probs, target_probs, generator)
@@ -162,10 +190,12 @@ def verify_with_draws(
     point: float,                       # in [0, 1): where the next token's CDF is inverted (sampling.sample_at)
     rule: str = "exact",
     members: list | None = None,
+    unwarped: torch.Tensor | None = None,   # [n, vocab] the draft's distributions before warping (q_mismatch only)
 ) -> Verdict:
     """verify_sampled with its random draws given instead of drawn: the same `settle`, so the exactness proof
     (tests/test_verify_enumeration.py) can enumerate the draws through the engine's own code."""
     n = drafted.shape[0]
+    draft_probs = judged_draft_probs(rule, draft_probs, unwarped)
     assert target_probs.shape[0] == n + 1 and len(uniforms) == n, (target_probs.shape, n, len(uniforms))
     assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), (draft_probs.shape, target_probs.shape)
     target_p = drafted_probs(target_probs, drafted).tolist()
@@ -178,9 +208,13 @@ def settle(rule: str, drafted_ids: list[int], draft_probs: torch.Tensor | None, 
     """The rule with its draws given. Draft token i (p(x_i) = target_p[i], q(x_i) = draft_q[i]) is accepted while
     uniforms[i] < min(1, p/q); at the first rejection the correction comes from the residual of that row (the
     wrong rules: from p), after k acceptances the bonus from target row k; either is the token whose CDF step holds
-    `point`."""
+    `point`. strict: the target's own draw at row i is the token whose CDF step holds uniforms[i]; draft i is kept
+    while they are equal, and the first draw that differs is the correction. typical: kept while p(x_i) is above
+    the row's threshold (no draw), the correction drawn from p."""
+    if rule == STRICT:
+        return settle_strict(drafted_ids, target_probs, target_p, draft_q, uniforms, point, members)
     n = len(drafted_ids)
-    accept_list = [rule_acceptance(rule, p, q) for p, q in zip(target_p, draft_q)]
+    accept_list = accept_chances(rule, target_probs, target_p, draft_q)
     accepted = count_accepted_host(accept_list, uniforms)
     decided = min(accepted + 1, n)
     # the residual's and the bonus row's nonzero entries lie among that target row's top-p members
@@ -195,6 +229,24 @@ def settle(rule: str, drafted_ids: list[int], draft_probs: torch.Tensor | None, 
                    top_candidates(next_dist, support=support), target_p, draft_q)
 
 
+def settle_strict(drafted_ids: list[int], target_probs: torch.Tensor, target_p: list[float], draft_q: list[float],
+                  uniforms: list[float], point, members: list | None) -> Verdict:
+    """The strict rule with its draws given: at each row the target draws its own token (sampling.sample_at at
+    uniforms[i]); equal to the draft, the draft is kept; else that draw is emitted. After n keeps, the bonus at
+    `point`. accept_probs: p(x_i), the chance that the target's draw is x_i."""
+    n = len(drafted_ids)
+    for i in range(n):
+        support = members[i] if members else None
+        own = sample_at(target_probs[i], uniforms[i], support)
+        if own != drafted_ids[i]:
+            return Verdict(i, own, target_p[:i + 1], uniforms[:i + 1],
+                           top_candidates(target_probs[i], support=support), target_p, draft_q)
+    support = members[n] if members else None
+    token = sample_at(target_probs[n], point, support)
+    return Verdict(n, token, target_p[:n], uniforms[:n], top_candidates(target_probs[n], support=support),
+                   target_p, draft_q)
+
+
 def verify(
     rule: str,
     params: SamplingParams,
@@ -202,6 +254,7 @@ def verify(
     draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
     generator: torch.Generator,
+    unwarped: torch.Tensor | None = None,   # [n, vocab] the draft's distributions before warping (q_mismatch only)
 ) -> tuple[Verdict, torch.Tensor, list | None]:
     """Dispatch on the rule and the sampling mode. Returns the verdict, target_probs [n + 1, vocab] (warped;
     for greedy, the temperature-1 softmax, shown to people but not used by the decision) and, when the CPU top-p
@@ -220,7 +273,7 @@ def verify(
     members = []
     target_probs = warp(target_logits, params, members)
     members = members if len(members) == target_probs.shape[0] else None
-    verdict = verify_sampled(drafted, draft_probs, target_probs, generator, rule, members)
+    verdict = verify_sampled(drafted, draft_probs, target_probs, generator, rule, members, unwarped)
     return verdict, target_probs, members
 
 

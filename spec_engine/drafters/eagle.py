@@ -312,7 +312,7 @@ class EagleDrafter(Drafter):
         if self._predicted is None or k == 0:
             return Proposal([], None)
         assert self.cache_ids == committed[:-1], "the head cache must hold committed[:-1] before drafting"
-        feature, tokens, probs, confidences, members = self._predicted, [], [], [], []
+        feature, tokens, probs, confidences, members, unwarped = self._predicted, [], [], [], [], []
         path = 1.0                      # the product of the confidences so far: the odds that a next draft is reached
         for i in range(k):
             with speed.active().products():
@@ -325,6 +325,8 @@ class EagleDrafter(Drafter):
             index, reduced_probs = (best, None) if params.greedy else choose_token(logits, params, generator, members)
             tokens.append(self._vocab_ids[index])
             probs.append(reduced_probs)
+            if self.report_unwarped and not params.greedy:                      # q_mismatch: before T, top-k, top-p
+                unwarped.append(torch.softmax(logits.to(reduced_probs.dtype), dim=-1))
             if i + 1 == k or path < self.min_path_confidence:
                 break           # the last draft, or the next one is unlikely to be reached: skip its head step
             previous = committed[-1] if i == 0 else tokens[-2]
@@ -333,7 +335,7 @@ class EagleDrafter(Drafter):
         # The cache now also holds pairs built from predicted features (committed[-1], d_1, ...): rollback drops them.
         if self.costs is not None:      # keep the prefix worth its verify rows, the head's confidences as odds
             keep = best_draft_length(confidences, self.costs)
-            tokens, probs = tokens[:keep], probs[:keep]
+            tokens, probs, unwarped = tokens[:keep], probs[:keep], unwarped[:keep]
         if not tokens:
             return Proposal([], None)
         if params.greedy:
@@ -345,7 +347,11 @@ class EagleDrafter(Drafter):
                 row[vocab_index[ids]] = reduced.numpy()[ids]
         else:
             full[:, self.vocab_index] = torch.stack(probs)                                        # [k, vocab]
-        return Proposal(tokens, full)
+        if not unwarped:
+            return Proposal(tokens, full)
+        before = torch.zeros_like(full)
+        before[:, self.vocab_index] = torch.stack(unwarped)            # the head's reduced vocabulary, zeros elsewhere
+        return Proposal(tokens, full, unwarped=before)
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         trim_cache(self.cache, self._true_len)             # predicted-feature positions go, even if their tokens were kept

@@ -3,6 +3,8 @@ the measured odds of acceptance and the measured cost of verifying each extra ro
 tries it before a fallback drafter."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from torch import nn
@@ -143,8 +145,10 @@ class LookupFirstDrafter(Drafter):
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         copied = self.lookup.propose(committed, k, params, generator).tokens if k else []
         if copied:
-            return Proposal(copied, None, note=LOOKUP_NOTE)
-        return self.fallback.propose(committed, k, params, generator)
+            return Proposal(copied, None, note=LOOKUP_NOTE, source=self.lookup.name)
+        self.fallback.report_unwarped = self.report_unwarped
+        proposal = self.fallback.propose(committed, k, params, generator)
+        return dataclasses.replace(proposal, source=proposal.source or self.fallback.name)
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         self.lookup.rollback(committed)

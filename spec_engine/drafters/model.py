@@ -53,15 +53,19 @@ class ModelDrafter(Drafter):
 
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         pending = committed[len(self.cache_ids):]          # the newest committed token(s) not yet in the cache
-        tokens, probs = [], []
+        tokens, probs, unwarped = [], [], []
         for _ in range(k):
             logits = self._feed(pending)
             token, token_probs = choose_token(logits, params, generator)
             tokens.append(self._target_id(token))
             probs.append(token_probs)
+            if self.report_unwarped:
+                unwarped.append(torch.softmax(logits.to(token_probs.dtype), dim=-1))   # before T, top-k, top-p
             pending = [token]
         # The last proposal's KV is never computed: the cache holds committed + tokens[:-1].
-        return Proposal(tokens, None if params.greedy or not probs else torch.stack(probs))   # [k, vocab]
+        if params.greedy or not probs:
+            return Proposal(tokens, None)
+        return Proposal(tokens, torch.stack(probs), unwarped=torch.stack(unwarped) if unwarped else None)   # [k, vocab]
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         keep = common_prefix_len(self.cache_ids, committed[:-1])

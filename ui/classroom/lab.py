@@ -1,5 +1,6 @@
 """The "Exactness lab" tab: N short continuations of one prompt, drawn with plain sampling and with speculative
-sampling (the exact rule, then the two wrong rules), against the target's exact distribution.
+sampling under every verification rule side by side (the exact ones, exact and strict; then typical, lossy, and the
+deliberate mistakes), against the target's exact distribution.
 
 All probabilities, distances and tests come from `spec_engine.classroom.lab`; this module validates the inputs, picks the
 models (the toy pair of `spec_engine.classroom.toy` by default, or the main panel's target and draft), streams progress,
@@ -35,8 +36,9 @@ MODEL_CHOICES = [("Toy pair (fast): 10-word vocabulary", "toy"),
 MODEL_VALUES = tuple(value for _, value in MODEL_CHOICES)
 LEVEL_CHOICES = [("next token", "next"), ("whole continuation (depth tokens)", "whole")]
 LEVEL_VALUES = tuple(value for _, value in LEVEL_CHOICES)
-EXACT_SIDE = ["plain", "exact"]
-WRONG_SIDE = list(se.WRONG_RULES)
+EXACT_SIDE = ["plain"] + [name for name in se.RULES if se.RULE_INFO[name].exact]        # plain, exact, strict
+EXACT_TREE_SIDE = ["plain"] + [name for name in se.TREE_RULES if se.RULE_INFO[name].exact]  # strict: chains only
+WRONG_SIDE = list(se.WRONG_RULES)                                   # typical, q_mismatch, topp_membership, no_residual
 WRONG_TREE_SIDE = list(se.WRONG_TREE_RULES)
 SHAPE_CHOICES = [("chain: k drafts in a row", "chain"), ("tree: the draft's top 2 tokens at every node, k nodes", "tree")]
 SHAPE_VALUES = tuple(value for _, value in SHAPE_CHOICES)
@@ -45,8 +47,12 @@ OUTPUTS = ("status", "exact_plot", "wrong_plot", "table", "run")
 
 CAPTION = """**Why is speculative decoding lossless?** Draw *N* short continuations of the same prompt with plain
 target sampling and with speculative sampling, and compare the counts with the target's exact distribution,
-enumerated from the model. With the exact rule only sampling noise remains (small total-variation distance,
-the chi-square test does not reject); the *top-p membership* and *no residual* rules drift visibly. With a **tree**
+enumerated from the model. Every verification rule runs side by side. The exact rule and *strict* (vLLM's and
+llama.cpp's: keep a draft only when the target's own draw equals it) leave only sampling noise (small
+total-variation distance, the chi-square test does not reject), but strict keeps fewer drafts of a sampled draft.
+Medusa's *typical* acceptance keeps more and drifts; so do the mistakes: *q before warping* (a bug transformers
+shipped, nearly invisible at temperature 1: lower it to 0.7 to see it), *top-p membership* and *no residual*. With
+a **tree**
 draft the exact rule tries siblings in turn against the residual each refusal leaves; the wrong *best sibling* rule
 judges every sibling against p itself, so extra siblings become extra free chances and the text drifts."""
 
@@ -63,8 +69,17 @@ class LabSettings:
 
 
 def wrong_side(tree: bool) -> list[str]:
-    """The wrong rules a lab run draws with: the chain's two, or the tree's."""
+    """The rules that are not exact a lab run draws with: the chain's, or the tree's."""
     return WRONG_TREE_SIDE if tree else WRONG_SIDE
+
+
+def exact_side(tree: bool) -> list[str]:
+    """Plain sampling and the exact rules a lab run draws with: the chain's (exact, strict), or the tree's."""
+    return EXACT_TREE_SIDE if tree else EXACT_SIDE
+
+
+def samplers_of(settings: "LabSettings") -> list[str]:
+    return exact_side(settings.tree) + (wrong_side(settings.tree) if settings.wrong_rules else [])
 
 
 @dataclass
@@ -264,17 +279,19 @@ def lab_figures(run: LabRun, level: str, reports=None) -> tuple:
     labels = lab_plots.outcome_labels(hist.outcomes, run.label)
     what = "next token" if length == 1 else f"first {length} tokens"
     wrong, tree = wrong_side(run.settings.tree), "tree " if run.settings.tree else ""
+    exact = exact_side(run.settings.tree)
     exact_plot = lab_plots.distribution_figure(
-        hist, EXACT_SIDE, labels, lab_plots.figure_title(f"Exact {tree}rule, {what}: ", reports, EXACT_SIDE, length == 1))
-    wrong_plot = lab_plots.distribution_figure(
-        hist, wrong, labels, lab_plots.figure_title(f"Wrong {tree}rule{'' if tree else 's'}, {what}: ", reports, wrong,
+        hist, exact, labels, lab_plots.figure_title(f"Exact {tree}rule{'' if tree else 's'}, {what}: ", reports, exact,
                                                     length == 1))
+    wrong_plot = lab_plots.distribution_figure(
+        hist, wrong, labels, lab_plots.figure_title(f"{'Wrong tree rule' if tree else 'Lossy and wrong rules'}, "
+                                                    f"{what}: ", reports, wrong, length == 1))
     return exact_plot, wrong_plot
 
 
 def initial_outputs() -> dict:
-    return {"status": "", "exact_plot": lab_plots.distribution_figure(None, [], [], "Exact rule"),
-            "wrong_plot": lab_plots.distribution_figure(None, [], [], "Wrong rules"),
+    return {"status": "", "exact_plot": lab_plots.distribution_figure(None, [], [], "Exact rules"),
+            "wrong_plot": lab_plots.distribution_figure(None, [], [], "Lossy and wrong rules"),
             "table": pd.DataFrame([], columns=lab_plots.LAB_COLUMNS)}
 
 
@@ -306,7 +323,7 @@ def lab_job(job: LabJob, stop: gpu_calls.Stop):
     exact = lab.exact_distribution(setup.target_model, setup.input_ids[0].tolist(), s.depth, s.sampling)
     yield Exact(exact, perf_counter() - start)
     with intra_op_threads(setup.threads):
-        for sampler in EXACT_SIDE + (wrong_side(s.tree) if s.wrong_rules else []):
+        for sampler in samplers_of(s):
             last, draws = perf_counter(), None
             for draws in lab.draw(setup.target_model, setup.make_drafter, setup.input_ids, s.depth, s.k, s.sampling,
                                   s.n, sampler, s.seed, should_stop=budget.should_stop):
@@ -342,7 +359,7 @@ def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wro
                 setup = toy_setup(toy_prompt, settings.tree)
                 current, label, model_note, prompt_note = None, setup.label, setup.model_note, setup.prompt_note
             yield ("Enumerating the exact distribution…",) + skip
-            samplers = len(EXACT_SIDE + (wrong_side(settings.tree) if settings.wrong_rules else []))
+            samplers = len(samplers_of(settings))
             job = LabJob(settings, toy_prompt, current,
                          gpu_calls.call_seconds(budget, samplers * settings.n * (settings.depth + 1)))
             yield from draw_all(LabRun(label, model_note, prompt_note, settings, {}, [], 0.0), job, level, state,
@@ -356,7 +373,7 @@ def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wro
 def draw_all(run: LabRun, job: LabJob, level: str, state, progress):
     """`lab_job`'s results into `run`, streaming a view for each (they come at most every UPDATE_INTERVAL s)."""
     s = run.settings
-    samplers = EXACT_SIDE + (wrong_side(s.tree) if s.wrong_rules else [])
+    samplers = samplers_of(s)
     total = s.n * len(samplers)
     for item in gpu_calls.pull(lab_job(job, gpu_calls.Stop(state.stop_event)), state.stop_event):
         if isinstance(item, Exact):
@@ -413,7 +430,7 @@ def build_tab(c: dict, state, resize_js: str | None = None) -> list:
             w["shape"] = gr.Radio(SHAPE_CHOICES, value="chain", label="Draft shape", elem_id="lab-shape",
                                   info="Toy pair: its draft drafts a chain or a tree. Main panel: its draft's own shape "
                                        "(lookup-tree, layer-skip-tree are trees).")
-            w["wrong_rules"] = gr.Checkbox(True, label="Also run the wrong rules", elem_id="lab-wrong")
+            w["wrong_rules"] = gr.Checkbox(True, label="Also run the lossy and wrong rules", elem_id="lab-wrong")
             copy_btn = gr.Button("Use the main panel's k, temperature, top-p, top-k, seed", size="sm")
             run_btn = gr.Button("Run the exactness lab", variant="primary", elem_id="lab-run")
         init = initial_outputs()

@@ -44,12 +44,11 @@ MISMATCH_MAX_NEW_TOKENS = 40
 RUN_INPUTS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
               "chat", "skip_layers", "exit_after", "auto_baseline", "show_spaces")
 RUN_OUTPUTS = ("tokens", "stats", "text", "acceptance_plot", "accepted_plot", "forward_plot", "speed_plot",
-               "kv_plot", "kv_table", "history", "compare_plot", "summary", "explain", "tree_plot")
+               "kv_plot", "kv_table", "history", "compare_plot", "summary", "explain", "tree_plot", "position_plot")
 MISMATCH_OUTPUTS = ("mm_status", "mm_table", "mm_plot", "mm_views", "mm_tokenization", "history", "compare_plot")
 MISMATCH_COLUMNS = ["draft", "what the target receives", "acceptance", "tokens/forward", "tok/s", "rounds", "note"]
 
-RULE_CHOICES = [("exact (rejection sampling)", "exact"), ("top-p membership (wrong)", "topp_membership"),
-                ("no residual (wrong)", "no_residual")]
+RULE_CHOICES = [(se.RULE_INFO[name].label, name) for name in se.RULES]      # spec_engine.core.rule.RULE_INFO
 
 
 # ----------------------------------------------------------------------------------------- input checks
@@ -199,6 +198,7 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
         render.explanation_md(record.rounds, record.settings.k, record.settings.greedy, record.settings.rule)
         if final else "",
         tree_plot,
+        plots.position_figure(record.rounds) if with_plots or final else gr.skip(),
     )
 
 
@@ -215,6 +215,7 @@ def initial_outputs() -> dict[str, object]:
         "kv_plot": plots.kv_figure([]), "kv_table": pd.DataFrame([], columns=plots.KV_COLUMNS),
         "history": pd.DataFrame([], columns=HISTORY_COLUMNS), "compare_plot": plots.comparison_figure([]),
         "summary": {}, "explain": "", "tree_plot": tree.tree_figure([], None),
+        "position_plot": plots.position_figure([]),
     }
     return empty
 

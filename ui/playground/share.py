@@ -164,7 +164,9 @@ def build_panel(demo: gr.Blocks, controls: Mapping[str, gr.components.Component]
                                            placeholder="Press 'Share link': a link that opens these settings",
                                            elem_id="spec-share-link")
         gr.Markdown("The same settings in the libraries you deploy with. Option names and the versions they were "
-                    "checked against are in each snippet's first line.")
+                    "checked against are in each snippet's first line. Their verification rules by default:\n"
+                    + "\n".join(f"- {line}" for line in equivalent_code.library_rules_text().split("\n")),
+                    elem_id="spec-library-rules")
         out["equivalent_notes"] = gr.Markdown(first[3] if isinstance(first[3], str) else "",
                                               elem_id="spec-equivalent-notes")
         with gr.Tabs():

@@ -6,7 +6,8 @@ three texts and a list of plain notes; nothing here runs a model or imports one 
 
 Where there is no equivalent, the snippet says so and falls back to what gives the same *output distribution*
 (plain decoding: speculative decoding with the exact rule never changes what is sampled, only the speed):
-- the deliberately wrong rules (`topp_membership`, `no_residual`): every library verifies with the exact rule;
+- the rules other than `exact` (`strict`, `typical`, the deliberate mistakes): each library verifies with its own
+  default rule (`library_rules_text`, from spec_engine.core.rule.LIBRARY_RULES), which is what these snippets run;
 - this project's trained EAGLE head (`eagle`, `eagle+lookup`): its weights are in this project's own format;
   vLLM and llama.cpp take EAGLE heads trained and exported for them;
 - layer-skip self-drafting: no library here skips a set of middle layers to draft. Early exit does have one in
@@ -27,6 +28,7 @@ import shlex
 from dataclasses import dataclass
 
 
+import spec_engine as se
 from spec_engine.drafters.lookup import PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM
 from spec_engine.drafters.registry import EARLY_EXIT_AFTER, parse_draft
 from spec_engine.models import resolve_preset
@@ -53,7 +55,12 @@ LLAMA_CPP_OPTIONS = {      # program -> the options it takes (arg.cpp's set_exam
 }
 LLAMA_CPP_SPEC_TYPES = frozenset({"draft-simple", "draft-eagle3", "ngram-simple"})
 
-WRONG_RULES = {"topp_membership": "top-p membership", "no_residual": "no residual"}
+
+
+def library_rules_text() -> str:
+    """One line per library: the verification rule it uses by default (spec_engine.core.rule.LIBRARY_RULES)."""
+    return "\n".join(f"{library}: {rule} ({'exact' if se.RULE_INFO[rule].exact else 'not exact'}): {how}."
+                     for library, (rule, how) in se.LIBRARY_RULES.items())
 
 
 @dataclass(frozen=True)
@@ -129,9 +136,17 @@ def snippets(settings, target_path: str | None = None, draft_path: str | None = 
     llama.cpp's programs, which take raw text."""
     draft_plan = plan(settings.draft, getattr(settings, "exit_after", 0))
     notes = []
-    if settings.rule in WRONG_RULES:
-        notes.append(f"The '{WRONG_RULES[settings.rule]}' rule is wrong on purpose, to show what exactness costs; "
-                     "every library here verifies with the exact rule, which is what these snippets run.")
+    info = se.RULE_INFO[settings.rule]
+    if info.kind == "mistake":
+        notes.append(f"The '{info.label}' rule is wrong on purpose, to show what exactness costs; each library here "
+                     "verifies with its default rule (below), which is what these snippets run.")
+    elif info.kind == "lossy":
+        notes.append(f"The '{info.label}' rule is lossy: none of these snippets' defaults is (SGLang's accept "
+                     "thresholds below 1.0 are); they run each library's default rule.")
+    elif settings.rule != "exact":
+        notes.append(f"The '{info.label}' rule is exact, and it is vLLM's and llama.cpp's default.")
+    if settings.rule != "exact":
+        notes.extend(library_rules_text().split("\n"))
     if draft_plan.why_none:
         notes.append(draft_plan.why_none + " The snippets decode without that draft: the same output "
                                            "distribution (for greedy, the same text), without its speed-up.")

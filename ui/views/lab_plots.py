@@ -6,19 +6,21 @@ import math
 
 import plotly.graph_objects as go
 
+import spec_engine as se
 from ui.views.plots import COLORS, empty_figure, figure, layout
 from ui.views.render import esc
 
 SAMPLER_NAMES = {"exact_target": "exact (from the model)", "plain": "plain sampling",
-                 "exact": "speculative, exact rule", "topp_membership": "speculative, top-p membership (wrong)",
-                 "no_residual": "speculative, no residual (wrong)",
-                 "tree_best_sibling": "speculative tree, best sibling (wrong)"}
+                 **{name: f"speculative{' tree' if not info.chains else ''}, {info.label}"
+                    for name, info in se.RULE_INFO.items()},               # spec_engine.core.rule.RULE_INFO
+                 "exact": "speculative, exact rule", "tree_best_sibling": "speculative tree, best sibling (wrong)"}
 SAMPLER_COLORS = {"exact_target": "#111827", "plain": COLORS["plain"], "exact": COLORS["accepted"],
+                  "strict": "#0f766e", "typical": COLORS["theory"], "q_mismatch": COLORS["draft"],
                   "topp_membership": COLORS["rejected"], "no_residual": COLORS["correction"],
                   "tree_best_sibling": COLORS["rejected"]}
 ALPHA = 1e-3          # the table's verdict: "rejects" when the chi-square p-value is below this
 LAB_COLUMNS = ["sampler", "N", "acceptance", "TV (whole continuation)", "TV (next token)", "chi-square", "dof",
-               "p-value", f"verdict at α = {ALPHA:g}", "seconds"]
+               "p-value", f"verdict at α = {ALPHA:g}", "in one line", "seconds"]
 SWEEP_COLUMNS = ["value", "draft", "k", "T", "acceptance", "tokens / forward", "theory", "rounds", "tokens",
                  "tok/s", "plain tok/s", "speedup", "speedup min", "speedup max", "repeats", "longest draft",
                  "draft cost c", "verify cost v", "predicted", "best"]
@@ -60,13 +62,30 @@ def verdict(report) -> str:
     return "rejects: differs from the target" if report.chi.pvalue < ALPHA else "consistent with the target"
 
 
+def one_line(report) -> str:
+    """The sampler's verdict in one line: "exact (acceptance 0.52)" when the rule is exact (RULE_INFO) and the test
+    does not reject; "changes what is sampled (TV 0.09, p = 1e-30)" when it rejects; else what was not shown."""
+    info = se.RULE_INFO.get(report.sampler)
+    accept = "" if report.acceptance is None else f"acceptance {report.acceptance:.2f}"
+    if report.chi.dof == 0:
+        return "nothing to test (one outcome)"
+    if report.chi.impossible or report.chi.pvalue < ALPHA:
+        flag = " (an exact rule: sampling noise at α, or a bug)" if info is not None and info.exact else ""
+        return f"changes what is sampled (TV {report.tv:.2f}, p = {fmt_p(report.chi.pvalue)}){flag}"
+    if info is None:
+        return "exact (plain sampling)"
+    if info.exact:
+        return f"exact ({accept})"
+    return f"not caught at this N ({'lossy' if info.kind == 'lossy' else 'wrong'}; TV {report.tv:.2f}, {accept})"
+
+
 def lab_rows(reports) -> list[list]:
     rows = []
     for r in reports:
         rows.append([SAMPLER_NAMES[r.sampler], r.n, "–" if r.acceptance is None else round(r.acceptance, 3),
                      round(r.tv, 4), round(r.tv_next, 4),
                      "∞" if math.isinf(r.chi.statistic) else round(r.chi.statistic, 1), r.chi.dof,
-                     fmt_p(r.chi.pvalue), verdict(r), round(r.seconds, 1)])
+                     fmt_p(r.chi.pvalue), verdict(r), one_line(r), round(r.seconds, 1)])
     return rows
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from spec_engine import acceptance_rate, expected_tokens_per_round, speedup_model  # noqa: F401  (re-exported)
+from spec_engine import (acceptance_by_position, acceptance_rate, expected_tokens_by_position,  # noqa: F401
+                         expected_tokens_per_round, judged_acceptance, speedup_model)           # (re-exported)
 
 
 def running(values: list[float]) -> list[float]:

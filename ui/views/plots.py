@@ -110,6 +110,34 @@ def forward_figure(rounds) -> go.Figure:
                                  "round", "tokens", yaxis={"range": [0, k + 1.4]}))
 
 
+def position_figure(rounds) -> go.Figure:
+    """Acceptance by draft position (a tree: by depth), RunStats.acceptance_by_position, against what one overall
+    acceptance a predicts (the i.i.d. model: a at every position); the title sets E = 1 + sum_i prod_{j<=i} alpha_j
+    beside the measured tokens per target forward."""
+    alphas = metrics.acceptance_by_position(rounds)
+    if not alphas:
+        return empty_figure("Acceptance by position", "Run with sampling or greedy drafts to see this plot")
+    a = metrics.judged_acceptance(rounds)
+    x = list(range(1, len(alphas) + 1))
+    reach, kept = 1.0, []
+    for alpha in alphas:
+        reach *= alpha
+        kept.append(reach)
+    expected = metrics.expected_tokens_by_position(alphas)
+    measured = sum(len(r.emitted) for r in rounds) / len(rounds)
+    traces = [
+        {"type": "bar", "x": x, "y": alphas, "name": "α_i measured", "marker": {"color": COLORS["accepted"]},
+         "hovertemplate": "position %{x}: %{y:.3f}<extra>kept / judged</extra>"},
+        scatter(x, [a] * len(x), f"i.i.d.: a = {a:.2f} everywhere", line={"color": COLORS["theory"], "dash": "dot",
+                                                                             "width": 2}),
+        scatter(x, kept, "reached and kept: Π α_j", "lines+markers", line={"color": "#111827", "width": 2}),
+        scatter(x, [a ** i for i in x], "i.i.d.: a^i", line={"color": COLORS["plain"], "dash": "dash", "width": 1.5}),
+    ]
+    return figure(traces, layout(f"By position: E = 1 + ΣΠα = {expected:.2f} vs {measured:.2f} measured tokens per "
+                                 "forward", "draft position (tree: depth)", "share kept",
+                                 yaxis={"range": [-0.05, 1.05]}, xaxis={"dtick": 1}))
+
+
 def speed_figure(rounds, baseline=None) -> go.Figure:
     """Tokens generated vs engine time, speculative against measured plain decoding; the title says the
     measured speedup, or that the baseline is pending."""

@@ -237,8 +237,16 @@ def draft_tip(ev, i: int, kind: str, piece: Piece, label: Labeler, opts: RenderO
     lines.append(f"{p_name} = {fmt_prob(p)}")
     lines.append(f"q(x) draft = {fmt_prob(q)}" + ("  (deterministic draft: q is one-hot)" if q == 1.0 and not opts.greedy else ""))
     if kind in ("accepted", "rejected"):
-        if u is not None and not opts.greedy:
-            lines.append(f"min(1, p/q) = {fmt_prob(a)}")
+        if u is not None and not opts.greedy and opts.rule == "strict":
+            lines.append(f"strict: the target's own draw (its CDF at u = {fmt_prob(u)}) "
+                         + ("is this token → ACCEPTED" if kind == "accepted" else "is another token → REJECTED"))
+            lines.append(f"chance of that: p(x) = {fmt_prob(a)}")
+        elif u is not None and not opts.greedy and opts.rule == "typical":
+            lines.append("typical (Medusa): p(x) " + ("> min(0.09, 0.3·e^−H(p)) → ACCEPTED" if kind == "accepted"
+                                                      else "≤ min(0.09, 0.3·e^−H(p)) → REJECTED") + " (no draw)")
+        elif u is not None and not opts.greedy:
+            lines.append(f"min(1, p/q) = {fmt_prob(a)}" + ("  (q before warping: the shipped bug)"
+                                                           if opts.rule == "q_mismatch" else ""))
             verdict = "<" if kind == "accepted" else "≥"
             lines.append(f"uniform draw u = {fmt_prob(u)} {verdict} {fmt_prob(a)} → {kind.upper()}")
         else:
@@ -269,9 +277,15 @@ def next_tip(ev, kind: str, piece: Piece, token: int, label: Labeler, opts: Rend
             lines.append("the target's argmax at the rejected position")
         elif opts.rule == "exact":
             lines.append("drawn from the residual normalize(max(0, p − q))")
+        elif opts.rule == "strict":
+            lines.append("the target's own draw at the rejected position (strict: exact)")
+        elif opts.rule == "q_mismatch":
+            lines.append("drawn from the residual of the wrong q (the draft's, before warping: the shipped bug)")
+        elif opts.rule == "typical":
+            lines.append("drawn from p itself (Medusa's typical acceptance: lossy)")
         else:
             lines.append(f"drawn from p itself (rule '{opts.rule}' skips the residual: biased on purpose)")
-        label_top = "residual top" if opts.rule == "exact" and not opts.greedy else "top candidates"
+        label_top = "residual top" if opts.rule in ("exact", "q_mismatch") and not opts.greedy else "top candidates"
     else:
         if not ev.drafted:
             lines.append("no draft this round: the target's own next token")
