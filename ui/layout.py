@@ -17,6 +17,7 @@ from ui.classroom import tabs as classroom, sweeps
 from ui.playground import handlers, limits, share
 from ui.views import plots, render
 from ui.classroom import lab as exactness_lab
+from ui.classroom import whatif as whatif_tab
 from ui.playground import registry as reg
 from ui.playground.presets import Presets, load_presets
 from ui.playground.state import HISTORY_COLUMNS, SessionState, expire as expire_session
@@ -174,6 +175,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 mm["mm_views"] = gr.HTML("", css_template=render.CSS, js_on_load=render.TOOLTIP_JS)
             lab = classroom.build_tabs(c, state)
             lab_events = exactness_lab.build_tab(c, state, RESIZE_JS) + sweeps.build_tab(c, state, RESIZE_JS)
+            whatif_tab.build_tab(state)
             with gr.Tab("About"):
                 gr.Markdown(about_text(default_target, skip_default))
 
