@@ -67,12 +67,16 @@ def projection(alphas, hardware: str, target: str, draft: str, tree_nodes: int, 
     return whatif.project_alphas(alphas, cost, draft_preset, tree_nodes), None
 
 
+def rate(tokens_per_second: float) -> str:
+    return f"{tokens_per_second:,.1f}" if tokens_per_second < 100 else f"{tokens_per_second:,.0f}"
+
+
 def result_markdown(p: whatif.Projection, alphas, source_note: str) -> str:
     alphas_text = ", ".join(f"{a:.2f}" for a in alphas)
     kind = "measured on this machine" if p.cost.measured else "a projection from a cost model, not a measurement"
     lines = [
-        f"### {p.speedup:.2f}x · {p.tokens_per_second:,.0f} tokens/s (plain {p.plain_tokens_per_second:,.0f})",
-        f"*{esc(p.cost.name)}: {kind}.* {source_note}",
+        f"### {p.speedup:.2f}x · {rate(p.tokens_per_second)} tokens/s (plain {rate(p.plain_tokens_per_second)})",
+        f"*{p.cost.name}: {kind}.* {source_note}",
         "",
         f"- acceptance by position α = [{alphas_text}] → E = 1 + α₁ + α₁α₂ + … = **{p.tokens_per_forward:.2f}** "
         "tokens per target forward",
@@ -81,7 +85,7 @@ def result_markdown(p: whatif.Projection, alphas, source_note: str) -> str:
         f"{p.cost.draft_forward:.3f} = **{p.draft_cost:.3f}**",
         f"- `{p.formula()}`; tokens/s = plain × speedup",
         "",
-        "**Assumptions:** " + "; ".join(esc(a) for a in p.cost.assumptions) + ".",
+        "**Assumptions:** " + "; ".join(p.cost.assumptions) + ".",
     ]
     return "\n".join(lines)
 
@@ -95,7 +99,7 @@ def comparison(alphas, target: str, draft: str, tree_nodes: int, state: SessionS
             continue
         where = "this CPU (measured)" if hw == CPU else presets().get("hardware", hw).label
         rows.append([where, round(p.verify_cost, 3), round(p.draft_cost, 3), f"{p.speedup:.2f}x",
-                     round(p.tokens_per_second), round(p.plain_tokens_per_second)])
+                     rate(p.tokens_per_second), rate(p.plain_tokens_per_second)])
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
@@ -144,8 +148,13 @@ def from_run(state: SessionState | None):
     nodes = round(sum(trees) / len(trees)) if trees else 0
     draft = draft_of_run(record.settings.draft)
     sliders = [gr.update(value=round(a, 3)) for a in alphas] + [gr.skip()] * (POSITIONS - len(alphas))
+    n = len(record.rounds)
+    measured = sum(len(r.emitted) for r in record.rounds) / n
+    offered = sum(whatif.draft_length(r) for r in record.rounds) / n
     note = (f"Run {record.run_id} ({esc(record.draft_label)}, k = {record.settings.k}): acceptance by position "
-            f"measured over {len(record.rounds)} rounds; positions no round reached are left at their values.")
+            f"over {n} rounds; it measured {measured:.2f} tokens per forward with {offered:.1f} drafts a round on "
+            f"average, where the projection drafts all {len(alphas)} positions every round. Positions no round "
+            "reached are left at their values.")
     return (len(alphas), gr.skip() if draft is None else draft, max(nodes, len(alphas)) if nodes else 0,
             *sliders, note)
 
