@@ -68,6 +68,10 @@ def test_a_shared_link_opens_the_same_settings_and_tokens_in_a_fresh_session(pla
         page.wait_for_function("document.querySelector('#spec-share-link textarea').value.startsWith('http')",
                                timeout=30_000)
         link = page.input_value("#spec-share-link textarea")
+        # The copy button (issue #38: there was none) puts the same link on the clipboard.
+        context_a.grant_permissions(["clipboard-read", "clipboard-write"], origin=playground.rstrip("/"))
+        page.locator("#spec-share-link button[aria-label=Copy]").click()
+        assert page.evaluate("navigator.clipboard.readText()") == link
         # The equivalent code follows the settings: k = 6 in the transformers snippet.
         page.get_by_role("tab", name="transformers", exact=True).click()
         page.wait_for_function("document.querySelector('#spec-code-transformers').innerText"

@@ -160,7 +160,9 @@ def build_panel(demo: gr.Blocks, controls: Mapping[str, gr.components.Component]
     with gr.Accordion("Share this setting · run it elsewhere", open=False, elem_id="spec-share-panel"):
         with gr.Row(equal_height=True):
             out["share_btn"] = gr.Button("Share link", size="sm", scale=0, min_width=120, elem_id="spec-share")
-            out["share_link"] = gr.Textbox("", show_label=False, buttons=["copy"], interactive=False, scale=5,
+            # Gradio 6 draws a Textbox's copy button in its label row: with show_label=False there was none.
+            out["share_link"] = gr.Textbox("", label="Link to these settings", buttons=["copy"], interactive=False,
+                                           scale=5,
                                            placeholder="Press 'Share link': a link that opens these settings",
                                            elem_id="spec-share-link")
         gr.Markdown("The same settings in the libraries you deploy with. Option names and the versions they were "
