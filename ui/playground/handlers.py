@@ -197,7 +197,7 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
         compare_figure(state) if final else gr.skip(),
         detail,
         render.explanation_md(record.rounds, record.settings.k, record.settings.greedy, record.settings.rule)
-        if final else "",
+        if final else RUNNING_EXPLANATION,
         tree_plot,
     )
 
@@ -205,6 +205,17 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
 def message_view(message: str) -> tuple:
     """Only the status changes (model loading, baseline measuring)."""
     return (gr.skip(), render.stats_html(None, message)) + (gr.skip(),) * (len(RUN_OUTPUTS) - 2)
+
+
+RUNNING_EXPLANATION = "*Running… the explanation of this run appears when it finishes.*"
+
+
+def starting_view() -> tuple:
+    """A run's first update: the status, and the previous run's explanation replaced at once (it described another
+    run; the first round can be a second away)."""
+    view = list(message_view("Starting the run…"))
+    view[RUN_OUTPUTS.index("explain")] = RUNNING_EXPLANATION
+    return tuple(view)
 
 
 def initial_outputs() -> dict[str, object]:
@@ -259,6 +270,7 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
     the final view. Plain decoding is measured anew every time, never taken from the session's cache: on a shared
     machine the load drifts between runs, and only measurements made back to back compare."""
     state.stop_event.clear()
+    yield starting_view()
     budget = runner.Budget(state.stop_event)
     prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, show_spaces, hold=True),
                             message_view, state.stop_event)
