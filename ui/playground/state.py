@@ -145,6 +145,7 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
         "matches_baseline": None,
         "first_difference": None,
         "dtype": record.dtype or None,
+        "tree_nodes_per_round": (drafted / len(rounds)) if any(getattr(r, "tree_parents", None) is not None for r in rounds) else None,
     }
     if baseline is not None and baseline.tokens_per_second > 0 and out["tokens_per_second"] > 0:
         out["baseline_tokens_per_second"] = baseline.tokens_per_second
