@@ -617,8 +617,14 @@ def model_status(default_target: str):
     entry = reg.REGISTRY.start(default_target)
     while not entry.done.wait(0.5):
         status = validate.public_message(reg.REGISTRY.status(default_target))
-        yield f"⏳ {reg.display_name(default_target)}: {status}"
+        waited = time.perf_counter() - entry.started
+        yield f"⏳ {reg.display_name(default_target)}: {status} ({waited:.0f} s so far; {STARTUP_EXPECTED})"
     yield model_status_line(default_target)
+
+
+# Measured on a 2-core CPU (README, "Set up"): the first start dequantizes the GGUF and packs and measures once.
+STARTUP_EXPECTED = ("not ready until warmed up: on 2 CPU cores about 2-4 minutes on a machine's first start, "
+                    "about 1 minute later")
 
 
 def model_status_line(default_target: str) -> str:
