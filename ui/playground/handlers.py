@@ -617,8 +617,7 @@ def model_status(default_target: str):
     entry = reg.REGISTRY.start(default_target)
     while not entry.done.wait(0.5):
         status = validate.public_message(reg.REGISTRY.status(default_target))
-        waited = time.perf_counter() - entry.started
-        yield f"⏳ {reg.display_name(default_target)}: {status} ({waited:.0f} s so far; {STARTUP_EXPECTED})"
+        yield f"⏳ {reg.display_name(default_target)}: {status}; {STARTUP_EXPECTED}"
     yield model_status_line(default_target)
 
 
