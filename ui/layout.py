@@ -148,7 +148,11 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         shared = share.build_panel(demo, c, scenario, caption, presets, default_target)   # links, equivalent code
         with gr.Tabs():
             with gr.Tab("Compare runs") as compare_tab:
-                axis = gr.Radio(list(plots.COMPARE_AXES), value="k", label="Compare by")
+                with gr.Row():
+                    axis = gr.Radio(list(plots.COMPARE_AXES), value="k", label="Compare by")
+                    compare_runs = gr.Dropdown([], value=[], multiselect=True, label="Runs to compare (none: every run)",
+                                               info="runs of a classroom scenario are named by it (S5: scenario 5)",
+                                               elem_id="spec-compare-runs")
                 out["compare_plot"] = gr.Plot(initial["compare_plot"], show_label=False, elem_id="plot-compare")
                 out["history"] = gr.Dataframe(initial["history"], headers=HISTORY_COLUMNS, interactive=False,
                                               label="Finished runs (newest first)", wrap=False,
@@ -222,6 +226,8 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         c["show_spaces"].change(handlers.rerender, [c["show_spaces"], state], [out["tokens"]], **private)
         axis.change(handlers.set_compare_axis, [axis, state], [out["compare_plot"]], **private)
         clear_btn.click(handlers.clear_history, [state], [out["history"], out["compare_plot"]], **private)
+        out["history"].change(handlers.compare_choices, [state], [compare_runs], **private)
+        compare_runs.input(handlers.set_compare_runs, [compare_runs, state], [out["compare_plot"]], **private)
         demo.load(functools.partial(handlers.model_status, default_target), None, [model_md], **private)
         for tab in (compare_tab, kv_tab, mm_tab, tree_tab):   # plots drawn while their tab was hidden get their width now
             tab.select(None, None, None, js=RESIZE_JS, **private)

@@ -138,7 +138,23 @@ def history_frame(state: SessionState) -> pd.DataFrame:
 
 
 def compare_figure(state: SessionState):
-    return plots.comparison_figure(state.summaries(), getattr(state, "compare_axis", "k"))
+    return plots.comparison_figure(state.compared(), getattr(state, "compare_axis", "k"))
+
+
+def compare_choices(state: SessionState):
+    """The run picker of the comparison: every run in the history, by number and scenario; the selection keeps the
+    runs still there."""
+    choices = [(f"#{r.run_id} · {r.scenario or r.draft_label}", r.run_id) for r in reversed(state.history)]
+    present = {r.run_id for r in state.history}
+    state.compare_runs = [i for i in state.compare_runs if i in present]
+    return gr.update(choices=choices, value=list(state.compare_runs))
+
+
+def set_compare_runs(selected, state: SessionState):
+    """Compare only the selected runs (none selected: every run)."""
+    present = {r.run_id for r in state.history}
+    state.compare_runs = [int(i) for i in (selected or []) if isinstance(i, (int, float)) and int(i) in present]
+    return compare_figure(state)
 
 
 def status_text(record, summary: dict, running: bool) -> str:
