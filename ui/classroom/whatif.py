@@ -168,11 +168,11 @@ def build_tab(state) -> None:
             with gr.Column(scale=2):
                 with gr.Row():
                     hardware = gr.Dropdown(hardware_choices(), value="rtx-3090", label="Hardware",
-                                           elem_id="whatif-hardware")
+                                           elem_id="whatif-hardware", min_width=220)
                     target = gr.Dropdown([(t.label, t.id) for t in data.targets], value="vicuna-7b",
-                                         label="Target model (GPU classes)", elem_id="whatif-target")
+                                         label="Target model (GPU classes)", elem_id="whatif-target", min_width=220)
                     draft = gr.Dropdown([(d.label, d.id) for d in data.drafts], value="eagle-head",
-                                        label="Draft (its cost on a GPU)", elem_id="whatif-draft")
+                                        label="Draft (its cost on a GPU)", elem_id="whatif-draft", min_width=220)
                 with gr.Row():
                     k = gr.Slider(1, POSITIONS, value=4, step=1, label="k: draft positions", elem_id="whatif-k")
                     tree = gr.Slider(0, 64, value=0, step=1, label="Tree nodes (0 = a chain)",
