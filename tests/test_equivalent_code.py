@@ -135,6 +135,28 @@ def test_no_equivalent_is_said_plainly():
     assert not ec.snippets(settings(draft="prompt-lookup")).notes
 
 
+def test_offline_the_snippet_names_the_local_checkpoint_and_says_so(monkeypatch):
+    """Issue #38: offline, with the default loaded from the packaged GGUF, the Hub id fails with an OSError; the panel
+    names the checkpoint the playground loaded instead, says so in a comment and a note, and keeps the Hub id for
+    elsewhere (vLLM's code keeps it too). Online, or with the Hub id cached, the Hub id stays."""
+    from types import SimpleNamespace
+
+    from ui.playground import registry as reg, share
+    loaded = SimpleNamespace(source="cache:/cache/smollm2-135m-instruct-abc")
+    monkeypatch.setattr(reg.REGISTRY, "loaded", lambda name: loaded if name == TARGET else None)
+    monkeypatch.setattr(share.models, "hub_source", lambda hub_id, gated=False: (None, "offline"))
+    assert share.local_checkpoint(TARGET) == "/cache/smollm2-135m-instruct-abc"
+    assert share.local_checkpoint("smollm2-360m-instruct") is None              # not loaded here
+    snippet = ec.snippets(settings(), target_path=share.local_checkpoint(TARGET))     # what share.equivalent does
+    code, vllm, notes = snippet.transformers, snippet.vllm, " ".join(snippet.notes)
+    assert "TARGET = '/cache/smollm2-135m-instruct-abc'" in code
+    assert "Elsewhere: TARGET = 'HuggingFaceTB/SmolLM2-135M-Instruct'" in code
+    assert "model='HuggingFaceTB/SmolLM2-135M-Instruct'" in vllm and "Offline here" in notes
+    ast.parse(code)
+    monkeypatch.setattr(share.models, "hub_source", lambda hub_id, gated=False: ("hub-cache", "cached"))
+    assert share.local_checkpoint(TARGET) is None
+
+
 # ------------------------------------------------------------------------------ the snippet, run offline
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from ui.playground import registry as reg
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
-SCENARIO = "4. Prompt lookup on a code edit"      # greedy prompt lookup: no draft model to load
+SCENARIO = "4. Prompt lookup on a quote from the prompt"      # greedy prompt lookup: no draft model to load
 FINISHED = "(n) => document.querySelector('#spec-stats').innerText.includes(`Run ${n} finished`)"   # n: this session's
 COMMITTED = ("[...document.querySelectorAll('#spec-tokens .tokens .tok:is(.accepted, .correction, .bonus)')]"
              ".map(t => t.dataset.tip)")
@@ -68,13 +68,17 @@ def test_a_shared_link_opens_the_same_settings_and_tokens_in_a_fresh_session(pla
         page.wait_for_function("document.querySelector('#spec-share-link textarea').value.startsWith('http')",
                                timeout=30_000)
         link = page.input_value("#spec-share-link textarea")
+        # The copy button (issue #38: there was none) puts the same link on the clipboard.
+        context_a.grant_permissions(["clipboard-read", "clipboard-write"], origin=playground.rstrip("/"))
+        page.locator("#spec-share-link button[aria-label=Copy]").click()
+        assert page.evaluate("navigator.clipboard.readText()") == link
         # The equivalent code follows the settings: k = 6 in the transformers snippet.
         page.get_by_role("tab", name="transformers", exact=True).click()
         page.wait_for_function("document.querySelector('#spec-code-transformers').innerText"
                                ".includes('prompt_lookup_num_tokens=6')", timeout=30_000)
     finally:
         context_a.close()
-    assert link.startswith(playground) and "k=6" in link and "scenario=code-rename-lookup" in link
+    assert link.startswith(playground) and "k=6" in link and "scenario=quote-lookup" in link
 
     context_b, page = new_page(chromium, link)
     try:
@@ -85,8 +89,8 @@ def test_a_shared_link_opens_the_same_settings_and_tokens_in_a_fresh_session(pla
         assert (shown_b["k"], shown_b["max_new_tokens"], shown_b["seed"], shown_b["top_k"]) == ("6", "36", "4242", "7")
         labels = {value: label for label, value in reg.draft_choices("smollm2-135m-instruct")}
         assert shown_b["draft"] == labels["prompt-lookup"] and shown_b["scenario"] == SCENARIO
-        assert "Rename the variable `total`" in shown_b["prompt"]
-        assert "4. Prompt lookup on a code edit. Look for:" in page.locator("#spec-caption").inner_text()
+        assert "Which sentence of this text says what the KV cache stores?" in shown_b["prompt"]
+        assert "4. Prompt lookup on a quote from the prompt. Look for:" in page.locator("#spec-caption").inner_text()
         page.click("#spec-run")
         page.wait_for_function(FINISHED, arg=1, timeout=240_000)
         assert committed_tips(page) == tokens_a

@@ -435,3 +435,21 @@ def test_a_prompt_longer_than_the_context_is_refused_in_tokens(playground_regist
     assert err.value.field == "prompt" and "8,030 tokens long" in err.value.message
     assert "reads at most 8,192 tokens" in err.value.message
     assert playground_registry.holds(TARGET) == held
+
+
+def test_the_status_says_ready_only_after_the_warm_up(monkeypatch):
+    """Issue #38: the loader's last word, "ready in N s", showed on the page through a minute of warm-up. While the
+    warm-up runs the status says the weights are loaded and it is not ready yet; once done, it says ready with both
+    times."""
+    seen = []
+
+    def loader(name, device=None, dtype=None, progress=None):
+        progress("ready in 1.0 s")
+        return fake(name)
+
+    registry = make_registry(loader)
+    monkeypatch.setattr(reg, "warm_up", lambda loaded, prepack=False, progress=None: seen.append(
+        registry.status(loaded.name)))
+    registry.get("a")
+    assert seen and "not ready yet" in seen[0] and not seen[0].startswith("ready")
+    assert registry.status("a").startswith("ready (") and "warmed up in" in registry.status("a")

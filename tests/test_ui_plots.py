@@ -165,3 +165,35 @@ def test_position_figure_shows_the_engines_acceptance_by_position_against_the_ii
     assert list(trace(fig, "i.i.d.: a^i").y) == pytest.approx([0.75 ** i for i in range(1, 5)])
     assert "E = 1 + ΣΠα = 3.00 vs 3.00 measured" in fig.layout.title.text
     assert "Acceptance by position" in plots.position_figure([]).layout.title.text
+
+
+def test_compare_runs_names_scenario_runs_and_compares_the_selected_ones():
+    """Issue #38: after the scenarios the comparison pooled 11 dots and nobody could tell which was scenario 5. A run
+    with every setting of a scenario is named by it (in the table, the hover text and on the point: 'S5'); a run
+    changed by hand is not; the teacher can pick the runs to compare, and clearing the history clears the pick."""
+    from ui.playground import handlers
+    from ui.playground.presets import load_presets
+    from spec_engine.models import default_model_name
+    scenario = next(s for s in load_presets().scenarios if s.label.startswith("5."))
+    fields = dict(target=scenario.target or default_model_name(), draft=scenario.draft, k=scenario.k,
+                  temperature=scenario.temperature, top_p=scenario.top_p, top_k=scenario.top_k,
+                  max_new_tokens=scenario.max_new_tokens, seed=scenario.seed, rule=scenario.rule, chat=scenario.chat,
+                  prompt=scenario.prompt)
+    state = SessionState()
+    for change in ({}, {"k": scenario.k + 1}):
+        record = state.new_run(RunSettings(**{**fields, **change}), scenario.draft, [1])
+        record.rounds.extend(run_rounds())
+        state.finish(record)
+    first, second = state.history
+    assert first.scenario.startswith("S5 · 5.") and second.scenario == ""
+    assert state.history_rows()[-1][1] == first.scenario
+    fig = plots.comparison_figure(state.compared(), "k")
+    assert [list(t.text) for t in fig.data[:1]] == [["S5", "#2"]]
+    assert "S5 · 5." in fig.data[0].hovertext[0]
+    assert plots.comparison_figure(state.compared(), "draft").layout.showlegend is False
+    picker = handlers.compare_choices(state)
+    assert [value for _, value in picker["choices"]] == [2, 1]
+    handlers.set_compare_runs([1], state)
+    assert [s["run_id"] for s, _ in state.compared()] == [1]
+    handlers.clear_history(state)
+    assert state.compare_runs == [] and state.compared() == []

@@ -5,7 +5,7 @@ import pytest
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
 # Prompt lookup needs no draft model: the quickest lesson, and one that runs faster than plain decoding.
-SCENARIO = "4. Prompt lookup on a code edit"
+SCENARIO = "4. Prompt lookup on a quote from the prompt"
 FINISHED = "document.querySelector('#spec-stats').innerText.includes('finished')"
 TOKEN = "#spec-tokens .tokens .tok"
 
@@ -60,9 +60,9 @@ def test_choosing_a_scenario_runs_it_with_the_results_in_view(playground, chromi
         wait_in_view(page, "#spec-present", "#spec-scenario", "#spec-run")
         choose_scenario(page, SCENARIO)          # one click: no Run press
         page.wait_for_selector(TOKEN, timeout=180_000)
-        assert "running_sum" in page.input_value("#spec-prompt textarea")           # the scenario set the controls
-        assert "Rename the variable" in page.locator("#spec-tokens .ptext").text_content()   # and ran them
-        assert "4. Prompt lookup on a code edit. Look for:" in page.locator("#spec-caption").inner_text()
+        assert "KV cache stores" in page.input_value("#spec-prompt textarea")       # the scenario set the controls
+        assert "Which sentence of this text" in page.locator("#spec-tokens .ptext").text_content()   # and ran them
+        assert "4. Prompt lookup on a quote from the prompt. Look for:" in page.locator("#spec-caption").inner_text()
         # While it runs, the numbers and the tokens are on the first screen (a re-render may replace them between
         # two reads, hence the short wait rather than one read).
         wait_in_view(page, "#spec-stats .spec-stats", TOKEN, timeout=10_000)

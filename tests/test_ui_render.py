@@ -226,3 +226,17 @@ def test_stats_html_shows_the_measured_costs_and_the_predicted_speedup():
                          f'{re.escape(value)}</span>', out), stat
     assert "Leviathan" in out                                     # the formula, in the predicted chip's title
     assert "predicted speedup" not in render.stats_html(dict(summary, **dict.fromkeys(metrics.COST_FIELDS)))
+
+
+def test_a_tree_slower_than_plain_says_so_with_its_numbers():
+    """Issue #38: eagle-tree gave x0.67 here with no word why. A tree run slower than plain gets a note with its verify
+    and draft costs; a faster tree, or a chain slower than plain, gets none."""
+    summary = {"rounds": 10, "new_tokens": 19, "acceptance_rate": 0.6, "tokens_per_forward": 1.9,
+               "expected_tokens_per_forward": 2.0, "tokens_per_second": 8.0, "baseline_tokens_per_second": 12.0,
+               "speedup": 0.67, "matches_baseline": None, "verify_cost": 2.15, "draft_cost": 0.6,
+               "tree_nodes_per_round": 12.0}
+    out = html.unescape(render.stats_html(summary))
+    assert 'data-note="tree-slower"' in out
+    assert "×0.67" in out and "12 nodes" in out and "v = 2.15" in out and "c = 0.60" in out and "What if" in out
+    assert "tree-slower" not in render.stats_html(dict(summary, speedup=1.2))
+    assert "tree-slower" not in render.stats_html(dict(summary, tree_nodes_per_round=None))

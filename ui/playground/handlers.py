@@ -137,7 +137,23 @@ def history_frame(state: SessionState) -> pd.DataFrame:
 
 
 def compare_figure(state: SessionState):
-    return plots.comparison_figure(state.summaries(), getattr(state, "compare_axis", "k"))
+    return plots.comparison_figure(state.compared(), getattr(state, "compare_axis", "k"))
+
+
+def compare_choices(state: SessionState):
+    """The run picker of the comparison: every run in the history, by number and scenario; the selection keeps the
+    runs still there."""
+    choices = [(f"#{r.run_id} · {r.scenario or r.draft_label}", r.run_id) for r in reversed(state.history)]
+    present = {r.run_id for r in state.history}
+    state.compare_runs = [i for i in state.compare_runs if i in present]
+    return gr.update(choices=choices, value=list(state.compare_runs))
+
+
+def set_compare_runs(selected, state: SessionState):
+    """Compare only the selected runs (none selected: every run)."""
+    present = {r.run_id for r in state.history}
+    state.compare_runs = [int(i) for i in (selected or []) if isinstance(i, (int, float)) and int(i) in present]
+    return compare_figure(state)
 
 
 def status_text(record, summary: dict, running: bool) -> str:
@@ -196,7 +212,7 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
         compare_figure(state) if final else gr.skip(),
         detail,
         render.explanation_md(record.rounds, record.settings.k, record.settings.greedy, record.settings.rule)
-        if final else "",
+        if final else RUNNING_EXPLANATION,
         tree_plot,
         plots.position_figure(record.rounds) if with_plots or final else gr.skip(),
     )
@@ -205,6 +221,17 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
 def message_view(message: str) -> tuple:
     """Only the status changes (model loading, baseline measuring)."""
     return (gr.skip(), render.stats_html(None, message)) + (gr.skip(),) * (len(RUN_OUTPUTS) - 2)
+
+
+RUNNING_EXPLANATION = "*Running… the explanation of this run appears when it finishes.*"
+
+
+def starting_view() -> tuple:
+    """A run's first update: the status, and the previous run's explanation replaced at once (it described another
+    run; the first round can be a second away)."""
+    view = list(message_view("Starting the run…"))
+    view[RUN_OUTPUTS.index("explain")] = RUNNING_EXPLANATION
+    return tuple(view)
 
 
 def initial_outputs() -> dict[str, object]:
@@ -260,6 +287,7 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
     the final view. Plain decoding is measured anew every time, never taken from the session's cache: on a shared
     machine the load drifts between runs, and only measurements made back to back compare."""
     state.stop_event.clear()
+    yield starting_view()
     budget = runner.Budget(state.stop_event)
     prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, show_spaces, hold=True),
                             message_view, state.stop_event)
@@ -606,8 +634,13 @@ def model_status(default_target: str):
     entry = reg.REGISTRY.start(default_target)
     while not entry.done.wait(0.5):
         status = validate.public_message(reg.REGISTRY.status(default_target))
-        yield f"⏳ {reg.display_name(default_target)}: {status}"
+        yield f"⏳ {reg.display_name(default_target)}: {status}; {STARTUP_EXPECTED}"
     yield model_status_line(default_target)
+
+
+# Measured on a 2-core CPU (README, "Set up"): the first start dequantizes the GGUF and packs and measures once.
+STARTUP_EXPECTED = ("not ready until warmed up: on 2 CPU cores about 2-4 minutes on a machine's first start, "
+                    "about 1 minute later")
 
 
 def model_status_line(default_target: str) -> str:

@@ -64,6 +64,26 @@ class Presets:
         return next(s for s in self.scenarios if s.id == scenario_id)
 
 
+MATCHED_FIELDS = ("prompt", "chat", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "rule", "seed")
+
+
+def scenario_of(settings, presets: Presets, default_target: str) -> Scenario | None:
+    """The classroom scenario whose settings a run has, all of them (so a scenario changed by hand is no longer
+    named), or None. Greedy runs ignore the seed, as the scenario's output does."""
+    for scenario in presets.scenarios:
+        fields = [f for f in MATCHED_FIELDS if not (f == "seed" and scenario.temperature == 0)]
+        if (scenario.target or default_target) == settings.target and \
+                all(getattr(scenario, f) == getattr(settings, f) for f in fields):
+            return scenario
+    return None
+
+
+def scenario_tag(scenario: Scenario) -> str:
+    """'S5' for '5. Layer skip ...' (the number a caption names), else the scenario's id."""
+    number = scenario.label.split(".", 1)[0].strip()
+    return f"S{number}" if number.isdigit() else scenario.id
+
+
 PROMPT_FIELDS = {"id": str, "label": str, "text": str, "chat": bool}
 SCENARIO_FIELDS = {"id": str, "label": str, "prompt": str, "text": str, "chat": bool, "target": str, "draft": str,
                    "k": int, "temperature": float, "top_p": float, "top_k": int, "max_new_tokens": int,

@@ -416,7 +416,11 @@ class ModelRegistry:
     def _load(self, name: str, startup: bool = False) -> None:
         entry = self._loading[name]
 
+        warms = not startup          # the loader's last word is "ready in N s", but a warm-up follows it
+
         def progress(message: str) -> None:
+            if warms and message.startswith("ready in "):
+                message = f"weights loaded in {message.removeprefix('ready in ')}; warming up next (not ready yet)"
             entry.message = message
             log.info("%s: %s", name, message)
 
@@ -428,12 +432,17 @@ class ModelRegistry:
                 if not startup:
                     self._check_memory(name)
                 loaded = self._loader(name, device=self._device, dtype=self._dtype, progress=progress)
+                warm_started = time.perf_counter()
                 if not startup:
                     warm_up(loaded, prepack=name in self._pinned, progress=progress)
                 if name in self._pinned and hasattr(loaded, "encode_prompt") and not startup:
                     warm_up_default_run(loaded, progress)
+                warm_seconds = time.perf_counter() - warm_started
             entry.result = loaded
-            entry.message = f"ready ({loaded.device}, {str(loaded.dtype).removeprefix('torch.')}, {loaded.load_seconds:.1f} s)"
+            took = f"loaded in {loaded.load_seconds:.1f} s" + (f", warmed up in {warm_seconds:.1f} s" if warms else "")
+            entry.message = f"ready ({loaded.device}, {str(loaded.dtype).removeprefix('torch.')}; {took})"
+            log.info("%s: %s, %.1f s after it started loading", name, entry.message,
+                     time.perf_counter() - entry.started)
         except BaseException as exc:   # reported to whoever waits; the next call retries
             entry.error = exc
             entry.message = f"failed: {exc}"

@@ -19,6 +19,8 @@ from urllib.parse import urlencode, quote
 
 import gradio as gr
 
+from spec_engine import models
+
 from ui.playground import registry as reg
 from ui.playground import validate
 from ui.playground.presets import Presets
@@ -129,6 +131,23 @@ def chat_text(settings: RunSettings) -> str | None:
                                                 add_generation_prompt=True, tokenize=False)
 
 
+def local_checkpoint(name: str) -> str | None:
+    """The directory the playground loaded `name` from, when that is the checkpoint it made from the packaged GGUF
+    and the model's Hub id cannot load here (offline and not in the Hugging Face cache): the transformers code then
+    names that directory, so it runs as shown on the machine where the playground runs. None otherwise (the Hub id
+    works, or the model is not loaded)."""
+    loaded = reg.REGISTRY.loaded(name)
+    if loaded is None:
+        return None
+    kind, _, where = str(getattr(loaded, "source", "")).partition(":")
+    if kind != "cache":
+        return None
+    hub = equivalent_code.model_id(name)
+    if hub != name and models.hub_source(hub)[0] is not None:
+        return None
+    return where
+
+
 def equivalent(*values):
     """The 'Run this elsewhere' panel: transformers, vLLM and llama.cpp code for the current settings, and the
     notes on what has no equivalent. Unfinished settings (an empty prompt while typing) leave it as it is."""
@@ -136,7 +155,10 @@ def equivalent(*values):
         settings = settings_from(values)
     except validate.InputError as exc:
         return gr.skip(), gr.skip(), gr.skip(), f"The code follows once the settings are valid: {exc.message}"
-    code = equivalent_code.snippets(settings, chat_prompt=chat_text(settings))
+    draft_model = equivalent_code.plan(settings.draft, settings.exit_after).draft_model
+    code = equivalent_code.snippets(settings, target_path=local_checkpoint(settings.target),
+                                    draft_path=local_checkpoint(draft_model) if draft_model else None,
+                                    chat_prompt=chat_text(settings))
     notes = "\n".join(f"- {html.escape(note)}" for note in code.notes)
     return code.transformers, code.vllm, code.llama_cpp, notes
 
@@ -157,10 +179,12 @@ def build_panel(demo: gr.Blocks, controls: Mapping[str, gr.components.Component]
     inputs = [controls[field] for field in LINK_FIELDS]
     first = equivalent(*start.values())
     out: dict[str, gr.components.Component] = {}
-    with gr.Accordion("Share this setting · run it elsewhere", open=False, elem_id="spec-share-panel"):
+    with gr.Accordion("Share this setting · run it elsewhere", open=False, elem_id="spec-share-panel") as panel:
         with gr.Row(equal_height=True):
             out["share_btn"] = gr.Button("Share link", size="sm", scale=0, min_width=120, elem_id="spec-share")
-            out["share_link"] = gr.Textbox("", show_label=False, buttons=["copy"], interactive=False, scale=5,
+            # Gradio 6 draws a Textbox's copy button in its label row: with show_label=False there was none.
+            out["share_link"] = gr.Textbox("", label="Link to these settings", buttons=["copy"], interactive=False,
+                                           scale=5,
                                            placeholder="Press 'Share link': a link that opens these settings",
                                            elem_id="spec-share-link")
         gr.Markdown("The same settings in the libraries you deploy with. Option names and the versions they were "
@@ -181,7 +205,8 @@ def build_panel(demo: gr.Blocks, controls: Mapping[str, gr.components.Component]
                                                 interactive=False, elem_id="spec-code-llama-cpp")
     private = {"api_visibility": "private"}
     code_outputs = [out["code_transformers"], out["code_vllm"], out["code_llama_cpp"], out["equivalent_notes"]]
-    gr.on([control.change for control in inputs], equivalent, inputs, code_outputs, trigger_mode="always_last",
+    # Opening the panel redraws the code too: a model loaded since the page was built may now name its local path.
+    gr.on([control.change for control in inputs] + [panel.expand], equivalent, inputs, code_outputs, trigger_mode="always_last",
           show_progress="hidden", **private)
     out["share_btn"].click(share_link, [*inputs, scenario], [out["share_link"]], **private).success(
         None, [out["share_link"]], [out["share_link"]], js=FULL_LINK_JS, **private)

@@ -11,6 +11,7 @@ timed with nothing drawn, as plain decoding is), never from the live, drawn run,
 from __future__ import annotations
 
 import copy
+import functools
 import shutil
 import threading
 import time
@@ -23,7 +24,7 @@ from spec_engine import acceptance_rate, judged_acceptance
 MAX_HISTORY = 100        # finished runs kept per session (the oldest go first): a session's memory is bounded
 MAX_BASELINES = 64       # measured baselines kept per session
 
-HISTORY_COLUMNS = ["#", "target", "draft", "k", "T", "top-p", "top-k", "rule", "seed", "max", "tokens", "rounds",
+HISTORY_COLUMNS = ["#", "scenario", "target", "draft", "k", "T", "top-p", "top-k", "rule", "seed", "max", "tokens", "rounds",
                    "accept", "tok/fwd", "theory", "tok/s", "plain tok/s", "speedup", "stop"]
 
 
@@ -87,6 +88,7 @@ class RunRecord:
     plain: tuple | None = None                          # (BaselineResult, time.time()) measured for this run
     dtype: str = ""                                     # the target's dtype ("float32", "bfloat16"; "" unknown)
     time_limit: float | None = None                     # the decoding budget it ran under (seconds)
+    scenario: str = ""                                  # "S5 · 5. Layer skip ..." when a scenario's settings ran
 
     @property
     def baseline_key(self) -> tuple:
@@ -100,6 +102,28 @@ class RunRecord:
     def engine_seconds(self) -> float:
         times = metrics.elapsed_seconds(self.rounds)
         return times[-1] if times else 0.0
+
+
+def scenario_label(settings: RunSettings) -> str:
+    """'S5 · 5. Layer skip ...' when the run has every setting of a classroom scenario (presets/scenarios.yaml), else
+    ''. Read once per run; a presets file that cannot be read names no scenario."""
+    from ui.playground import presets
+    try:
+        found = presets.scenario_of(settings, default_presets(), default_target())
+    except (OSError, ValueError):
+        return ""
+    return "" if found is None else f"{presets.scenario_tag(found)} · {found.label}"
+
+
+@functools.lru_cache(maxsize=1)
+def default_presets():
+    from ui.playground.presets import load_presets
+    return load_presets()
+
+
+def default_target() -> str:
+    from spec_engine.models import default_model_name
+    return default_model_name()
 
 
 def clock(at: float | None) -> str:
@@ -119,6 +143,7 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
     acceptance = acceptance_rate(rounds)          # a tree round's drafts counted by its depth
     out = {
         "run_id": record.run_id,
+        "scenario": record.scenario,
         "target": record.settings.target,
         "draft": record.settings.draft,
         "draft_label": record.draft_label,
@@ -145,6 +170,7 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
         "matches_baseline": None,
         "first_difference": None,
         "dtype": record.dtype or None,
+        "tree_nodes_per_round": (drafted / len(rounds)) if any(getattr(r, "tree_parents", None) is not None for r in rounds) else None,
     }
     if baseline is not None and baseline.tokens_per_second > 0 and out["tokens_per_second"] > 0:
         out["baseline_tokens_per_second"] = baseline.tokens_per_second
@@ -167,7 +193,7 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
 def history_row(summary: dict, settings: RunSettings) -> list:
     def r(x, nd=2):
         return None if x is None else round(x, nd)
-    return [summary["run_id"], settings.target, summary["draft_label"], settings.k, settings.temperature,
+    return [summary["run_id"], summary.get("scenario") or "", settings.target, summary["draft_label"], settings.k, settings.temperature,
             settings.top_p, settings.top_k, settings.rule, settings.seed, settings.max_new_tokens,
             summary["new_tokens"], summary["rounds"], r(summary["acceptance_rate"], 3), r(summary["tokens_per_forward"]),
             r(summary["expected_tokens_per_forward"]), r(summary["tokens_per_second"], 1),
@@ -190,6 +216,7 @@ class SessionState:
         self.active = None                            # runner.Prepared of the latest run (for Stop and re-render)
         self.target: str | None = None                # last target that could load (a bad pick reverts to it)
         self.compare_axis = "k"
+        self.compare_runs: list[int] = []             # run ids the comparison shows ([]: every run)
 
     def __deepcopy__(self, memo):
         fresh = SessionState()
@@ -199,11 +226,14 @@ class SessionState:
         fresh.current = self.current
         fresh._next_id = self._next_id
         fresh.target, fresh.compare_axis = self.target, self.compare_axis
+        fresh.compare_runs = list(self.compare_runs)
         return fresh
 
     def new_run(self, settings: RunSettings, draft_label: str, prompt_ids) -> RunRecord:
+        scenario = scenario_label(settings)
         with self.lock:
-            record = RunRecord(self._next_id, settings, draft_label, tuple(int(t) for t in prompt_ids))
+            record = RunRecord(self._next_id, settings, draft_label, tuple(int(t) for t in prompt_ids),
+                               scenario=scenario)
             self._next_id += 1
             self.current = record
             return record
@@ -248,12 +278,18 @@ class SessionState:
     def summaries(self) -> list[tuple[dict, RunSettings]]:
         return [(self.summary(r), r.settings) for r in self.history]
 
+    def compared(self) -> list[tuple[dict, RunSettings]]:
+        """The runs the comparison shows: those selected that are still in the history, else every run."""
+        chosen = [r for r in self.history if r.run_id in set(self.compare_runs)]
+        return [(self.summary(r), r.settings) for r in chosen or self.history]
+
     def history_rows(self) -> list[list]:
         return [history_row(s, settings) for s, settings in self.summaries()][::-1]   # newest first
 
     def clear_history(self) -> None:
         with self.lock:
             self.history.clear()
+            self.compare_runs = []
 
 
 def remove_exports(folders: list[Path]) -> None:

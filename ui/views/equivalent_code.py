@@ -132,7 +132,8 @@ def snippets(settings, target_path: str | None = None, draft_path: str | None = 
              chat_prompt: str | None = None) -> Snippets:
     """The three snippets for `settings` (a RunSettings: target, draft, k, temperature, top_p, top_k,
     max_new_tokens, seed, rule, chat, prompt, exit_after). `target_path` / `draft_path` replace the models' Hub
-    ids (a local directory, as the offline test runs it); `chat_prompt` is the chat-templated prompt text, for
+    ids in the transformers code (the local checkpoint the playground loaded, when the Hub id cannot load here: see
+    share.local_checkpoint; the offline test runs it so), with a comment and a note naming the Hub id; `chat_prompt` is the chat-templated prompt text, for
     llama.cpp's programs, which take raw text."""
     draft_plan = plan(settings.draft, getattr(settings, "exit_after", 0))
     notes = []
@@ -156,22 +157,35 @@ def snippets(settings, target_path: str | None = None, draft_path: str | None = 
     if not settings.greedy:
         notes.append("Sampled runs follow the same distribution everywhere, but each library draws its own random "
                      "numbers: the seed reproduces a run within one library, not across them.")
-    target = target_path or model_id(settings.target)
-    draft = None if draft_plan.draft_model is None else (draft_path or model_id(draft_plan.draft_model))
-    return Snippets(transformers_code(settings, draft_plan, target, draft),
-                    vllm_code(settings, draft_plan, target, draft, notes),
+    hub_target = model_id(settings.target)
+    hub_draft = None if draft_plan.draft_model is None else model_id(draft_plan.draft_model)
+    target = target_path or hub_target
+    draft = None if hub_draft is None else (draft_path or hub_draft)
+    local = [(role, path, hub) for role, path, hub in (("TARGET", target_path, hub_target), ("DRAFT", draft_path, hub_draft))
+             if path and hub and path != hub]
+    if local:
+        notes.append("Offline here: the transformers code loads " + " and ".join(
+            f"{hub} from the checkpoint this playground made from its packaged GGUF ({path})" for _, path, hub in local)
+            + ", so it runs on this machine as shown; elsewhere use the Hub id (the comment in the code).")
+    return Snippets(transformers_code(settings, draft_plan, target, draft, local),
+                    vllm_code(settings, draft_plan, hub_target, hub_draft, notes),
                     llama_cpp_code(settings, draft_plan, chat_prompt, notes),
                     tuple(notes))
 
 
 # ------------------------------------------------------------------------------------------- transformers
 
-def transformers_code(settings, draft_plan: DraftPlan, target: str, draft: str | None) -> str:
+def transformers_code(settings, draft_plan: DraftPlan, target: str, draft: str | None,
+                      local: list[tuple[str, str, str]] = ()) -> str:
+    """`local`: (TARGET or DRAFT, local directory, Hub id) for each model loaded from a local checkpoint here."""
     lines = [f"# Hugging Face transformers generate(): option names checked against transformers {TRANSFORMERS_VERSION}",
              "import torch",
              "from transformers import AutoModelForCausalLM, AutoTokenizer",
-             "",
-             f"TARGET = {target!r}"]
+             ""]
+    for role, _, hub in local:
+        lines.append(f"# {role}: offline here, the checkpoint the playground made from its packaged GGUF. "
+                     f"Elsewhere: {role} = {hub!r}")
+    lines.append(f"TARGET = {target!r}")
     if draft is not None:
         lines.append(f"DRAFT = {draft!r}")
     lines += [f"PROMPT = {settings.prompt!r}",

@@ -268,13 +268,18 @@ def comparison_figure(summaries: list[tuple[dict, object]], axis: str = "k") -> 
     for n, (label, runs) in enumerate(by_draft.items()):
         color = palette[n % len(palette)]
         xs = [summary["draft_label"] if attr == "draft" else getattr(settings, attr) for summary, settings in runs]
-        text = [f"run {s['run_id']}: k={st.k}, T={st.temperature}, top-p={st.top_p}, {st.rule}" for s, st in runs]
-        fig.add_trace(go.Scatter(x=xs, y=[s["acceptance_rate"] for s, _ in runs], mode="markers", name=label,
-                                 marker={"color": color, "size": 9}, text=text, legendgroup=label), row=1, col=1)
-        sp = [(x, s["speedup"], t) for x, (s, _), t in zip(xs, runs, text) if s["speedup"] is not None]
-        fig.add_trace(go.Scatter(x=[a for a, _, _ in sp], y=[b for _, b, _ in sp], mode="markers", name=label,
-                                 marker={"color": color, "size": 9, "symbol": "diamond"}, text=[c for _, _, c in sp],
-                                 legendgroup=label, showlegend=False), row=1, col=2)
+        hover = [f"run {s['run_id']}{' · ' + s['scenario'] if s.get('scenario') else ''}: k={st.k}, "
+                 f"T={st.temperature}, top-p={st.top_p}, {st.rule}" for s, st in runs]
+        tags = [run_tag(s) for s, _ in runs]      # on the point itself: which dot is scenario 5
+        fig.add_trace(go.Scatter(x=xs, y=[s["acceptance_rate"] for s, _ in runs], mode="markers+text", name=label,
+                                 marker={"color": color, "size": 9}, text=tags, hovertext=hover, hoverinfo="text",
+                                 textposition="middle right", textfont={"size": 10}, legendgroup=label),
+                      row=1, col=1)
+        sp = [(x, s["speedup"], t, h) for x, (s, _), t, h in zip(xs, runs, tags, hover) if s["speedup"] is not None]
+        fig.add_trace(go.Scatter(x=[a for a, *_ in sp], y=[b for _, b, *_ in sp], mode="markers+text", name=label,
+                                 marker={"color": color, "size": 9, "symbol": "diamond"}, text=[c for _, _, c, _ in sp],
+                                 hovertext=[h for *_, h in sp], hoverinfo="text", textposition="middle right",
+                                 textfont={"size": 10}, legendgroup=label, showlegend=False), row=1, col=2)
     fig.add_hline(y=1.0, line={"color": "#9ca3af", "dash": "dash", "width": 1}, row=1, col=2)
     fig.update_yaxes(range=[-0.05, 1.05], tickformat=".0%", row=1, col=1)
     fig.update_xaxes(title_text=axis, dtick=1 if attr == "k" else None)
@@ -282,7 +287,16 @@ def comparison_figure(summaries: list[tuple[dict, object]], axis: str = "k") -> 
     fig = base_layout(fig, f"Runs compared by {axis}", "", "", height=330)
     fig.update_layout(margin={"l": 48, "r": 12, "t": 70, "b": 40})
     fig.update_xaxes(title_text=axis)
+    if attr == "draft":   # the x axis names the drafts already: a legend of the same names only collided with it
+        fig.update_layout(showlegend=False, margin={"l": 48, "r": 12, "t": 70, "b": 90})
+        fig.update_xaxes(tickangle=-25, title_text="")
     return fig
+
+
+def run_tag(summary: dict) -> str:
+    """A point's label: the scenario's tag ('S5') when the run was one, else its run number ('#7')."""
+    scenario = summary.get("scenario") or ""
+    return scenario.split(" · ", 1)[0] if scenario else f"#{summary['run_id']}"
 
 
 def mismatch_figure(results: list[dict]) -> go.Figure:

@@ -447,10 +447,25 @@ def stats_html(summary: dict | None, message: str = "") -> str:
                       "good" if same else "pending" if low_precision else "bad"))
         if low_precision:
             note = f'<div class="msg note" data-note="dtype">{esc(REDUCED_PRECISION_NOTE.format(dtype=s["dtype"]))}</div>'
+    if s.get("tree_nodes_per_round") is not None and s.get("speedup") is not None and s["speedup"] < 1:
+        note += f'<div class="msg note" data-note="tree-slower">{esc(tree_slower_note(s))}</div>'
     html_chips = "".join(f'<div class="chip {cls}" data-stat="{esc(key)}"{title_attr(key)}><span class="k">{esc(key)}'
                          f'</span><span class="v">{esc(value)}</span></div>' for key, value, cls in chips)
     msg = f'<div class="msg">{esc(message)}</div>' if message else ""
     return f'<div class="spec-stats">{html_chips}{note}{msg}</div>'
+
+
+def tree_slower_note(s: dict) -> str:
+    """Why a draft tree measured slower than plain decoding here, with its own numbers."""
+    costs = ""
+    if s.get("verify_cost") is not None and s.get("draft_cost") is not None:
+        costs = (f" Each round's verify forward over its {s['tree_nodes_per_round']:.0f} nodes + 1 costs "
+                 f"v = {s['verify_cost']:.2f} plain steps and drafting c = {s['draft_cost']:.2f}, so "
+                 f"{s['tokens_per_forward']:.2f} tokens per forward cannot pay for them: "
+                 f"{s['tokens_per_forward']:.2f} / ({s['verify_cost']:.2f} + {s['draft_cost']:.2f}) < 1.")
+    return (f"This draft tree measured slower than plain decoding here (×{s['speedup']:.2f}).{costs} On this CPU "
+            "a forward's cost grows with its rows; on a GPU a few dozen rows cost about one step, which is where "
+            "trees pay (the \"What if: a GPU\" tab projects it). For speed here, use a chain: eagle+lookup.")
 
 
 def tokenization_html(text: str, rows: list[tuple[str, list[tuple[int, Piece]]]]) -> str:
