@@ -185,3 +185,18 @@ def test_greedy_identity_on_smollm2(smollm2, draft):
         prompt, k=8, max_new_tokens=32, sampling=GREEDY)
     assert result.tokens == plain
     assert any(e.note and "suffix" in e.note and e.accepted for e in result.rounds)
+
+
+@pytest.mark.parametrize("params", [GREEDY, se.SamplingParams(0.8, top_p=0.9)], ids=["greedy", "sampled"])
+def test_suffix_rounds_draw_in_the_tree_view(target, params):
+    from ui.views import render, tree
+    from ui.views.tokens import dict_labeler
+    prompt = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 3, 1, 2]])
+    rounds = se.SpeculativeDecoder(target, SuffixDrafter(max_spec_factor=None, min_token_prob=0.0)).generate(
+        prompt, k=5, max_new_tokens=16, sampling=params, seed=3).rounds
+    drawn = [e for e in rounds if e.tree_parents and len(e.drafted) >= 2]
+    assert drawn and any(e.note and "suffix" in e.note for e in drawn)
+    label = dict_labeler({i: f"t{i}" for i in range(8)})
+    figure = tree.tree_figure(rounds, label)
+    assert len(figure.data) > 0
+    assert 'class="round tree"' in render.round_html(drawn[-1], label)
