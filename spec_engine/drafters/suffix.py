@@ -259,10 +259,11 @@ class SuffixFirstDrafter(Drafter):
     fallback sees every begin and rollback, with the target's features."""
 
     def __init__(self, fallback: Drafter, suffix: SuffixDrafter | None = None,
-                 min_match: int = MIN_FALLBACK_MATCH):
+                 min_match: int = MIN_FALLBACK_MATCH, min_expected: float = 0.0):
         self.fallback = fallback
         self.suffix = suffix or SuffixDrafter()
         self.min_match = min_match
+        self.min_expected = min_expected     # the suffix tree's expected accepted tokens (sum of its scores) needed
         self.name = f"{fallback.name}+suffix"
         self.feature_layers = fallback.feature_layers
 
@@ -287,7 +288,8 @@ class SuffixFirstDrafter(Drafter):
 
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator):
         proposal = self.suffix.propose(committed, k, params, generator) if k else None
-        if proposal is not None and proposal.tree.tokens and self.suffix.last_match >= self.min_match:
+        if proposal is not None and proposal.tree.tokens and self.suffix.last_match >= self.min_match \
+                and sum(self.suffix.last_scores) >= self.min_expected:
             return proposal
         self.suffix.pending = None
         return self.fallback.propose(committed, k, params, generator) if k else Proposal([], None)
