@@ -200,3 +200,22 @@ def test_suffix_rounds_draw_in_the_tree_view(target, params):
     figure = tree.tree_figure(rounds, label)
     assert len(figure.data) > 0
     assert 'class="round tree"' in render.round_html(drawn[-1], label)
+
+
+def test_suffix_first_falls_back_on_short_matches_and_weak_trees():
+    class Fallback(se.Drafter):
+        name = "fallback"
+
+        def propose(self, committed, k, params, generator):
+            return se.Proposal([99], None)
+
+    text = [5, 6, 7, 8, 9, 1, 5, 6, 7]                       # "5 6 7" occurred before, followed by 8
+    for min_match, min_expected, suffix_drafts in ((2, 0.0, True), (4, 0.0, False), (2, 5.0, False)):
+        drafter = SuffixFirstDrafter(Fallback(), SuffixDrafter(size_by_cost=False), min_match, min_expected)
+        drafter.begin(text)
+        proposal = drafter.propose(text, 4, GREEDY, None)
+        if suffix_drafts:
+            assert proposal.tree.tokens == [8, 9, 1] and drafter.suffix.last_match == 3
+        else:
+            assert proposal.tokens == [99] and drafter.suffix.pending is None
+        drafter.rollback(text + [8])
