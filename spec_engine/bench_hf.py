@@ -478,10 +478,12 @@ def profile_run(arm: str, engine, prompt_ids, k: int, tokens: int, eos_id: int) 
 
 def profile_main(args, argv, engine, prompts: list[Prompt], load_before) -> str:
     """--profile: per thread count, plain decoding and each draft arm on every prompt, `--repeats` times, the arms'
-    rounds profiled; the parts summed over prompts and repeats, in plain steps of the same prompts' plain runs."""
+    rounds profiled; the parts summed over prompts and repeats, in plain steps of the same prompts' plain runs. The
+    report is rewritten after every prompt (a run stopped early leaves what it measured, marked partial)."""
     eos_id = engine.tokenizer.eos_token_id
     first = encode(engine, prompts[0])
-    sections = []
+    done: list[str] = []
+    text = ""
     for threads in args.threads:
         torch.set_num_threads(threads)
         speed.active().warm(engine.model)
@@ -489,33 +491,50 @@ def profile_main(args, argv, engine, prompts: list[Prompt], load_before) -> str:
             profile_run(arm, engine, first, args.k, 8, eos_id)
         totals = {arm: {"arm": arm, "rounds": 0, "tokens": 0, "parts": dict.fromkeys(PARTS_ORDER, 0.0)}
                   for arm in args.drafts}
-        plain_seconds, plain_steps, rows, identical = 0.0, 0, {arm: {} for arm in args.drafts}, True
-        for prompt in prompts:
-            ids = encode(engine, prompt)
-            for repeat in range(args.repeats):
-                plain = autoregressive_generate(engine.model, ids, max_new_tokens=args.tokens, sampling=GREEDY,
-                                                eos_token_id=eos_id)
-                plain_seconds += plain_step_seconds(plain) * max(len(plain.tokens) - 1, 1)
-                plain_steps += max(len(plain.tokens) - 1, 1)
-                for arm in rotated(list(args.drafts), repeat):
-                    profile, result = profile_run(arm, engine, ids, args.k, args.tokens, eos_id)
-                    identical &= result.tokens == plain.tokens
-                    total = totals[arm]
-                    total["rounds"] += profile.rounds
-                    total["tokens"] += len(result.tokens)
-                    for part, seconds in profile.parts().items():
-                        total["parts"][part] += seconds
-                    for n, values in profile.verify_rows.items():
-                        rows[arm].setdefault(n, []).extend(values)
+        plain = {"seconds": 0.0, "steps": 0, "identical": True}
+        rows = {arm: {} for arm in args.drafts}
+        for measured, prompt in enumerate(prompts, 1):
+            profile_prompt(args, engine, encode(engine, prompt), eos_id, totals, plain, rows)
             print(f"threads {threads}: {prompt.name} profiled", flush=True)
-        step = plain_seconds / max(plain_steps, 1)
-        for total in totals.values():
-            total["plain_step"] = step
-        sections += [f"Threads {threads}: one plain step {1e3 * step:.1f} ms (decoding time per token of plain "
-                     f"decoding over the same prompts); each part per round, in plain steps; every run gave plain "
-                     f"decoding's tokens: {'yes' if identical else '**no**'}.",
-                     profile_table(list(totals.values())), "The verify forward by row count:",
-                     rows_table(rows, {arm: step for arm in args.drafts})]
+            partial = "" if measured == len(prompts) else f" **Partial: {measured} of {len(prompts)} prompts.**"
+            section = profile_section(threads, totals, plain, rows) + partial
+            text = profile_write(args, argv, engine, prompts, load_before, done + [section])
+        done.append(section)
+    return text
+
+
+def profile_prompt(args, engine, ids, eos_id: int, totals: dict, plain: dict, rows: dict) -> None:
+    """One prompt's plain runs and profiled arm runs, `--repeats` times, added to the running sums."""
+    for repeat in range(args.repeats):
+        baseline = autoregressive_generate(engine.model, ids, max_new_tokens=args.tokens, sampling=GREEDY,
+                                           eos_token_id=eos_id)
+        steps = max(len(baseline.tokens) - 1, 1)
+        plain["seconds"] += plain_step_seconds(baseline) * steps
+        plain["steps"] += steps
+        for arm in rotated(list(args.drafts), repeat):
+            profile, result = profile_run(arm, engine, ids, args.k, args.tokens, eos_id)
+            plain["identical"] &= result.tokens == baseline.tokens
+            total = totals[arm]
+            total["rounds"] += profile.rounds
+            total["tokens"] += len(result.tokens)
+            for part, seconds in profile.parts().items():
+                total["parts"][part] += seconds
+            for n, values in profile.verify_rows.items():
+                rows[arm].setdefault(n, []).extend(values)
+
+
+def profile_section(threads: int, totals: dict, plain: dict, rows: dict) -> str:
+    step = plain["seconds"] / max(plain["steps"], 1)
+    for total in totals.values():
+        total["plain_step"] = step
+    return "\n\n".join([f"Threads {threads}: one plain step {1e3 * step:.1f} ms (decoding time per token of plain "
+                         f"decoding over the same prompts); each part per round, in plain steps; every run gave plain "
+                         f"decoding's tokens: {'yes' if plain['identical'] else '**no**'}.",
+                         profile_table(list(totals.values())), "The verify forward by row count:",
+                         rows_table(rows, {arm: step for arm in totals})])
+
+
+def profile_write(args, argv, engine, prompts, load_before, sections: list[str]) -> str:
     load_after = os.getloadavg()
     command = "python -m spec_engine.bench_hf " + " ".join(argv or [])
     text = "\n\n".join([f"`{command}`: {cpu_model()}, {engine.name} {engine.dtype}, greedy, k = {args.k}, up to "

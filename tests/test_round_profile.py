@@ -42,3 +42,20 @@ def test_the_parts_add_up_to_the_rounds_and_the_engine_is_restored(target):
     assert table.count("\n") == 2 and "**" in table
     by_rows = rows_table({"a": dict(profile.verify_rows)}, {"a": step})
     assert all(f"| a | {n} | {len(v)} |" in by_rows for n, v in profile.verify_rows.items())
+
+
+def test_the_benchmarks_profile_pass_on_a_tiny_model(target):
+    from argparse import Namespace
+    from spec_engine import bench_hf
+
+    class Loaded:
+        model, tokenizer = target, None
+    args = Namespace(repeats=2, drafts=["lookup-tree", "suffix@4"], k=3, tokens=16)
+    totals = {arm: {"arm": arm, "rounds": 0, "tokens": 0, "parts": dict.fromkeys(PARTS, 0.0)} for arm in args.drafts}
+    plain, rows = {"seconds": 0.0, "steps": 0, "identical": True}, {arm: {} for arm in args.drafts}
+    bench_hf.profile_prompt(args, Loaded(), PROMPT, None, totals, plain, rows)
+    assert plain["identical"] and plain["steps"] == 2 * 15
+    assert all(t["tokens"] == 2 * 16 and t["rounds"] >= 2 for t in totals.values())
+    assert max(rows["suffix@4"]) <= 5 and max(rows["lookup-tree"]) <= 4          # k + 1 rows at most
+    section = bench_hf.profile_section(1, totals, plain, rows)
+    assert "plain decoding's tokens: yes" in section and "| suffix@4 |" in section and "| lookup-tree | 1 |" in section
