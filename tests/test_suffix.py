@@ -12,7 +12,7 @@ import spec_engine as se
 from spec_engine.core.tree_rule import TokenTree
 from spec_engine.drafters.eagle import random_eagle_drafter
 from spec_engine.drafters.eagle_tree import EagleTreeDrafter
-from spec_engine.drafters.suffix import (SuffixDrafter, SuffixFirstDrafter, SuffixIndex, best_tree_size,
+from spec_engine.drafters.suffix import (PAPER_SPEC_FACTOR, SuffixDrafter, SuffixFirstDrafter, SuffixIndex, best_tree_size,
                                          speculate)
 from test_tree_rule import (LENGTH, SETTINGS, Toy, round_outcomes, rows, target_distribution,
                             total_variation)
@@ -82,10 +82,13 @@ def test_the_tree_is_best_first_by_frequency_and_closed_under_parents():
 
 def test_the_tree_grows_with_the_match_and_is_sized_by_the_verify_cost():
     text = list(range(20)) + [50, 51] + list(range(20))
-    drafter = SuffixDrafter(size_by_cost=False, min_token_prob=0.0)
+    drafter = SuffixDrafter(max_spec_factor=PAPER_SPEC_FACTOR, size_by_cost=False, min_token_prob=0.0)
     drafter.begin(text[:22] + text[22:25])           # the text's newest 3 tokens (0 1 2) occurred before
     tree = drafter.propose(text[:25], 16, GREEDY, None).tree
     assert drafter.last_match == 3 and tree.tokens == [3, 4, 5]          # max_spec_factor 1: 3 nodes for 3 tokens
+    uncapped = SuffixDrafter(size_by_cost=False, min_token_prob=0.0)
+    uncapped.begin(text[:25])
+    assert uncapped.propose(text[:25], 16, GREEDY, None).tree.tokens == list(range(3, 19))   # k nodes
     tree = drafter.propose(text[:32], 4, GREEDY, None).tree
     assert drafter.last_match == 10 and tree.tokens == [10, 11, 12, 13]   # k caps it
     assert best_tree_size([0.9, 0.9, 0.1], (0.0, 1.0, 1.0, 1.0, 1.0)) == 3   # free rows: keep all that add
@@ -149,7 +152,7 @@ def test_greedy_suffix_decoding_is_plain_greedy_decoding_on_tiny_models(seed):
     plain = se.autoregressive_generate(target, prompt, max_new_tokens=40, sampling=GREEDY).tokens
     head = random_eagle_drafter(target, seed=seed)
     drafters = {"suffix": lambda: SuffixDrafter(),
-                "suffix-unbounded": lambda: SuffixDrafter(max_spec_factor=None, min_token_prob=0.0),
+                "suffix-paper-cap": lambda: SuffixDrafter(max_spec_factor=PAPER_SPEC_FACTOR, min_token_prob=0.0),
                 "eagle+suffix": lambda: SuffixFirstDrafter(EagleTreeDrafter(head.head, target, head.vocab_index,
                                                                             width=2, depth=3, size_by_cost=False))}
     for name, make in drafters.items():
@@ -215,7 +218,7 @@ def test_suffix_first_falls_back_on_short_matches_and_weak_trees():
         drafter.begin(text)
         proposal = drafter.propose(text, 4, GREEDY, None)
         if suffix_drafts:
-            assert proposal.tree.tokens == [8, 9, 1] and drafter.suffix.last_match == 3
+            assert proposal.tree.tokens == [8, 9, 1, 5] and drafter.suffix.last_match == 3
         else:
             assert proposal.tokens == [99] and drafter.suffix.pending is None
         drafter.rollback(text + [8])
