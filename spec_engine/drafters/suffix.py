@@ -14,9 +14,9 @@ Each round:
                length through the scores (a short match's copies are rarely right, so few of its nodes pay for a row).
                The paper's own cap, at most max(1, floor(max_spec_factor * match length)) nodes, is an option
                (`max_spec_factor`), off by default: on six held-out prompts (one per kind of bench/data/six_kinds.json,
-               SmolLM2-135M, greedy, k = 8, 64 tokens) `suffix` gave 1.49 tokens per target forward with the paper's
-               factor 1, 1.62 with 2 and 1.68 without the cap, and `eagle+suffix` 1.97 with factor 1 and 2.20
-               without (`eagle+lookup-tree` 2.02), since the calibrated scores and the cost already size the tree
+               SmolLM2-135M, greedy, k = 8, 64 tokens, one process) `suffix` gave 1.49 tokens per target forward
+               with the paper's factor 1, 1.62 with 2 and 1.68 without the cap: the calibrated scores and the
+               verify cost already size the tree, and the cap cut copies that would have been accepted
 
 The tree is a function of the committed text and the drafter's earlier outputs, fixed before the target sees the
 round, and its siblings are chosen, not drawn (drawn="deterministic", q one-hot), so the tree rule is exact for it
