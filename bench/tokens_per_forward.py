@@ -8,11 +8,12 @@ NAME~X sets a SuffixFirstDrafter's min_expected to X, NAME^F a suffix drafter's 
 
 The first argument is how many prompts of each kind of bench/data/six_kinds.json.
 """
-import sys, statistics, torch, os
+import sys
+import statistics
+import torch
 import spec_engine as se
 from spec_engine.models import load_model
 from spec_engine.bench_hf import load_prompts, encode, Path, select_prompts, interleaved
-from spec_engine.drafters import suffix as S
 torch.set_num_threads(1)
 m = load_model("smollm2-135m-instruct", "cpu", "float32")
 prompts = interleaved(select_prompts(load_prompts(Path("bench/data/six_kinds.json")), "held-out", None, int(sys.argv[1])))
