@@ -18,6 +18,14 @@ Every run is timed end to end (prefill included) on the same chat-templated prom
 each side's forwards are tallied (calls, rows, seconds), so the table of where the time goes is measured, not
 modelled. Each engine arm's tokens are checked equal to stock plain decoding's (greedy identity).
 
+`--profile` measures instead where an engine round's time goes (spec_engine/round_profile.py): per prompt and thread
+count, plain decoding once (its step is the unit) and each `--drafts` arm once under the profile, then the parts of a
+round (draft forwards, the EAGLE head's catch-up, tree building, the verify forward, sampling and the rule, the cache
+trim, the event, bookkeeping) per round in plain steps, and the verify forward by row count. No stock model is loaded.
+
+    python -m spec_engine.bench_hf --profile --threads 2 --prompts bench/data/six_kinds.json --per-kind 1 \
+        --drafts eagle+lookup-tree@8 eagle+lookup@3 --repeats 1
+
 Prompts come from bench/data/hf_compare_prompts.json: a tuning set (what the lookup policy was tuned on) and a
 held-out set written for this comparison (edit, summarise, retrieval QA over a passage, chat). Headline
 figures are the held-out set's; the tuning set is for trying policies.
@@ -44,6 +52,8 @@ from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate
 from spec_engine.core.sampling import SamplingParams
 from spec_engine.drafters.registry import make_drafter
 from spec_engine.models import DEFAULT_MODEL, load_model
+from spec_engine.round_profile import PARTS as PARTS_ORDER
+from spec_engine.round_profile import RoundProfile, plain_step_seconds, profile_table, rows_table
 
 PROMPTS_FILE = Path(__file__).resolve().parents[1] / "bench" / "data" / "hf_compare_prompts.json"
 SETS = ("tuning", "held-out")
@@ -408,6 +418,8 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the draft arms' rounds against a plain step instead of comparing with HF")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be 1 or more (a median with a spread needs at least 3)")
@@ -420,6 +432,9 @@ def main(argv=None) -> None:
     prompts = interleaved(prompts)      # a run stopped early (its report is written after each prompt) covers every kind
     load_before = os.getloadavg()
     engine = load_model(args.model, "cpu", args.dtype)
+    if args.profile:
+        print(profile_main(args, argv, engine, prompts, load_before))
+        return
     stock = load_stock(engine.source, engine.dtype)
     if stock is engine.model:
         raise AssertionError("the stock model must be transformers' own object, not the engine's")
@@ -449,6 +464,87 @@ def main(argv=None) -> None:
             print(cell_rows(results[-1:], lookups).splitlines()[-1], flush=True)
         report = write_report(args, argv, engine, results, lookups, arms, load_before, len(prompts))
     print("\n" + report)
+
+
+def profile_run(arm: str, engine, prompt_ids, k: int, tokens: int, eos_id: int) -> tuple[RoundProfile, object]:
+    """One engine run of a draft arm under the round profile: (the profile, the GenerationResult)."""
+    name, k = arm_k(arm, k)
+    name, _, full = name.partition("/")
+    decoder = SpeculativeDecoder(engine.model, make_drafter(name, engine, None, fixed_length=full == "full"))
+    with RoundProfile(decoder) as profile:
+        result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=GREEDY, eos_token_id=eos_id)
+    return profile, result
+
+
+def profile_main(args, argv, engine, prompts: list[Prompt], load_before) -> str:
+    """--profile: per thread count, plain decoding and each draft arm on every prompt, `--repeats` times, the arms'
+    rounds profiled; the parts summed over prompts and repeats, in plain steps of the same prompts' plain runs. The
+    report is rewritten after every prompt (a run stopped early leaves what it measured, marked partial)."""
+    eos_id = engine.tokenizer.eos_token_id
+    first = encode(engine, prompts[0])
+    done: list[str] = []
+    text = ""
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        speed.active().warm(engine.model)
+        for arm in args.drafts:                                  # warm-up, and the verify-cost curve at this count
+            profile_run(arm, engine, first, args.k, 8, eos_id)
+        totals = {arm: {"arm": arm, "rounds": 0, "tokens": 0, "parts": dict.fromkeys(PARTS_ORDER, 0.0)}
+                  for arm in args.drafts}
+        plain = {"seconds": 0.0, "steps": 0, "identical": True}
+        rows = {arm: {} for arm in args.drafts}
+        for measured, prompt in enumerate(prompts, 1):
+            profile_prompt(args, engine, encode(engine, prompt), eos_id, totals, plain, rows)
+            print(f"threads {threads}: {prompt.name} profiled", flush=True)
+            partial = "" if measured == len(prompts) else f" **Partial: {measured} of {len(prompts)} prompts.**"
+            section = profile_section(threads, totals, plain, rows) + partial
+            text = profile_write(args, argv, engine, prompts, load_before, done + [section])
+        done.append(section)
+    return text
+
+
+def profile_prompt(args, engine, ids, eos_id: int, totals: dict, plain: dict, rows: dict) -> None:
+    """One prompt's plain runs and profiled arm runs, `--repeats` times, added to the running sums."""
+    for repeat in range(args.repeats):
+        baseline = autoregressive_generate(engine.model, ids, max_new_tokens=args.tokens, sampling=GREEDY,
+                                           eos_token_id=eos_id)
+        steps = max(len(baseline.tokens) - 1, 1)
+        plain["seconds"] += plain_step_seconds(baseline) * steps
+        plain["steps"] += steps
+        for arm in rotated(list(args.drafts), repeat):
+            profile, result = profile_run(arm, engine, ids, args.k, args.tokens, eos_id)
+            plain["identical"] &= result.tokens == baseline.tokens
+            total = totals[arm]
+            total["rounds"] += profile.rounds
+            total["tokens"] += len(result.tokens)
+            for part, seconds in profile.parts().items():
+                total["parts"][part] += seconds
+            for n, values in profile.verify_rows.items():
+                rows[arm].setdefault(n, []).extend(values)
+
+
+def profile_section(threads: int, totals: dict, plain: dict, rows: dict) -> str:
+    step = plain["seconds"] / max(plain["steps"], 1)
+    for total in totals.values():
+        total["plain_step"] = step
+    return "\n\n".join([f"Threads {threads}: one plain step {1e3 * step:.1f} ms (decoding time per token of plain "
+                         f"decoding over the same prompts); each part per round, in plain steps; every run gave plain "
+                         f"decoding's tokens: {'yes' if plain['identical'] else '**no**'}.",
+                         profile_table(list(totals.values())), "The verify forward by row count:",
+                         rows_table(rows, {arm: step for arm in totals})])
+
+
+def profile_write(args, argv, engine, prompts, load_before, sections: list[str]) -> str:
+    load_after = os.getloadavg()
+    command = "python -m spec_engine.bench_hf " + " ".join(argv or [])
+    text = "\n\n".join([f"`{command}`: {cpu_model()}, {engine.name} {engine.dtype}, greedy, k = {args.k}, up to "
+                         f"{args.tokens} new tokens, {len(prompts)} prompts x {args.repeats} repeats; load average "
+                         f"{load_before[0]:.2f} before, {load_after[0]:.2f} after.", *sections])
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
+    return text
 
 
 def write_report(args, argv, engine, results: list[dict], lookups: list[str], arms: list[str], load_before,

@@ -1,11 +1,11 @@
 """Seeded chi-square tests of sampled tree rounds end to end on the tiny models of test_statistical.py (vocabulary
 8): the first three tokens of speculative sampling with every tree drafter (a draft model's siblings drawn with
-replacement, without replacement and as its top 2; prompt lookup's branches; the EAGLE head's dynamic tree) follow the target's exact
+replacement, without replacement and as its top 2; prompt lookup's branches; suffix decoding's frequency tree; the EAGLE head's dynamic tree) follow the target's exact
 distribution, enumerated from the model.
 
 Same test and odds as test_statistical.py: N = 1,500 runs (seeds 0..N-1), cells with expected count < 5 pooled, an
-impossible sequence fails outright; a correct sampler fails one test with probability ALPHA = 1e-4, so the six
-exact tests here fail falsely with probability below 7e-4 for a random choice of seeds (the seeds are fixed, so a
+impossible sequence fails outright; a correct sampler fails one test with probability ALPHA = 1e-4, so the seven
+exact tests here fail falsely with probability below 8e-4 for a random choice of seeds (the seeds are fixed, so a
 pass is reproducible). The rule itself is proved by enumeration in test_tree_rule.py; these tests cover what the
 enumeration cannot: the drafters' draws and the q they report, the engine's rows per node, its draws and its KV.
 The wrong tree rule is rejected by the same test at these seeds, narrowly (its power is not computed here: the
@@ -18,6 +18,7 @@ import spec_engine as se
 from spec_engine.drafters.eagle import random_eagle_drafter
 from spec_engine.drafters.eagle_tree import EagleTreeDrafter
 from spec_engine.drafters.lookup import TreeLookupDrafter
+from spec_engine.drafters.suffix import SuffixDrafter
 from spec_engine.drafters.tree import ModelTreeDrafter
 from test_statistical import ALPHA, LENGTH, N, POWER, PROMPT, chi_square_pvalue, exact_joint, power_against
 
@@ -50,6 +51,15 @@ def test_model_tree_drafter(target, draft, params, drawn):
 def test_tree_lookup_drafter(target):
     params = SAMPLED[0]
     samples = tree_samples(target, lambda: TreeLookupDrafter(branches=3, max_ngram=3), params)
+    assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
+
+
+@slow
+def test_suffix_drafter(target):
+    """Suffix decoding: frequency-scored trees from the prompt's and the output's earlier occurrences, uncapped (k
+    nodes where the index has them) so the rounds carry siblings and depth."""
+    params = SAMPLED[1]
+    samples = tree_samples(target, lambda: SuffixDrafter(max_spec_factor=None, min_token_prob=0.0), params)
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 

@@ -165,11 +165,15 @@ def keep_path(cache, start: int, sources: list[int]) -> None:
     """Move the entries at positions `sources` (increasing, each >= start) to start, start + 1, ... in every layer
     and drop everything after them: a tree's accepted path takes its place after the committed text."""
     assert sources == sorted(sources) and all(s >= start for s in sources), (start, sources)
-    for layer in cache.layers:
-        moves = [(start + j, s) for j, s in enumerate(sources) if s != start + j]
-        if moves:
-            to = torch.tensor([m[0] for m in moves], device=layer.keys.device)
-            frm = torch.tensor([m[1] for m in moves], device=layer.keys.device)
+    moves = [(start + j, s) for j, s in enumerate(sources) if s != start + j]
+    if moves:
+        indices: dict = {}                # device -> (to, from): made once per round, not once per layer
+        for layer in cache.layers:
+            device = layer.keys.device
+            if device not in indices:
+                indices[device] = (torch.tensor([m[0] for m in moves], device=device),
+                                   torch.tensor([m[1] for m in moves], device=device))
+            to, frm = indices[device]
             layer.keys[..., to, :] = layer.keys[..., frm, :]          # the gather copies first: overlaps are safe
             layer.values[..., to, :] = layer.values[..., frm, :]
     trim_cache(cache, start + len(sources))

@@ -16,6 +16,9 @@
     eagle-tree[:N]                 EAGLE-2's dynamic tree from the shipped head: grown by path confidence, the best N
                                    nodes kept (default: as many as the measured verify-cost curve pays for)
     eagle+lookup-tree[:N]          prompt lookup's chain where the text repeats itself, the EAGLE tree elsewhere
+    suffix                         suffix decoding: a tree of what followed the longest earlier match of the text's
+                                   newest tokens (prompt, output, the drafter's earlier runs), scored by frequency
+    eagle+suffix[:N]               suffix decoding where its index matches 2+ tokens, the EAGLE tree elsewhere
     <preset or path>               a separate draft model with the target's tokenizer
     <preset>:cross-tokenizer       a draft with another tokenizer, text re-tokenized
     <preset>:naive-ids             the tokenizer-mismatch mistake: ids passed through unchanged
@@ -36,6 +39,7 @@ from spec_engine.drafters.lookup import (PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_
                                          LookupFirstDrafter, PromptLookupDrafter, TreeLookupDrafter,
                                          fixed_length_lookup)
 from spec_engine.drafters.model import DEFAULT_SKIP_LAYERS, LayerSkipDrafter, ModelDrafter, early_exit_layers
+from spec_engine.drafters.suffix import SuffixDrafter, SuffixFirstDrafter
 from spec_engine.drafters.tree import LayerSkipTreeDrafter
 
 EARLY_EXIT_AFTER = 20
@@ -285,6 +289,23 @@ def build_eagle_tree(spec, target, draft, fixed_length):
 def build_eagle_lookup_tree(spec, target, draft, fixed_length):
     return LookupFirstDrafter(shipped_eagle_tree(spec, target, fixed_length),
                               fixed_length_lookup() if fixed_length else None)
+
+
+@register("suffix", "Suffix decoding (a frequency tree of earlier continuations)",
+          "No model: every earlier occurrence of the text's newest tokens votes for what came next, and the likeliest "
+          "continuations form a tree whose size grows with the length of the match.",
+          parse=lambda mode, tail: no_argument(mode, tail, "build SuffixDrafter(max_spec_factor=...) for other sizes"),
+          tree=True)
+def build_suffix(spec, target, draft, fixed_length):
+    return SuffixDrafter(size_by_cost=not fixed_length)
+
+
+@register("eagle+suffix", "EAGLE-2 tree + suffix decoding (copies what followed earlier matches)",
+          "Suffix decoding's frequency tree where the text's newest tokens occurred before, else the EAGLE head's "
+          "tree; the choice depends on the text alone, so every round stays exact.", parse=tree_nodes,
+          available=eagle_available, tree=True)
+def build_eagle_suffix(spec, target, draft, fixed_length):
+    return SuffixFirstDrafter(shipped_eagle_tree(spec, target, fixed_length), SuffixDrafter(size_by_cost=not fixed_length))
 
 
 MODES = modes()      # the modes registered above (a later registration extends modes(), not this tuple)
