@@ -96,14 +96,26 @@ def test_the_tree_grows_with_the_match_and_is_sized_by_the_verify_cost():
     assert best_tree_size([0.1], (0.0, 1.0, 1.5)) == 0
 
 
-def test_a_later_run_drafts_from_the_earlier_runs_output():
-    drafter = SuffixDrafter(size_by_cost=False)
+def test_a_later_run_drafts_from_the_earlier_runs_output_when_asked_to_remember():
+    drafter = SuffixDrafter(size_by_cost=False, remember_runs=True)
     drafter.begin([1, 2, 3])
     drafter.rollback([1, 2, 3, 10, 11, 12, 13, 14, 15])   # the first run answered 10..15
     drafter.begin([4, 5, 6])                               # a new prompt with none of it
     assert drafter.propose([4, 5, 6], 8, GREEDY, None).tree.tokens == []
     tree = drafter.propose([4, 5, 6, 10, 11, 12], 8, GREEDY, None).tree
     assert tree.tokens == [13, 14, 15] and drafter.last_match == 3
+
+
+def test_by_default_a_run_depends_on_its_own_text_alone():
+    """The app runs each setting twice on one decoder (live, then timed) and refuses to show a speed when the two
+    differ: without `remember_runs` the second run drafts exactly what the first did."""
+    drafter = SuffixDrafter(size_by_cost=False)
+    trees = []
+    for _ in range(2):
+        drafter.begin([1, 2, 3])
+        trees.append(drafter.propose([1, 2, 3, 10, 11, 12], 8, GREEDY, None).tree.tokens)
+        drafter.rollback([1, 2, 3, 10, 11, 12, 13, 14, 15])
+    assert trees == [[], []]
 
 
 def test_suffix_rounds_emit_the_targets_distribution_by_enumeration():
@@ -151,7 +163,7 @@ def test_greedy_suffix_decoding_is_plain_greedy_decoding_on_tiny_models(seed):
     prompt = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 3, 1, 2]])
     plain = se.autoregressive_generate(target, prompt, max_new_tokens=40, sampling=GREEDY).tokens
     head = random_eagle_drafter(target, seed=seed)
-    drafters = {"suffix": lambda: SuffixDrafter(),
+    drafters = {"suffix": lambda: SuffixDrafter(remember_runs=True),
                 "suffix-paper-cap": lambda: SuffixDrafter(max_spec_factor=PAPER_SPEC_FACTOR, min_token_prob=0.0),
                 "eagle+suffix": lambda: SuffixFirstDrafter(EagleTreeDrafter(head.head, target, head.vocab_index,
                                                                             width=2, depth=3, size_by_cost=False))}
@@ -161,7 +173,8 @@ def test_greedy_suffix_decoding_is_plain_greedy_decoding_on_tiny_models(seed):
             result = se.SpeculativeDecoder(target, drafter).generate(prompt, k=6, max_new_tokens=40, sampling=GREEDY)
             assert result.tokens == plain, (name, run)
             trees = [e for e in result.rounds if e.tree_parents is not None]
-            assert all(e.target_cache_len == e.committed_len - 1 for e in result.rounds)
+            committed = prompt.shape[1] + sum(len(e.emitted) for e in result.rounds)   # counted from the rounds
+            assert result.rounds[-1].target_cache_len == committed - 1 == result.rounds[-1].committed_len - 1
             assert any(e.accepted >= 2 for e in trees), name                 # deep paths were exercised
         if name == "suffix":
             assert sum(e.accepted for e in result.rounds) > 20           # run 2 copies run 1's answer

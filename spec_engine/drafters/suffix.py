@@ -174,10 +174,13 @@ class SuffixDrafter(Drafter):
     learns what its answers tend to say. Each round drafts from whichever index gives the higher expected tokens.
 
     `max_spec_factor` (e.g. PAPER_SPEC_FACTOR) caps a tree at that many nodes per matched token, as the paper does;
-    `size_by_cost=False` drops the verify-cost sizing (k nodes when the index has them and no cap is set)."""
+    `size_by_cost=False` drops the verify-cost sizing (k nodes when the index has them and no cap is set).
+    `remember_runs`: file each run's output in the earlier-outputs index (off by default: a run then depends on its
+    settings alone, so the app's timed pass repeats its live pass round for round; the API opts in for a session)."""
 
     def __init__(self, max_match: int = MAX_MATCH, max_spec_factor: float | None = None,
-                 min_token_prob: float = MIN_TOKEN_PROB, size_by_cost: bool = True, name: str = "suffix"):
+                 min_token_prob: float = MIN_TOKEN_PROB, size_by_cost: bool = True, name: str = "suffix",
+                 remember_runs: bool = False):
         if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
             raise ValueError(f"max_match must be an integer >= 1, got {max_match!r}")
         if max_spec_factor is not None and not max_spec_factor > 0:
@@ -185,7 +188,7 @@ class SuffixDrafter(Drafter):
         if not 0.0 <= min_token_prob < 1.0:
             raise ValueError(f"min_token_prob must be in [0, 1), got {min_token_prob!r}")
         self.max_match, self.max_spec_factor, self.min_token_prob = max_match, max_spec_factor, min_token_prob
-        self.size_by_cost, self.name = size_by_cost, name
+        self.size_by_cost, self.name, self.remember_runs = size_by_cost, name, remember_runs
         self.costs: tuple[float, ...] | None = None     # the target's verify-cost curve, from check_target
         self.earlier = SuffixIndex(max_match + SPEC_ROOM)   # outputs of this drafter's earlier runs
         self.runs = 0
@@ -206,7 +209,7 @@ class SuffixDrafter(Drafter):
             self.costs = sizing.verify_costs(target_model)    # read from the module: tests fix the curve there
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
-        if len(self.text) > self.prompt_len:              # the previous run's output joins the earlier outputs
+        if self.remember_runs and len(self.text) > self.prompt_len:     # the previous output joins the earlier ones
             self.earlier.extend(self.runs, self.text[self.prompt_len:])
             self.runs += 1
         self._reset(list(prompt_ids))
