@@ -38,7 +38,7 @@ from spec_engine.core import speed
 from spec_engine.core.cache import additive_mask, check_invariant, new_cache, trim_cache
 from spec_engine.core.sampling import SamplingParams, choose_token, top_probability
 from spec_engine.drafters.base import Drafter, Proposal, vocab_size
-from spec_engine.drafters.sizing import best_draft_length, verify_costs
+from spec_engine.drafters.sizing import size_draft, verify_costs
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2-135m.safetensors"
@@ -331,13 +331,14 @@ class EagleDrafter(Drafter):
             feature = self._step(feature[None], tokens[-1:], len(committed) - 1 + i)[-1]
             self.cache_ids.append(previous)
         # The cache now also holds pairs built from predicted features (committed[-1], d_1, ...): rollback drops them.
+        note = None
         if self.costs is not None:      # keep the prefix worth its verify rows, the head's confidences as odds
-            keep = best_draft_length(confidences, self.costs)
+            keep, note = size_draft(confidences, self.costs)
             tokens, probs = tokens[:keep], probs[:keep]
         if not tokens:
-            return Proposal([], None)
+            return Proposal([], None, note=note)
         if params.greedy:
-            return Proposal(tokens, None)
+            return Proposal(tokens, None, note=note)
         full = torch.zeros(len(tokens), vocab_size(self.target), dtype=probs[0].dtype, device=probs[0].device)
         if len(members) >= len(tokens) and writes_in_place(full):     # members (a CPU search's): write only those
             rows, vocab_index = full.numpy(), self.vocab_index.numpy()
@@ -345,7 +346,7 @@ class EagleDrafter(Drafter):
                 row[vocab_index[ids]] = reduced.numpy()[ids]
         else:
             full[:, self.vocab_index] = torch.stack(probs)                                        # [k, vocab]
-        return Proposal(tokens, full)
+        return Proposal(tokens, full, note=note)
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         trim_cache(self.cache, self._true_len)             # predicted-feature positions go, even if their tokens were kept
