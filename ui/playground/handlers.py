@@ -239,7 +239,7 @@ def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget
                 if not runner.record_round(prep, state, item):
                     return
             elif isinstance(item, se.GenerationResult):
-                runner.keep_timing(prep.record, state, item)
+                runner.keep_timing(prep.record, state, item, prep.labeler, prep.options)
             elif isinstance(item, se.BaselineResult):
                 runner.keep_baseline(prep.record, state, item)
             yield item
@@ -374,10 +374,16 @@ def progress_line(prep: runner.Prepared, event: se.RoundEvent, label: str) -> st
     return f"{label}: round {event.index + 1}, {event.committed_len - len(prep.prompt_ids)} tokens"
 
 
+SWEEP_PHASES = {"timed": "decoding without drawing", "plain": "measuring plain decoding once for the sweep"}
+
+
 def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
             exit_after, auto_baseline, show_spaces, state: SessionState):
     """Run the current settings for several k (one plain-decoding baseline serves all) into the history. The
-    runs are driven without drawing (a throttled progress line) and share one time budget."""
+    runs share one time budget. Each point is measured as Run measures its speed: decoded by `decoder.generate` in
+    a worker thread while the handler only wakes every runner.BASELINE_POLL s (compute.run_job's timed pass), with
+    no live pass. Issue #36: driving each point's rounds through the handler (one yield to Gradio per round) made
+    the speculative side 5-10 times slower than Run's measurement of the same settings on two busy cores."""
     base = parse_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                           skip_layers, exit_after)
     state.stop_event.clear()
@@ -396,30 +402,23 @@ def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens,
             try:
                 plain = settings.baseline_key(prep.prompt_ids) not in state.baselines
                 job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, (1 + plain) * settings.max_new_tokens),
-                                     live=True, plain=plain)
-                yield message_view(f"{label}: decoding…")
-                last = 0.0
+                                     live=False, timed=True, plain=plain)
+                doing = "decoding without drawing"
+                yield message_view(f"{label}: {doing}…")
                 for item in fold(prep, state, job, budget):
                     if isinstance(item, compute.Built):
                         state.active = prep
                         yield SKIP_RUN
-                    elif isinstance(item, se.RoundEvent):
-                        now = perf_counter()
-                        if item.finished or now - last >= RENDER_INTERVAL:
-                            last = now
-                            yield message_view(progress_line(prep, item, label))
-                        else:
-                            yield SKIP_RUN
                     elif isinstance(item, compute.Phase):
-                        yield message_view(f"{label}: measuring plain decoding once for the sweep…")
+                        doing = SWEEP_PHASES[item.name]
+                        yield message_view(f"{label}: {doing}…")
                     elif isinstance(item, str):
-                        yield message_view(f"{label}: measuring plain decoding… {item}")
+                        yield message_view(f"{label}: {doing}… {item}")
                     else:
                         yield SKIP_RUN
                 if prep.record is None or prep.record.recorded:
                     return
-                if prep.record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
-                    runner.keep_live_timing(prep.record, state)     # nothing was drawn while it ran
+                runner.end_rounds(prep, state, budget.timed_out)
                 state.finish(prep.record)
                 yield run_view(prep, state, status=f"{label} done", final=True)
             finally:

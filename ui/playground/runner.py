@@ -219,19 +219,29 @@ def end_rounds(prep: Prepared, state: SessionState, timed_out: bool = False) -> 
             record.stop_reason = TIME_LIMIT if timed_out and not state.stop_event.is_set() else "cancelled"
 
 
-def keep_timing(record: RunRecord, state: SessionState, result: se.GenerationResult) -> Timing | None:
+def keep_timing(record: RunRecord, state: SessionState, result: se.GenerationResult, labeler=None,
+                options: RenderOptions | None = None) -> Timing | None:
     """The run decoded again with its own settings and seed and nothing drawn becomes its speed
     (`RunRecord.timing`). The live run drew every round in the browser on the same cores, which slows the engine
     by a different amount for every run; plain decoding is measured without drawing, so the speculative side is
-    too. The rounds must equal the live ones (same seed, same code): otherwise the timing is not kept. None if the
-    timed run was stopped."""
+    too. The rounds must equal the live ones (same seed, same code): otherwise the timing is not kept. A run with no
+    live pass (Sweep k: each point is measured exactly as Run measures its speed, and nothing is drawn) takes the
+    timed run's rounds as its own, rendered with `labeler` and `options`. None if the timed run was stopped."""
     if result.stop_reason == "cancelled":
         return None
+    how = "decoded again without drawing"
+    if not record.rounds:       # measured without a live pass (a Sweep k point): the timed run is the run itself
+        fragments = [round_html(event, labeler, options) for event in result.rounds] if labeler is not None else []
+        with state.lock:
+            record.fragments.extend(fragments)
+            record.rounds.extend(result.rounds)
+            record.stop_reason = result.stop_reason
+        how = "decoded without drawing"
     same = result.tokens == record.tokens and len(result.rounds) == len(record.rounds)
     if not same:      # cannot happen with a deterministic engine; if it does, say so rather than mix two runs
         raise ValueError("the timed run differs from the live run (same settings and seed): its speed is not shown")
     timing = Timing(seconds=result.total_seconds, tokens=len(result.tokens), rounds=tuple(result.rounds),
-                    at=time.time(), how="decoded again without drawing")
+                    at=time.time(), how=how)
     with state.lock:
         record.timing = timing
     return timing
