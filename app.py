@@ -37,7 +37,7 @@ from gradio import queueing
 from gradio.server_messages import ProcessCompletedMessage
 
 from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
-from ui.playground import compute, limits
+from ui.playground import coalesce, compute, limits
 from ui.playground import registry
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
@@ -53,13 +53,15 @@ class AdmissionQueue(queueing.Queue):
     Gradio's `Queue.push` checks the size, then awaits the endpoint's validator, and only then appends the
     event: requests that arrive together all pass the check (50 at once against max_size 8 had 13 to 37
     accepted). Here a request holds a place from before its first await until it is appended (then the queue
-    counts it) or refused. Errors Gradio hides from users (show_error is off: a file that was never uploaded, a
+    counts it) or refused; runs waiting for their turn at the engine's gate (ui/playground/coalesce.py) count as
+    waiting too. Errors Gradio hides from users (show_error is off: a file that was never uploaded, a
     malformed value) reached them as `{"error": null}`; they get HIDDEN_ERROR instead."""
 
     joining = 0          # requests between the size check and their place in the queue
 
     async def push(self, body, request, username):
-        if self.max_size is not None and len(self) + self.joining >= self.max_size:
+        waiting = len(self) + self.joining + coalesce.GATE.wait_line()     # runs wait at the engine's gate too
+        if self.max_size is not None and waiting >= self.max_size:
             return False, f"Queue is full: {self.max_size} requests are waiting. Try again shortly.", "queue_full"
         self.joining += 1
         try:

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 import spec_engine as se
-from ui.playground import limits
+from ui.playground import coalesce, limits
 from ui.playground.handlers import RUN_OUTPUTS
 from ui.playground.state import SessionState
 from test_ui_handlers import run_args
@@ -356,9 +356,9 @@ def test_a_full_queue_answers_busy_and_the_server_keeps_serving(playground_regis
     from gradio_client import Client
     with launched(concurrency=1, queue_size=2) as url:
         clients = [Client(url, verbose=False) for _ in range(5)]
-        long_run = args(max_new_tokens=300)
-        jobs = [c.submit(*long_run, api_name="/run") for c in clients[:3]]   # one decodes, two wait
-        assert wait_until(lambda: sorted(j.status().code.name for j in jobs) == ["IN_QUEUE", "IN_QUEUE", "ITERATING"])
+        # distinct seeds (identical requests would share one computation); one decodes, two wait at the gate
+        jobs = [c.submit(*args(max_new_tokens=300, seed=i), api_name="/run") for i, c in enumerate(clients[:3])]
+        assert wait_until(lambda: coalesce.GATE.wait_line() == 2 and coalesce.GATE.busy == 1)
         with pytest.raises(Exception, match="Queue is full"):
             clients[3].predict(*args(), api_name="/run")
         for job in jobs:

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import spec_engine as se
 
-from ui.playground import limits, validate
+from ui.playground import coalesce, limits, validate
 from ui.playground import registry as reg
 from ui.views.render import RenderOptions, round_html
 from ui.playground.state import RunRecord, RunSettings, SessionState, Timing
@@ -254,15 +254,31 @@ def keep_live_timing(record: RunRecord, state: SessionState) -> None:
                                at=time.time(), how="run without drawing")
 
 
-def keep_baseline(record: RunRecord, state: SessionState, result: se.BaselineResult) -> se.BaselineResult | None:
+def keep_baseline(record: RunRecord, state: SessionState, result: se.BaselineResult,
+                  reused=None) -> se.BaselineResult | None:
     """Plain decoding with the run's settings, measured right after it: the session's baseline for its key, and
-    the run's own. None if it was stopped."""
+    the run's own. With `reused` (coalesce.Reused) it was measured earlier by another request, and says how long
+    ago. None if it was stopped."""
     if result.stop_reason == "cancelled":
         return None
-    state.add_baseline(record.baseline_key, result, run_id=record.run_id)
+    at = None if reused is None else reused.at
+    note = None
+    if reused is not None:
+        note = f"reused: measured {coalesce.age_text(time.time() - reused.at)} before by an identical request"
+        if reused.under_load:
+            note += f", {reused.under_load}"
+    state.add_baseline(record.baseline_key, result, run_id=record.run_id, at=at, note=note)
     with state.lock:
         record.plain = (result, state.baseline_info[record.baseline_key]["at"])
+        record.plain_note = note
     return result
+
+
+def add_label(record: RunRecord, state: SessionState, text: str) -> None:
+    """A line about how the run was computed (shared, replayed, measured under load), shown with its speed."""
+    with state.lock:
+        if text not in record.labels:
+            record.labels.append(text)
 
 
 def in_worker(work, budget: Budget, label: str) -> Iterator[str]:
