@@ -104,3 +104,24 @@ def test_plain_decoding_is_measured_once_and_reused_by_other_sessions_with_its_a
     assert first.summary(a)["baseline_timing"].endswith("(this run)")
     list(handlers.run(*run_args(draft="prompt-lookup", k=4, max_new_tokens=6, auto_baseline=True), first))
     assert calls[-1].plain                          # a session's own runs measure it again, back to back
+
+
+def test_models_beyond_the_default_unload_once_idle_and_never_while_held():
+    from ui.playground import limits
+    from test_ui_limits import Loader, hold, make_registry
+    now = [0.0]
+    registry = make_registry(Loader(), max_extra=2, clock=lambda: now[0])
+    registry._start_reaper = lambda: None          # no background thread: drop_idle is called here
+    for name in ("default", "a", "b"):
+        registry.get(name)
+    hold(registry, "b")
+    idle = limits.current().idle_unload_seconds
+    now[0] = idle - 1
+    assert registry.drop_idle() == []
+    now[0] = idle
+    assert registry.drop_idle() == ["a"]           # b is held, the default pinned
+    assert registry.loaded_names() == ["default", "b"]
+    registry.release("b")
+    assert registry.drop_idle() == []              # just used: idle again from now
+    now[0] += idle
+    assert registry.drop_idle() == ["b"] and registry.loaded_names() == ["default"]

@@ -27,10 +27,11 @@ class Limits:
     concurrency: int = 1                # runs decoding at once; more share the CPU and blur the timings
     lab_max_n: int = 10_000             # the largest sample count N a lab tab may ask for
     session_ttl_seconds: float = 3600.0  # a session's state (runs, step-through caches, exports) after its last use
+    idle_unload_seconds: float = 300.0  # a model besides the default is unloaded once idle this long
 
     def __post_init__(self):
         problems = []
-        for name in ("max_run_seconds", "session_ttl_seconds"):
+        for name in ("max_run_seconds", "session_ttl_seconds", "idle_unload_seconds"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if not 1 <= self.max_new_tokens <= ENGINE_MAX_NEW_TOKENS:
@@ -54,6 +55,7 @@ ENV = {
     "concurrency": "SPEC_CONCURRENCY",
     "lab_max_n": "SPEC_LAB_MAX_N",
     "session_ttl_seconds": "SPEC_SESSION_TTL",
+    "idle_unload_seconds": "SPEC_IDLE_UNLOAD",
 }
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
