@@ -9,6 +9,9 @@ Limits for a public server (each flag overrides its SPEC_* environment variable;
     --max-new-tokens N      token cap of one run (SPEC_MAX_NEW_TOKENS)
     --queue-size N          requests waiting before "queue is full" (SPEC_QUEUE_SIZE)
     --concurrency N         runs decoding at once; 1 keeps timings honest (SPEC_CONCURRENCY)
+    --threads N             torch's intra-op threads (SPEC_THREADS; default: one per core). On a shared host whose
+                            load exceeds its cores, 1 is far faster: measured at a load of 6-8 on 2 cores, one
+                            SmolLM2-135M forward took 64 ms on 1 thread and 540 ms on 2 (docs/hardening.md)
     --session-ttl S         a session's state (runs, step-through caches, trace exports) is deleted S seconds after
                             its last use; a closed tab's within the hour, as Gradio keeps it (SPEC_SESSION_TTL)
 
@@ -94,6 +97,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, help="token cap of one run")
     parser.add_argument("--queue-size", type=int, help="requests waiting before 'queue is full'")
     parser.add_argument("--concurrency", type=int, help="runs decoding at once")
+    parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: one per core)")
     parser.add_argument("--session-ttl", dest="session_ttl_seconds", type=float,
                         help="seconds a session's state is kept after its last use")
     parser.add_argument("--device", help="where models load: cpu, cuda, cuda:1 (default: CUDA when present)")
@@ -108,6 +112,9 @@ def configure(argv: list[str]) -> None:
     flags = vars(parse_args(argv))
     placement = limits.placement_from_env(device=flags.pop("device"), dtype=flags.pop("dtype"))
     limits.configure(limits.from_env(**flags))
+    if limits.current().threads:
+        import torch
+        torch.set_num_threads(limits.current().threads)
     registry.REGISTRY.place(**placement)
     if compute.ZEROGPU:
         registry.REGISTRY.preload(zerogpu_models())

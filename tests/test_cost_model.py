@@ -54,49 +54,67 @@ def test_the_curve_is_corrected_from_timed_forwards():
 
 
 def test_a_paused_curve_says_why_with_the_numbers_and_probes_every_few_rounds():
-    curve = CostCurve(WRONG, probe_every=3)
+    view = CostCurve(WRONG, probe_every=3).view()
     chances = [0.9, 0.9, 0.9]
-    sized = [size_draft(chances, curve) for _ in range(8)]
+    sized = [size_draft(chances, view) for _ in range(8)]
     assert [n for n, _ in sized] == [0, 0, 0, 3, 0, 0, 0, 3]    # the typical machine's length, every 4th round
     note = sized[0][1]
     assert note.startswith(PAUSED) and "verifying 4 rows costs 4.00 one-token forwards" in note
     assert "3.44 tokens" in note and "probing again in 3 rounds" in note
     assert sized[3][1].startswith(PROBE)
-    assert size_draft([0.01], curve) == (0, None)        # a draft that pays on no machine is not a pause
+    assert size_draft([0.01], view) == (0, None)         # a draft that pays on no machine is not a pause
+    view.reset()                                         # a run begins: it pauses PROBE_EVERY rounds again
+    assert [size_draft(chances, view)[0] for _ in range(4)] == [0, 0, 0, 3]
     assert size_draft(chances, (0.0, 1.0, 1.1, 1.2, 1.3)) == (3, None)   # a fixed curve: no pause, no note
 
 
 class SteadyDrafter(Drafter):
-    """Proposes token 1 up to k times, each with a 90% chance, sized by `costs` as the real drafters size theirs."""
+    """Proposes token 1 up to k times, each with a 90% chance, sized by `curve` as the real drafters size theirs:
+    by a view of it taken when the decoder is built, reset when a run begins."""
 
     name = "steady"
 
-    def __init__(self, costs):
-        self.costs = costs
+    def __init__(self, curve):
+        self.curve = curve
+
+    def check_target(self, target_model):
+        self.costs = sizing.sizing_view(self.curve)
+
+    def begin(self, prompt_ids, target_features=None):
+        sizing.reset_view(self.costs)
 
     def propose(self, committed, k, params, generator):
         n, note = size_draft([0.9] * k, self.costs)
         return Proposal([1] * n, None, note=note)
 
 
-def test_a_grossly_wrong_curve_stops_drafting_only_until_the_first_probe(monkeypatch):
+def test_a_grossly_wrong_curve_pauses_one_run_which_probes_and_the_next_drafts_again(monkeypatch):
     """The engine's rounds correct the curve: every forward takes one tick of a fake clock, so verifying any row
-    count costs one plain step. Drafting pauses under the wrong curve, probes after PROBE_EVERY paused rounds, and
-    from then on drafts every round: within PROBE_EVERY + 1 rounds of the start."""
+    count costs one plain step. Under the wrong curve a run pauses, probes after PROBE_EVERY paused rounds and
+    pauses again (a run's rounds never depend on its own timing: decoded twice, it gives the same rounds); the
+    probe's timing corrects the curve, and the next decoder drafts every round from its first."""
     from tiny import tiny_llama
     model = tiny_llama(vocab=8, layers=1, seed=3)            # its own model: the curve watches its forwards
     curve = CostCurve(WRONG)
     timing.watch_forwards(model, curve.observe)
     ticks = itertools.count()
     monkeypatch.setattr(timing, "perf_counter", lambda: next(ticks) * 0.01)
+    prompt = torch.tensor([[1, 2, 3]])
     decoder = se.SpeculativeDecoder(model, SteadyDrafter(curve))
-    result = decoder.generate(torch.tensor([[1, 2, 3]]), k=3, max_new_tokens=60)
-    drafted = [bool(r.drafted) for r in result.rounds]
+    paused = decoder.generate(prompt, k=3, max_new_tokens=24)
+    drafted = [bool(r.drafted) for r in paused.rounds]
     first = drafted.index(True)
-    assert first == sizing.PROBE_EVERY and result.rounds[first].note.startswith(PROBE)
-    assert all(r.note.startswith(PAUSED) for r in result.rounds[:first])
-    assert all(drafted[first:-1])                 # the last round has room for one token only
-    assert curve[4] == pytest.approx(1.0) and curve.corrected
-    text = " ".join(explain(result.rounds, k=3, greedy=True))
-    assert f"{first} rounds drafted nothing because the verify cost said so (1 probe drafted to time it again): " \
-           f"drafting paused: verifying 4 rows" in text
+    assert first == sizing.PROBE_EVERY and paused.rounds[first].note.startswith(PROBE)
+    assert all(r.note.startswith(PAUSED) for r in paused.rounds[:first])
+    assert curve[4] == pytest.approx(1.0) and curve.corrected          # corrected by the probe's own timing
+    again = decoder.generate(prompt, k=3, max_new_tokens=24)            # the same decoder: the same rounds
+    assert [(r.drafted, r.note) for r in again.rounds] == [(r.drafted, r.note) for r in paused.rounds]
+    notes = [(r.note or "").split(":")[0] for r in paused.rounds]
+    assert notes == ["drafting paused"] * 8 + ["probing the verify cost"] + ["drafting paused"] * 8 + \
+        ["probing the verify cost"] + ["drafting paused"] * 5 + [""]     # the last round has room for no draft
+    text = " ".join(explain(paused.rounds, k=3, greedy=True))
+    assert "21 rounds drafted nothing because the verify cost said so (2 probes drafted to time it again): " \
+           "drafting paused: verifying " in text
+
+    resumed = se.SpeculativeDecoder(model, SteadyDrafter(curve)).generate(prompt, k=3, max_new_tokens=24)
+    assert all(r.drafted for r in resumed.rounds[:-1]) and not any(r.note for r in resumed.rounds)

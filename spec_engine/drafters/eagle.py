@@ -38,7 +38,7 @@ from spec_engine.core import speed
 from spec_engine.core.cache import additive_mask, check_invariant, new_cache, trim_cache
 from spec_engine.core.sampling import SamplingParams, choose_token, top_probability
 from spec_engine.drafters.base import Drafter, Proposal, vocab_size
-from spec_engine.drafters.sizing import size_draft, verify_costs
+from spec_engine.drafters.sizing import reset_view, size_draft, sizing_view, verify_costs
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2-135m.safetensors"
@@ -279,11 +279,12 @@ class EagleDrafter(Drafter):
         if int(self.vocab_index.max()) >= vocab_size(target_model):
             raise ValueError("the head's vocabulary index lists ids beyond the target's vocabulary")
         if self.size_by_cost:
-            self.costs = verify_costs(target_model)
+            self.costs = sizing_view(verify_costs(target_model))
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.cache = self.head.new_cache()
         self.cache_ids, self._predicted, self._true_len = [], None, 0
+        reset_view(self.costs)
         if len(prompt_ids) > 1:
             width = len(self.feature_layers) * self.head.config.hidden_size
             assert target_features is not None and target_features.shape == (len(prompt_ids) - 1, width), \

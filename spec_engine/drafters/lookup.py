@@ -9,7 +9,7 @@ from torch import nn
 
 from spec_engine.core.sampling import SamplingParams
 from spec_engine.drafters.base import Drafter, Proposal, TreeProposal, common_prefix_len, trie_tree
-from spec_engine.drafters.sizing import size_draft, verify_costs
+from spec_engine.drafters.sizing import reset_view, size_draft, sizing_view, verify_costs
 
 
 PROMPT_LOOKUP_MAX_NGRAM = 8     # see PromptLookupDrafter
@@ -77,10 +77,11 @@ class PromptLookupDrafter(Drafter):
 
     def check_target(self, target_model) -> None:
         if self.sizing == "cost":
-            self.costs = verify_costs(target_model)
+            self.costs = sizing_view(verify_costs(target_model))
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.odds, self.pending = LookupOdds(), None
+        reset_view(self.costs)
 
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         match_len, begin = longest_suffix_match(committed, self.max_ngram)

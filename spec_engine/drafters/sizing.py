@@ -19,6 +19,12 @@ rounds) against one-row forwards timed in the same process (rounds that drafted 
 When the curve says no draft pays where a typical machine's would, the round drafts nothing and its note says
 "drafting paused: ..." with the numbers; every PROBE_EVERY such rounds one round drafts anyway (a probe), so a wrong
 curve is corrected by the probe's own timing.
+
+A decoder sizes by a `CostView`: the curve as it stood when the decoder was built, with its own count of paused
+rounds (reset when a run begins). A run's rounds must not depend on the timing of the run itself: the playground
+decodes a run twice (drawn live, then timed without drawing) and checks that both gave the same rounds, and with
+the same seed a sampled run must give the same text. So a correction reaches the next decoder built (the next Run,
+the next sweep point): a wrong curve pauses one run at most, which probes, and the runs after it draft again.
 """
 from __future__ import annotations
 
@@ -123,16 +129,14 @@ class CostCurve(Sequence):
     `measured` is the start-up measurement (made sane); `observe(rows, seconds)` adds one timed verify forward.
     Once ONE_ROW_MIN one-row forwards are timed, a row count with timed forwards costs the median of its recent
     times over the median one-row time; a row count without any is the measured cost scaled by how far the measured
-    curve was off at the nearest timed row count. `size(chances)` picks the draft length, pausing and probing as
-    the module's docstring says. Shared by every run on the model (a lock guards it); only sizes change with it,
-    never what a round verifies."""
+    curve was off at the nearest timed row count. Shared by every run on the model (a lock guards it); each
+    decoder sizes by a `view()` of it (see the module's docstring). Only sizes change with it, never what a round
+    verifies."""
 
     def __init__(self, measured: Sequence[float], unsure: str | None = None, probe_every: int = PROBE_EVERY):
         self.measured = sane(measured)
         self.unsure = unsure
         self.probe_every = probe_every
-        self.paused_rounds = 0          # rounds sized to nothing by this curve since the last probe
-        self.probes = 0
         self.observed = 0               # timed forwards seen
         self._samples = [deque(maxlen=WINDOW) for _ in self.measured]
         self._costs = self.measured
@@ -186,36 +190,72 @@ class CostCurve(Sequence):
             return f"corrected from {self.observed} timed forwards"
         return "measured at start-up" + (f", unsure: {self.unsure}" if self.unsure else "")
 
+    def view(self) -> "CostView":
+        """The curve as it stands now, for one decoder (see the module's docstring)."""
+        with self._lock:
+            return CostView(self._costs, self.source(), self.probe_every)
+
+
+class CostView(Sequence):
+    """A CostCurve frozen for one decoder: costs[r] as it stood, where they came from, and this decoder's count of
+    rounds it paused (reset by `reset()` when a run begins, so a run sized twice is sized alike)."""
+
+    def __init__(self, costs: Sequence[float], source: str = "given", probe_every: int = PROBE_EVERY):
+        self.costs, self.source, self.probe_every = tuple(costs), source, probe_every
+        self.paused_rounds = 0          # rounds sized to nothing since the last probe, in this run
+        self.probes = 0
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+    def __getitem__(self, index):
+        return self.costs[index]
+
+    def __eq__(self, other):
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None
+
+    def reset(self) -> None:
+        self.paused_rounds = self.probes = 0
+
     def size(self, chances: Sequence[float]) -> tuple[int, str | None]:
-        """(draft length, note): the best length under this curve; when that is none but a typical machine's curve
+        """(draft length, note): the best length under these costs; when that is none but a typical machine's curve
         would draft, a paused round ("drafting paused: ...", the numbers) or, every probe_every of them, a probe
         sized by the typical curve."""
-        best = best_draft_length(chances, tuple(self._costs))
+        best = best_draft_length(chances, self.costs)
         if best or not chances:
             return best, None
         typical = best_draft_length(chances, TYPICAL[:len(self)])
         if not typical:
             return 0, None                          # no draft pays on any machine: nothing is paused
-        with self._lock:
-            self.paused_rounds += 1
-            probe = self.paused_rounds > self.probe_every
-            if probe:
-                self.paused_rounds, self.probes = 0, self.probes + 1
-            left = self.probe_every - self.paused_rounds + 1
-        if probe:
+        self.paused_rounds += 1
+        if self.paused_rounds > self.probe_every:
+            self.paused_rounds, self.probes = 0, self.probes + 1
             return typical, f"{PROBE}{typical + 1} rows (drafting was paused)"
-        rows = typical + 1
+        rows, left = typical + 1, self.probe_every - self.paused_rounds + 1
         expected = expected_tokens(chances[:typical])[typical]
-        return 0, (f"{PAUSED}verifying {rows} rows costs {self._costs[rows]:.2f} one-token forwards on "
-                   f"this machine ({self.source()}), more than the {expected:.2f} tokens they would yield; "
+        return 0, (f"{PAUSED}verifying {rows} rows costs {self.costs[rows]:.2f} one-token forwards on "
+                   f"this machine ({self.source}), more than the {expected:.2f} tokens they would yield; "
                    f"probing again in {left} round{'s' if left != 1 else ''}")
 
 
+def sizing_view(costs):
+    """What a drafter sizes by for one decoder: a CostCurve's view, or a fixed curve as it is."""
+    return costs.view() if isinstance(costs, CostCurve) else costs
+
+
+def reset_view(costs) -> None:
+    """A run begins: a CostView forgets the rounds it paused in the last one."""
+    if isinstance(costs, CostView):
+        costs.reset()
+
+
 def size_draft(chances: Sequence[float], costs: Sequence[float]) -> tuple[int, str | None]:
-    """(draft length, note) under `costs`: a CostCurve pauses and probes (see CostCurve.size); a plain sequence
+    """(draft length, note) under `costs`: a CostView pauses and probes (see CostView.size); a plain sequence
     (a fixed curve: tests, benchmarks) gives best_draft_length and no note."""
-    if isinstance(costs, CostCurve):
-        return costs.size(chances)
+    if isinstance(costs, (CostView, CostCurve)):
+        return (costs.view() if isinstance(costs, CostCurve) else costs).size(chances)
     return best_draft_length(chances, costs), None
 
 
