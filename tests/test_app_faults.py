@@ -13,6 +13,7 @@ The counts behind README's "Hardening" section are collected in FIGURES and prin
 """
 import contextlib
 import gc
+import re
 import socket
 import sys
 import textwrap
@@ -290,7 +291,10 @@ def submit_sessions(url: str, seeds) -> list[tuple[int, object]]:
         observed["max_running"] = max(observed["max_running"],
                                       sum(s.code in (Status.PROCESSING, Status.ITERATING) for s in statuses))
         ranks = [s.rank for s in statuses if s.code == Status.IN_QUEUE and s.rank is not None]
-        observed["max_position"] = max([observed["max_position"]] + [r + 1 for r in ranks])
+        # runs wait at the engine's gate, whose page says "position P of N" (ui/playground/coalesce.py)
+        shown = [int(m.group(1)) for _, job in jobs for out in job.outputs()[-1:]
+                 for m in [re.search(r"position (\d+) of \d+", str(out))] if m]
+        observed["max_position"] = max([observed["max_position"]] + [r + 1 for r in ranks] + shown)
         time.sleep(0.02)
     return jobs, observed
 
