@@ -330,20 +330,21 @@ def test_eight_sessions_through_the_single_model_queue_each_get_their_solo_run(p
 
 @contextlib.contextmanager
 def launched(**limit_changes):
-    """A second app in this process with other limits (read when the demo is built and queued)."""
+    """A second app in this process with other limits and the app's own queue (app.queue), the limits in force
+    while it serves (the engine's gate reads the concurrency at each run: ui/playground/coalesce.py)."""
+    import app
     from ui.layout import build_demo
     previous = limits.configure(**limit_changes)
     try:
-        demo = build_demo(preload=False)
-        demo.queue(default_concurrency_limit=4, max_size=limits.current().queue_size)
+        demo = app.queue(build_demo(preload=False))
+        port = free_port()
+        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+        try:
+            yield f"http://127.0.0.1:{port}/"
+        finally:
+            demo.close()
     finally:
         limits.configure(previous)
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
 
 
 def test_eight_sessions_decoding_in_parallel_do_not_mix(playground_registry, references):
