@@ -125,3 +125,18 @@ def test_models_beyond_the_default_unload_once_idle_and_never_while_held():
     assert registry.drop_idle() == []              # just used: idle again from now
     now[0] += idle
     assert registry.drop_idle() == ["b"] and registry.loaded_names() == ["default"]
+
+
+def test_a_waiter_abandoned_without_being_closed_gives_its_place_up():
+    now = [0.0]
+    gate = Gate(capacity=lambda: 1, clock=lambda: now[0])
+    first = gate.enter(poll=0)
+    with pytest.raises(StopIteration) as entered:
+        next(first)
+    abandoned, next_one = gate.enter(poll=0), gate.enter(poll=0)
+    assert next(abandoned).position == 1 and next(next_one).position == 2
+    gate.leave(entered.value.value)
+    now[0] = coalesce.STALE_SECONDS + 1                # the abandoned one was never pulled again
+    with pytest.raises(StopIteration):
+        next(next_one)                                 # its turn: the stale place was given up
+    assert gate.wait_line() == 0

@@ -27,7 +27,7 @@ import pytest
 
 from spec_engine.classroom import trace as tr
 from ui.classroom import tabs as classroom, replay
-from ui.playground import limits, registry as reg, validate
+from ui.playground import coalesce, limits, registry as reg, validate
 from ui.playground.handlers import RUN_OUTPUTS
 from ui.playground.state import SessionState
 from test_app_faults import free_port
@@ -398,18 +398,25 @@ def test_a_job_cancelled_while_queued_never_runs_and_gives_its_place_back(playgr
         port = free_port()
         demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
         clients = [Client(f"http://127.0.0.1:{port}/", verbose=False) for _ in range(4)]
-        running = clients[0].submit(*args(max_new_tokens=300), api_name="/run")
-        assert wait_until(lambda: running.status().code.name == "ITERATING", timeout=60)
-        waiting = [c.submit(*args(max_new_tokens=300), api_name="/run") for c in clients[1:3]]
-        assert wait_until(lambda: [j.status().code.name for j in waiting] == ["IN_QUEUE"] * 2)
+        # Runs wait at the engine's gate (ui/playground/coalesce.py); distinct seeds, so that none is shared.
+        gate = coalesce.GATE
+        running = clients[0].submit(*args(max_new_tokens=300, seed=0), api_name="/run")
+        assert wait_until(lambda: gate.busy == 1, timeout=60)
+        waiting = []
+        for i, client in enumerate(clients[1:3], start=1):
+            waiting.append(client.submit(*args(max_new_tokens=300, seed=i), api_name="/run"))
+            assert wait_until(lambda: gate.wait_line() == i, timeout=60)
         waiting[0].cancel()
-        assert wait_until(lambda: len(demo._queue) == 1)                  # its place is free again
-        late = clients[3].submit(*args(max_new_tokens=300), api_name="/run")
-        assert wait_until(lambda: late.status().code.name == "IN_QUEUE")   # admitted, not "queue is full"
+        assert wait_until(lambda: gate.wait_line() == 1)                  # its place is free again
+        late = clients[3].submit(*args(max_new_tokens=300, seed=3), api_name="/run")
+        assert wait_until(lambda: gate.wait_line() == 2, timeout=60)      # admitted, not "queue is full"
         for job in (running, waiting[1], late):
             job.cancel()
         assert wait_until(lambda: running.done() and waiting[1].done() and late.done(), timeout=60)
-        assert not waiting[0].outputs()                                   # the cancelled job never produced output
+        assert wait_until(lambda: gate.busy == 0 and gate.wait_line() == 0, timeout=60)
+        # the cancelled job never ran: its page only ever said where it waited
+        assert all("position" in str(out) or not any(isinstance(o, dict) and o.get("rounds") for o in out)
+                   for out in waiting[0].outputs())
     finally:
         demo.close()
         limits.configure(previous)

@@ -31,6 +31,7 @@ from ui.playground import limits
 REPLAY_SECONDS = 120.0          # a finished computation is replayed to identical requests this long
 BASELINE_FRESH_SECONDS = 300.0  # a plain-decoding baseline is reused by other sessions this long
 WAIT_POLL = 1.0                 # seconds between two waiting messages
+STALE_SECONDS = 30.0            # a waiter not polled this long has been abandoned (see Gate._drop_stale)
 DEFAULT_SECONDS = 8.0           # a computation's duration before any has been timed (the default Run alone: ~6 s)
 MAX_BASELINES = 256
 
@@ -56,6 +57,7 @@ class Gate:
         self.line: deque[object] = deque()
         self.running: set[object] = set()
         self.durations: deque[float] = deque(maxlen=8)
+        self.polled: dict[object, float] = {}      # a waiting ticket -> when its handler last asked for its turn
         self.cond = threading.Condition()
 
     def estimate(self, position: int) -> float:
@@ -69,9 +71,14 @@ class Gate:
         ticket = object()
         with self.cond:
             self.line.append(ticket)
+            self.polled[ticket] = self.clock()
         try:
             while True:
                 with self.cond:
+                    self.polled[ticket] = self.clock()
+                    self._drop_stale()
+                    if ticket not in self.line:         # dropped as stale, then pulled again: back in line
+                        self.line.append(ticket)
                     if self.line[0] is ticket and len(self.running) < self.capacity():
                         self.line.popleft()
                         self.running.add(ticket)
@@ -87,9 +94,18 @@ class Gate:
                         self.cond.wait(poll)
         finally:
             with self.cond:
+                self.polled.pop(ticket, None)
                 if ticket in self.line:
                     self.line.remove(ticket)
                     self.cond.notify_all()
+
+    def _drop_stale(self) -> None:
+        """Under the lock: a waiter nobody has pulled for STALE_SECONDS (its handler abandoned without being
+        closed, e.g. its server shut down) gives its place up, so it cannot hold the line for ever."""
+        now = self.clock()
+        for other in [t for t in self.line if now - self.polled.get(t, now) > STALE_SECONDS]:
+            self.line.remove(other)
+            self.polled.pop(other, None)
 
     def leave(self, ticket, seconds: float | None = None) -> None:
         with self.cond:
