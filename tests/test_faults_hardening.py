@@ -283,6 +283,10 @@ def test_a_burst_of_joins_cannot_pass_the_queue_size(playground_registry):
     finally:
         demo.close()
         limits.configure(previous)
+    from test_app_faults import wait_until
+    # the accepted runs wait at the engine's gate, which outlives this demo: they end (10 s each at most, or given
+    # up as abandoned) before the next test needs the gate
+    wait_until(lambda: coalesce.GATE.busy == 0 and coalesce.GATE.wait_line() == 0, timeout=180, poll=0.5)
     accepted = codes.count(200)
     FIGURES["burst joins"] = n
     FIGURES["burst accepted"] = accepted
@@ -400,6 +404,7 @@ def test_a_job_cancelled_while_queued_never_runs_and_gives_its_place_back(playgr
         clients = [Client(f"http://127.0.0.1:{port}/", verbose=False) for _ in range(4)]
         # Runs wait at the engine's gate (ui/playground/coalesce.py); distinct seeds, so that none is shared.
         gate = coalesce.GATE
+        assert wait_until(lambda: gate.busy == 0 and gate.wait_line() == 0, timeout=180, poll=0.5)
         running = clients[0].submit(*args(max_new_tokens=300, seed=0), api_name="/run")
         assert wait_until(lambda: gate.busy == 1, timeout=60)
         waiting = []

@@ -55,7 +55,7 @@ class Gate:
         self.capacity = capacity or (lambda: limits.current().concurrency)
         self.clock = clock
         self.line: deque[object] = deque()
-        self.running: set[object] = set()
+        self.running: dict[object, float] = {}      # a decoding ticket -> when its turn began
         self.durations: deque[float] = deque(maxlen=8)
         self.polled: dict[object, float] = {}      # a waiting ticket -> when its handler last asked for its turn
         self.cond = threading.Condition()
@@ -81,7 +81,7 @@ class Gate:
                         self.line.append(ticket)
                     if self.line[0] is ticket and len(self.running) < self.capacity():
                         self.line.popleft()
-                        self.running.add(ticket)
+                        self.running[ticket] = self.clock()
                         self.cond.notify_all()
                         return ticket
                     position = self.line.index(ticket) + 1
@@ -101,15 +101,19 @@ class Gate:
 
     def _drop_stale(self) -> None:
         """Under the lock: a waiter nobody has pulled for STALE_SECONDS (its handler abandoned without being
-        closed, e.g. its server shut down) gives its place up, so it cannot hold the line for ever."""
+        closed, e.g. its server shut down) gives its place up, and a turn held far beyond a run's deadline is
+        taken back, so that neither can hold the line for ever."""
         now = self.clock()
         for other in [t for t in self.line if now - self.polled.get(t, now) > STALE_SECONDS]:
             self.line.remove(other)
             self.polled.pop(other, None)
+        longest = 2 * limits.current().max_run_seconds + STALE_SECONDS     # a run's own deadline, with room
+        for other in [t for t, began in self.running.items() if now - began > longest]:
+            del self.running[other]             # its handler was abandoned after its turn began
 
     def leave(self, ticket, seconds: float | None = None) -> None:
         with self.cond:
-            self.running.discard(ticket)
+            self.running.pop(ticket, None)
             if seconds is not None:
                 self.durations.append(seconds)
             self.cond.notify_all()
