@@ -175,6 +175,11 @@ NO_VALIDATOR = {
     "set_compare_axis": "redraws the comparison of the session's runs",
     "clear_history": "its only input is the session's state",
     "model_status": "no inputs",
+    "update": "the what-if panel (private): pure arithmetic on its sliders and pickers, clamped to their ranges; an "
+              "unknown preset or a non-number is answered in the panel's text by name (ui/classroom/whatif.py)",
+    "from_run": "the what-if panel's 'use the latest run' (private): its only input is the session's state",
+    "compare_choices": "lists the session's own runs for the Compare picker (private); its only input is the state",
+    "set_compare_runs": "the Compare picker (private): run ids of the session's own history; unknown ids match no run",
     "share_link": "builds a link from the controls through validate.check_settings (/run's checks); runs nothing",
     "equivalent": "renders code from the controls through validate.check_settings; invalid ones change nothing",
     "restore": "the page-load event: a link's values go through validate.check_fields, or nothing is applied",
@@ -283,12 +288,18 @@ def test_a_burst_of_joins_cannot_pass_the_queue_size(playground_registry):
         direct = httpx.post(url + "gradio_api/run/run", json={"data": args(k=0)}, timeout=60)
         held = demo._queue.joining                 # every place held during admission was given back
     finally:
+        # the accepted runs wait at the engine's gate, which outlives this demo (process-wide, as the model is), and
+        # their handlers keep running after it closes: each is stopped as its visitor's Stop would, then the gate
+        # is emptied before the next test needs it
+        sessions = [value for hash_ in list(demo.state_holder.session_data)
+                    for value in demo.state_holder.session_data[hash_].state_data.values()
+                    if isinstance(value, SessionState)]
+        for session in sessions:
+            session.stop_event.set()
         demo.close()
         limits.configure(previous)
     from test_app_faults import wait_until
-    # the accepted runs wait at the engine's gate, which outlives this demo: they end (10 s each at most, or given
-    # up as abandoned) before the next test needs the gate
-    wait_until(lambda: coalesce.GATE.busy == 0 and coalesce.GATE.wait_line() == 0, timeout=180, poll=0.5)
+    assert wait_until(lambda: coalesce.GATE.busy == 0 and coalesce.GATE.wait_line() == 0, timeout=60, poll=0.2)
     accepted = codes.count(200)
     FIGURES["burst joins"] = n
     FIGURES["burst accepted"] = accepted

@@ -117,12 +117,18 @@ def calibration_markdown() -> str:
 def update(k, hardware, target, draft, tree_nodes, *rest):
     """Every control's change: the projection for the sliders' first k positions. Pure arithmetic, no model."""
     *alphas, state = rest
-    k = int(k)
-    alphas = [float(a) for a in alphas[:k]]
-    tree_nodes = int(tree_nodes or 0)
+    try:        # a raw call can send anything: clamp to the controls' ranges, refuse what is not a number by name
+        k = min(max(int(k), 1), POSITIONS)
+        alphas = [min(max(float(a), 0.0), 1.0) for a in alphas[:k]]
+        tree_nodes = min(max(int(tree_nodes or 0), 0), 64)
+    except (TypeError, ValueError, OverflowError):
+        return "k, the tree's nodes and every α must be numbers.", None
     if tree_nodes and tree_nodes < k:
         tree_nodes = k
-    p, why = projection(alphas, hardware, target, draft, tree_nodes, state)
+    try:
+        p, why = projection(alphas, hardware, target, draft, tree_nodes, state)
+    except ValueError as exc:                                   # an unknown preset id: the message names it
+        return esc(str(exc)), None
     shape = f"a tree of {tree_nodes} nodes, {k} deep" if tree_nodes else f"a chain of k = {k} drafts, every round"
     text = why if p is None else result_markdown(p, alphas, f"Draft shape: {shape}.")
     return text, comparison(alphas, target, draft, tree_nodes, state)

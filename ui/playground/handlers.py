@@ -152,7 +152,8 @@ def compare_choices(state: SessionState):
 def set_compare_runs(selected, state: SessionState):
     """Compare only the selected runs (none selected: every run)."""
     present = {r.run_id for r in state.history}
-    state.compare_runs = [int(i) for i in (selected or []) if isinstance(i, (int, float)) and int(i) in present]
+    state.compare_runs = [int(i) for i in (selected or [])
+                          if isinstance(i, (int, float)) and i == i and abs(i) < 2**31 and int(i) in present]
     return compare_figure(state)
 
 
