@@ -20,6 +20,7 @@ LOWER_TABS = {
     "Trace export / replay": "#trace-export",
     "Exactness lab": "#lab-run",
     "Sweeps": "#sweep-run",
+    "What if: a GPU": "#whatif-result",
     "About": "text=the k proposals of a round",
 }
 
