@@ -1,10 +1,14 @@
 """The drafter protocol (defined beside the loop that calls it, core/drafting.py) and helpers drafters share."""
 from __future__ import annotations
 
+import torch
+from torch import nn
+
 from spec_engine.core.drafting import Drafter, Proposal, TreeProposal
 from spec_engine.core.tree_rule import TokenTree
 
-__all__ = ["Drafter", "Proposal", "TreeProposal", "TokenTree", "vocab_size", "common_prefix_len", "trie_tree"]
+__all__ = ["Drafter", "Proposal", "TreeProposal", "TokenTree", "FirstThenFallback", "vocab_size", "common_prefix_len",
+           "trie_tree"]
 
 
 def vocab_size(model) -> int:
@@ -38,3 +42,40 @@ def trie_tree(branches: list[list[int]], budgets: list[int]) -> TokenTree:
                 added += 1
             node = index[(node, token)]
     return TokenTree.of(tokens, parents, "deterministic")
+
+
+class FirstThenFallback(Drafter):
+    """A model-free drafter (`first`: prompt lookup, suffix decoding) where it has a draft worth verifying, the
+    `fallback` drafter everywhere else; a subclass's `propose` makes the choice. The choice must depend only on the
+    committed ids and earlier rounds, fixed before the target sees the round, so each round's proposal is still a
+    fixed q and the exact rule applies unchanged. The fallback keeps its state in step every round: it sees every
+    begin and rollback (with the target's features when it uses them), and a round drafted by `first` leaves the
+    fallback's cache at the committed text, where rollback expects it. The cache is the fallback's."""
+
+    def __init__(self, first: Drafter, fallback: Drafter, name: str):
+        self.first, self.fallback = first, fallback
+        self.name = f"{fallback.name}+{name}"
+        self.feature_layers = fallback.feature_layers
+
+    @property
+    def cache(self):
+        return self.fallback.cache
+
+    @property
+    def cache_ids(self) -> list[int]:
+        return getattr(self.fallback, "cache_ids", [])
+
+    def check_target(self, target_model) -> None:
+        self.fallback.check_target(target_model)
+        self.first.check_target(target_model)
+
+    def model_modules(self) -> list[nn.Module]:
+        return self.fallback.model_modules()
+
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.first.begin(prompt_ids)
+        self.fallback.begin(prompt_ids, target_features)
+
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.first.rollback(committed)
+        self.fallback.rollback(committed, target_features)

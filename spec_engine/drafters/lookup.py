@@ -7,10 +7,10 @@ import dataclasses
 
 import numpy as np
 import torch
-from torch import nn
 
 from spec_engine.core.sampling import SamplingParams
-from spec_engine.drafters.base import Drafter, Proposal, TreeProposal, common_prefix_len, trie_tree
+from spec_engine.drafters.base import (Drafter, FirstThenFallback, Proposal, TreeProposal, common_prefix_len,
+                                       trie_tree)
 from spec_engine.drafters.sizing import best_draft_length, verify_costs
 
 
@@ -105,42 +105,21 @@ LOOKUP_NOTE = "copied by prompt lookup"
 LOOKUP_FIRST_MIN_NGRAM = 2
 
 
-class LookupFirstDrafter(Drafter):
+class LookupFirstDrafter(FirstThenFallback):
     """Prompt lookup where the text repeats itself, another drafter everywhere else.
 
     Each round proposes the n-gram continuation when the committed text has one and the lookup finds it worth
-    a verify row (see PromptLookupDrafter), else asks `fallback`. The choice is made before the target sees the
-    round (from the committed ids and earlier rounds), so each round's proposal distribution is still a fixed q and
-    the exact rule applies unchanged (lookup rounds are one-hot). The fallback keeps its state in step every
-    round: it sees every begin / rollback (with the target's features when it uses them), and a lookup round
-    simply leaves its cache at the committed text, where rollback expects it. Grounded prompts (summarise,
-    edit) get the long copies of prompt lookup, ordinary prompts the fallback's drafts.
+    a verify row (see PromptLookupDrafter), else asks `fallback`. The choice is made from the committed ids and
+    earlier rounds, so each round stays exact (lookup rounds are one-hot; see FirstThenFallback). Grounded prompts
+    (summarise, edit) get the long copies of prompt lookup, ordinary prompts the fallback's drafts.
     """
 
     def __init__(self, fallback: Drafter, lookup: PromptLookupDrafter | None = None):
-        self.fallback = fallback
-        self.lookup = lookup or PromptLookupDrafter(min_ngram=LOOKUP_FIRST_MIN_NGRAM)
-        self.name = f"{fallback.name}+lookup"
-        self.feature_layers = fallback.feature_layers
+        super().__init__(lookup or PromptLookupDrafter(min_ngram=LOOKUP_FIRST_MIN_NGRAM), fallback, "lookup")
 
     @property
-    def cache(self):
-        return self.fallback.cache
-
-    @property
-    def cache_ids(self) -> list[int]:
-        return getattr(self.fallback, "cache_ids", [])
-
-    def check_target(self, target_model) -> None:
-        self.fallback.check_target(target_model)
-        self.lookup.check_target(target_model)
-
-    def model_modules(self) -> list[nn.Module]:
-        return self.fallback.model_modules()
-
-    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
-        self.lookup.begin(prompt_ids)
-        self.fallback.begin(prompt_ids, target_features)
+    def lookup(self) -> PromptLookupDrafter:
+        return self.first
 
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         copied = self.lookup.propose(committed, k, params, generator).tokens if k else []
@@ -149,10 +128,6 @@ class LookupFirstDrafter(Drafter):
         self.fallback.report_unwarped = self.report_unwarped
         proposal = self.fallback.propose(committed, k, params, generator)
         return dataclasses.replace(proposal, source=proposal.source or self.fallback.name)
-
-    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
-        self.lookup.rollback(committed)
-        self.fallback.rollback(committed, target_features)
 
 
 def fixed_length_lookup() -> PromptLookupDrafter:

@@ -30,10 +30,9 @@ from __future__ import annotations
 import heapq
 
 import torch
-from torch import nn
 
 from spec_engine.core.sampling import SamplingParams
-from spec_engine.drafters.base import Drafter, Proposal, TokenTree, TreeProposal
+from spec_engine.drafters.base import Drafter, FirstThenFallback, Proposal, TokenTree, TreeProposal
 from spec_engine.drafters.lookup import LookupOdds
 from spec_engine.drafters import sizing
 
@@ -260,39 +259,20 @@ class SuffixDrafter(Drafter):
         self._sync(committed)
 
 
-class SuffixFirstDrafter(Drafter):
+class SuffixFirstDrafter(FirstThenFallback):
     """Suffix decoding where its index matches MIN_FALLBACK_MATCH+ tokens and drafts a tree worth verifying, another
-    drafter (the EAGLE tree) elsewhere. The choice depends on the committed text and earlier runs only, fixed before
-    the target sees the round, so each round stays exact (see `LookupFirstDrafter`, the same for prompt lookup). The
-    fallback sees every begin and rollback, with the target's features."""
+    drafter (the EAGLE tree) elsewhere. The choice depends on the committed text and earlier runs only, so each
+    round stays exact (see FirstThenFallback)."""
 
     def __init__(self, fallback: Drafter, suffix: SuffixDrafter | None = None,
                  min_match: int = MIN_FALLBACK_MATCH, min_expected: float = 0.0):
-        self.fallback = fallback
-        self.suffix = suffix or SuffixDrafter()
+        super().__init__(suffix or SuffixDrafter(), fallback, "suffix")
         self.min_match = min_match
         self.min_expected = min_expected     # the suffix tree's expected accepted tokens (sum of its scores) needed
-        self.name = f"{fallback.name}+suffix"
-        self.feature_layers = fallback.feature_layers
 
     @property
-    def cache(self):
-        return self.fallback.cache
-
-    @property
-    def cache_ids(self) -> list[int]:
-        return getattr(self.fallback, "cache_ids", [])
-
-    def check_target(self, target_model) -> None:
-        self.fallback.check_target(target_model)
-        self.suffix.check_target(target_model)
-
-    def model_modules(self) -> list[nn.Module]:
-        return self.fallback.model_modules()
-
-    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
-        self.suffix.begin(prompt_ids)
-        self.fallback.begin(prompt_ids, target_features)
+    def suffix(self) -> SuffixDrafter:
+        return self.first
 
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator):
         proposal = self.suffix.propose(committed, k, params, generator) if k else None
@@ -301,7 +281,3 @@ class SuffixFirstDrafter(Drafter):
             return proposal
         self.suffix.pending = None
         return self.fallback.propose(committed, k, params, generator) if k else Proposal([], None)
-
-    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
-        self.suffix.rollback(committed)
-        self.fallback.rollback(committed, target_features)
