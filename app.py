@@ -9,6 +9,9 @@ Limits for a public server (each flag overrides its SPEC_* environment variable;
     --max-new-tokens N      token cap of one run (SPEC_MAX_NEW_TOKENS)
     --queue-size N          requests waiting before "queue is full" (SPEC_QUEUE_SIZE)
     --concurrency N         runs decoding at once; 1 keeps timings honest (SPEC_CONCURRENCY)
+    --threads N             torch's intra-op threads (SPEC_THREADS; default: one per core). On a shared host whose
+                            load exceeds its cores, 1 is far faster: measured at a load of 6-8 on 2 cores, one
+                            SmolLM2-135M forward took 64 ms on 1 thread and 540 ms on 2 (docs/hardening.md)
     --session-ttl S         a session's state (runs, step-through caches, trace exports) is deleted S seconds after
                             its last use; a closed tab's within the hour, as Gradio keeps it (SPEC_SESSION_TTL)
 
@@ -37,7 +40,7 @@ from gradio import queueing
 from gradio.server_messages import ProcessCompletedMessage
 
 from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
-from ui.playground import compute, limits
+from ui.playground import coalesce, compute, limits
 from ui.playground import registry
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
@@ -53,13 +56,15 @@ class AdmissionQueue(queueing.Queue):
     Gradio's `Queue.push` checks the size, then awaits the endpoint's validator, and only then appends the
     event: requests that arrive together all pass the check (50 at once against max_size 8 had 13 to 37
     accepted). Here a request holds a place from before its first await until it is appended (then the queue
-    counts it) or refused. Errors Gradio hides from users (show_error is off: a file that was never uploaded, a
+    counts it) or refused; runs waiting for their turn at the engine's gate (ui/playground/coalesce.py) count as
+    waiting too. Errors Gradio hides from users (show_error is off: a file that was never uploaded, a
     malformed value) reached them as `{"error": null}`; they get HIDDEN_ERROR instead."""
 
     joining = 0          # requests between the size check and their place in the queue
 
     async def push(self, body, request, username):
-        if self.max_size is not None and len(self) + self.joining >= self.max_size:
+        waiting = len(self) + self.joining + coalesce.GATE.wait_line()     # runs wait at the engine's gate too
+        if self.max_size is not None and waiting >= self.max_size:
             return False, f"Queue is full: {self.max_size} requests are waiting. Try again shortly.", "queue_full"
         self.joining += 1
         try:
@@ -92,6 +97,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, help="token cap of one run")
     parser.add_argument("--queue-size", type=int, help="requests waiting before 'queue is full'")
     parser.add_argument("--concurrency", type=int, help="runs decoding at once")
+    parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: one per core)")
     parser.add_argument("--session-ttl", dest="session_ttl_seconds", type=float,
                         help="seconds a session's state is kept after its last use")
     parser.add_argument("--device", help="where models load: cpu, cuda, cuda:1 (default: CUDA when present)")
@@ -106,6 +112,9 @@ def configure(argv: list[str]) -> None:
     flags = vars(parse_args(argv))
     placement = limits.placement_from_env(device=flags.pop("device"), dtype=flags.pop("dtype"))
     limits.configure(limits.from_env(**flags))
+    if limits.current().threads:
+        import torch
+        torch.set_num_threads(limits.current().threads)
     registry.REGISTRY.place(**placement)
     if compute.ZEROGPU:
         registry.REGISTRY.preload(zerogpu_models())

@@ -137,7 +137,8 @@ def test_a_waiting_run_shows_its_place_in_the_queue(page, playground):
         if isinstance(out[summary], dict) and out[summary].get("rounds", 0) >= 1:
             break
     page.click("#spec-run")
-    page.wait_for_function("/queue: *\\d+ *\\/ *\\d+/.test(document.body.innerText)", timeout=30_000)
+    # runs wait at the engine's gate (ui/playground/coalesce.py), which says where the page stands in line
+    page.wait_for_function("/position \\d+ of \\d+ in line/.test(document.body.innerText)", timeout=30_000)
     assert not job.done()                                          # the other run still held the queue
     job.cancel()
     page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')", timeout=120_000)

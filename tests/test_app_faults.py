@@ -13,6 +13,7 @@ The counts behind README's "Hardening" section are collected in FIGURES and prin
 """
 import contextlib
 import gc
+import re
 import socket
 import sys
 import textwrap
@@ -27,7 +28,7 @@ import pytest
 import yaml
 
 import spec_engine as se
-from ui.playground import limits
+from ui.playground import coalesce, limits
 from ui.playground.handlers import RUN_OUTPUTS
 from ui.playground.state import SessionState
 from test_ui_handlers import run_args
@@ -290,7 +291,10 @@ def submit_sessions(url: str, seeds) -> list[tuple[int, object]]:
         observed["max_running"] = max(observed["max_running"],
                                       sum(s.code in (Status.PROCESSING, Status.ITERATING) for s in statuses))
         ranks = [s.rank for s in statuses if s.code == Status.IN_QUEUE and s.rank is not None]
-        observed["max_position"] = max([observed["max_position"]] + [r + 1 for r in ranks])
+        # runs wait at the engine's gate, whose page says "position P of N" (ui/playground/coalesce.py)
+        shown = [int(m.group(1)) for _, job in jobs for out in job.outputs()[-1:]
+                 for m in [re.search(r"position (\d+) of \d+", str(out))] if m]
+        observed["max_position"] = max([observed["max_position"]] + [r + 1 for r in ranks] + shown)
         time.sleep(0.02)
     return jobs, observed
 
@@ -326,20 +330,21 @@ def test_eight_sessions_through_the_single_model_queue_each_get_their_solo_run(p
 
 @contextlib.contextmanager
 def launched(**limit_changes):
-    """A second app in this process with other limits (read when the demo is built and queued)."""
+    """A second app in this process with other limits and the app's own queue (app.queue), the limits in force
+    while it serves (the engine's gate reads the concurrency at each run: ui/playground/coalesce.py)."""
+    import app
     from ui.layout import build_demo
     previous = limits.configure(**limit_changes)
     try:
-        demo = build_demo(preload=False)
-        demo.queue(default_concurrency_limit=4, max_size=limits.current().queue_size)
+        demo = app.queue(build_demo(preload=False))
+        port = free_port()
+        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+        try:
+            yield f"http://127.0.0.1:{port}/"
+        finally:
+            demo.close()
     finally:
         limits.configure(previous)
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
 
 
 def test_eight_sessions_decoding_in_parallel_do_not_mix(playground_registry, references):
@@ -356,9 +361,12 @@ def test_a_full_queue_answers_busy_and_the_server_keeps_serving(playground_regis
     from gradio_client import Client
     with launched(concurrency=1, queue_size=2) as url:
         clients = [Client(url, verbose=False) for _ in range(5)]
-        long_run = args(max_new_tokens=300)
-        jobs = [c.submit(*long_run, api_name="/run") for c in clients[:3]]   # one decodes, two wait
-        assert wait_until(lambda: sorted(j.status().code.name for j in jobs) == ["IN_QUEUE", "IN_QUEUE", "ITERATING"])
+        # distinct seeds (identical requests would share one computation); one decodes, two wait at the gate
+        jobs = []
+        for i, client in enumerate(clients[:3]):        # one at a time: three joins at once could fill the queue
+            jobs.append(client.submit(*args(max_new_tokens=300, seed=i), api_name="/run"))
+            assert wait_until(lambda: coalesce.GATE.busy + coalesce.GATE.wait_line() == i + 1, timeout=60)
+        assert coalesce.GATE.wait_line() == 2 and coalesce.GATE.busy == 1
         with pytest.raises(Exception, match="Queue is full"):
             clients[3].predict(*args(), api_name="/run")
         for job in jobs:

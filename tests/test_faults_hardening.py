@@ -29,7 +29,7 @@ import pytest
 
 from spec_engine.classroom import trace as tr
 from ui.classroom import tabs as classroom, replay
-from ui.playground import limits, registry as reg, validate
+from ui.playground import coalesce, limits, registry as reg, validate
 from ui.playground.handlers import RUN_OUTPUTS
 from ui.playground.state import SessionState
 from test_app_faults import free_port
@@ -267,33 +267,48 @@ async def burst(url: str, bodies: list[dict]) -> list[int]:
 
 
 def test_a_burst_of_joins_cannot_pass_the_queue_size(playground_registry):
-    """50 sessions join /run at once against queue size 8 and one run decoding: at most 8 + 1 are accepted
-    (before: every join that arrived while others awaited the validator passed the size check)."""
+    """50 sessions join /run at once against queue size 8 and one run decoding: at most 8 in Gradio's queue plus
+    the 8 + 1 run handlers (one decoding, the rest at the engine's gate) are accepted (before: every join that
+    arrived while others awaited the validator passed the size check)."""
     import app
     from ui.layout import build_demo
     size, concurrency, n = 8, 1, 50
     # the first run holds the decoding slot past the burst (its 300 tokens stop at 10 s after the test, too)
     previous = limits.configure(queue_size=size, concurrency=concurrency, max_run_seconds=10.0)
     demo = app.queue(build_demo(preload=False))
+    before = (coalesce.GATE.busy, coalesce.GATE.wait_line())       # runs of the session's other apps, if any
     try:
         port = free_port()
         demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
         url = f"http://127.0.0.1:{port}/"
-        bodies = [join_body(demo, "run", args(max_new_tokens=300) + [None], uuid.uuid4().hex) for _ in range(n)]
+        # distinct seeds: identical requests would share one computation (coalesce.py) and wait nowhere
+        bodies = [join_body(demo, "run", args(max_new_tokens=300, seed=i) + [None], uuid.uuid4().hex) for i in range(n)]
         # In its own thread: Playwright's sync API (the session's Chromium) keeps an event loop running in this one.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             codes = pool.submit(asyncio.run, burst(url, bodies)).result()
         direct = httpx.post(url + "gradio_api/run/run", json={"data": args(k=0)}, timeout=60)
         held = demo._queue.joining                 # every place held during admission was given back
     finally:
+        # the accepted runs wait at the engine's gate, which outlives this demo (process-wide, as the model is), and
+        # their handlers keep running after it closes: each is stopped as its visitor's Stop would, then the gate
+        # is emptied before the next test needs it
+        sessions = [value for hash_ in list(demo.state_holder.session_data)
+                    for value in demo.state_holder.session_data[hash_].state_data.values()
+                    if isinstance(value, SessionState)]
+        for session in sessions:
+            session.stop_event.set()
         demo.close()
         limits.configure(previous)
+    from test_app_faults import wait_until
+    assert wait_until(lambda: coalesce.GATE.busy <= before[0] and coalesce.GATE.wait_line() <= before[1],
+                      timeout=60, poll=0.2), (before, coalesce.GATE.busy, coalesce.GATE.wait_line())
     accepted = codes.count(200)
     FIGURES["burst joins"] = n
     FIGURES["burst accepted"] = accepted
-    FIGURES["burst limit (queue size + decoding)"] = size + concurrency
+    FIGURES["burst limit (queue size + run handlers)"] = size + (size + concurrency)
     assert set(codes) <= {200, 503} and codes.count(503) == n - accepted
-    assert 1 <= accepted <= size + concurrency and held == 0
+    # runs wait for their turn at the engine's gate (at most queue size + decoding handlers), counted as queued
+    assert 1 <= accepted <= size + (size + concurrency) and held == 0
     assert direct.status_code == 404          # no direct POST around the queue, its size and its validators
 
 
@@ -402,18 +417,26 @@ def test_a_job_cancelled_while_queued_never_runs_and_gives_its_place_back(playgr
         port = free_port()
         demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
         clients = [Client(f"http://127.0.0.1:{port}/", verbose=False) for _ in range(4)]
-        running = clients[0].submit(*args(max_new_tokens=300), api_name="/run")
-        assert wait_until(lambda: running.status().code.name == "ITERATING", timeout=60)
-        waiting = [c.submit(*args(max_new_tokens=300), api_name="/run") for c in clients[1:3]]
-        assert wait_until(lambda: [j.status().code.name for j in waiting] == ["IN_QUEUE"] * 2)
+        # Runs wait at the engine's gate (ui/playground/coalesce.py); distinct seeds, so that none is shared.
+        gate = coalesce.GATE
+        assert wait_until(lambda: gate.busy == 0 and gate.wait_line() == 0, timeout=180, poll=0.5)
+        running = clients[0].submit(*args(max_new_tokens=300, seed=0), api_name="/run")
+        assert wait_until(lambda: gate.busy == 1, timeout=60)
+        waiting = []
+        for i, client in enumerate(clients[1:3], start=1):
+            waiting.append(client.submit(*args(max_new_tokens=300, seed=i), api_name="/run"))
+            assert wait_until(lambda: gate.wait_line() == i, timeout=60)
         waiting[0].cancel()
-        assert wait_until(lambda: len(demo._queue) == 1)                  # its place is free again
-        late = clients[3].submit(*args(max_new_tokens=300), api_name="/run")
-        assert wait_until(lambda: late.status().code.name == "IN_QUEUE")   # admitted, not "queue is full"
+        assert wait_until(lambda: gate.wait_line() == 1)                  # its place is free again
+        late = clients[3].submit(*args(max_new_tokens=300, seed=3), api_name="/run")
+        assert wait_until(lambda: gate.wait_line() == 2, timeout=60)      # admitted, not "queue is full"
         for job in (running, waiting[1], late):
             job.cancel()
         assert wait_until(lambda: running.done() and waiting[1].done() and late.done(), timeout=60)
-        assert not waiting[0].outputs()                                   # the cancelled job never produced output
+        assert wait_until(lambda: gate.busy == 0 and gate.wait_line() == 0, timeout=60)
+        # the cancelled job never ran: its page only ever said where it waited
+        assert all("position" in str(out) or not any(isinstance(o, dict) and o.get("rounds") for o in out)
+                   for out in waiting[0].outputs())
     finally:
         demo.close()
         limits.configure(previous)

@@ -210,7 +210,8 @@ def test_choosing_a_scenario_runs_it_like_the_run_button(demo):
     assert setter.targets == [(scenario_id, "input")] and chained.trigger_only_on_success
     assert [b._id for b in chained.inputs] == [b._id for b in button.inputs]
     assert [b._id for b in chained.outputs] == [b._id for b in button.outputs]
-    assert (chained.validator, chained.concurrency_id, chained.preprocess) == (button.validator, "compute", False)
+    assert (chained.validator, chained.concurrency_id, chained.preprocess) == (button.validator, "run", False)
+    assert button.concurrency_id == "run"            # runs wait at the engine's gate in their own group (coalesce.py)
     assert chained.api_visibility == "private"
     stop = next(fn for fn in demo.fns.values() if handler(fn) is handlers.stop)
     cancel = next(fn for fn in demo.fns.values() if fn.is_cancel_function and fn.targets == stop.targets)

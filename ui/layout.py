@@ -49,6 +49,7 @@ TOKEN_VIEW_HEIGHT = 430      # px; longer outputs scroll (and follow the newest 
 SCENARIO_CONTROLS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
                      "rule", "chat")   # what handlers.apply_scenario sets, in its order (then the caption)
 RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }"
+RUN_WAITERS = 32            # run handlers at once: each waits at the gate on a thread (anyio's pool has 40)
 THEME = gr.themes.Soft(primary_hue="emerald", secondary_hue="blue")
 
 LAYOUT_CSS = """
@@ -198,18 +199,23 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         # preprocess=False: the validators and handlers check the raw values themselves (validate.py), so an
         # API caller gets the same named, readable errors as the UI, before the request takes a queue place.
         compute = {"concurrency_id": "compute", "concurrency_limit": limits.current().concurrency}
+        # Runs wait at the engine's own gate instead (ui/playground/coalesce.py), where identical requests share
+        # one computation and a waiting page shows its place in line and an estimate (app.AdmissionQueue counts
+        # those waiting there against the queue size).
+        runs = {"concurrency_id": "run",
+                "concurrency_limit": min(RUN_WAITERS, limits.current().concurrency + limits.current().queue_size)}
         # Progress on the stats box only, minimal: the run streams its own progress (tokens, then a one-line status
         # while the speed is measured), and Gradio's overlays on every output kept the browser redrawing on the
         # engine's cores during the measurement. The one small tracker left (on the stats box) shows a waiting visitor
         # "queue: 2/3" before their run starts.
         checked = {"preprocess": False, "validator": handlers.validate_run, "show_progress": "minimal",
                    "show_progress_on": [out["stats"]]}
-        run_event = run_btn.click(renewing(handlers.run), run_inputs, run_outputs, api_name="run", **compute, **checked)
+        run_event = run_btn.click(renewing(handlers.run), run_inputs, run_outputs, api_name="run", **runs, **checked)
         # One click per lesson: choosing a scenario sets the controls, then runs them as the Run button would.
         scenario_event = scenario.input(
             functools.partial(handlers.apply_scenario, presets=presets, default_target=default_target), [scenario],
             [c[n] for n in SCENARIO_CONTROLS] + [caption], api_visibility="private",
-        ).success(renewing(handlers.run), run_inputs, run_outputs, api_visibility="private", **compute, **checked)
+        ).success(renewing(handlers.run), run_inputs, run_outputs, api_visibility="private", **runs, **checked)
         sweep_event = sweep_btn.click(renewing(handlers.sweep_k), run_inputs, run_outputs, api_name="sweep_k", **compute,
                                       **checked)
         base_event = baseline_btn.click(renewing(handlers.measure_baseline), [state], run_outputs, api_name="baseline", **compute)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from spec_engine.core.events import RoundEvent
 from spec_engine.core.metrics import expected_tokens_per_round
+from spec_engine.drafters.sizing import PAUSED, PROBE
 
 STOP_REASONS = {
     "max_new_tokens": "it reached the maximum number of new tokens",
@@ -39,6 +40,9 @@ class RunFacts:
     greedy: bool | None                  # None when the events cannot tell (no round decided a draft)
     tree_rounds: int = 0                 # rounds that drafted a tree (RoundEvent.draft_length: its depth counts)
     tree_nodes: int = 0                  # the nodes those trees proposed, every branch
+    paused: int = 0                      # rounds the verify-cost curve paused drafting in (drafters/sizing.py)
+    last_pause: str | None = None        # the latest of their notes ("drafting paused: ...", with the numbers)
+    probes: int = 0                      # rounds that drafted to time the verify cost again
 
     @property
     def rejections(self) -> int:
@@ -77,7 +81,8 @@ def infer_greedy(rounds: list[RoundEvent]) -> bool | None:
 
 def facts(rounds: list[RoundEvent], k: int | None = None, greedy: bool | None = None) -> RunFacts:
     rejections = Counter(r.accepted + 1 for r in rounds if r.correction is not None)
-    notes = Counter(r.note for r in rounds if r.note)
+    pauses = [r.note for r in rounds if r.note and r.note.startswith(PAUSED)]
+    notes = Counter(r.note for r in rounds if r.note and not r.note.startswith((PAUSED, PROBE)))
     return RunFacts(
         rounds=len(rounds),
         new_tokens=sum(len(r.emitted) for r in rounds),
@@ -91,6 +96,9 @@ def facts(rounds: list[RoundEvent], k: int | None = None, greedy: bool | None = 
         corrections=sum(1 for r in rounds if r.correction is not None),
         bonuses=sum(1 for r in rounds if r.bonus is not None),
         notes=dict(notes),
+        paused=len(pauses),
+        last_pause=pauses[-1] if pauses else None,
+        probes=sum(1 for r in rounds if r.note and r.note.startswith(PROBE)),
         stop_reason=rounds[-1].stop_reason if rounds else None,
         greedy=greedy if greedy is not None else infer_greedy(rounds),
         tree_rounds=sum(1 for r in rounds if r.is_tree),
@@ -130,6 +138,10 @@ def explain(rounds: list[RoundEvent], k: int | None = None, greedy: bool | None 
         f"{f.tokens_per_forward:.2f} tokens per target forward, against at most k + 1 = {f.k + 1} "
         f"and exactly 1 for plain decoding."
     ]
+    if f.paused:
+        probes = f" ({plural(f.probes, 'probe')} drafted to time it again)" if f.probes else ""
+        sentences.append(f"{plural(f.paused, 'round')} drafted nothing because the verify cost said so{probes}: "
+                         f"{f.last_pause}.")
     if not f.drafting_rounds:
         sentences.append("No round drafted anything, so every token came from the target alone.")
     else:

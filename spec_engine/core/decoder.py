@@ -171,6 +171,7 @@ class SpeculativeDecoder:
         verdict, target_probs, target_members = verify(self.chain_rule(proposal), state.sampling, drafted, proposal.probs,
                                                        target_logits, state.generator, proposal.unwarped)
         verify_done = timing.clock(device)
+        timing.report_forward(self.target, len(proposal.tokens) + 1, verify_done - draft_done)
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
         target_before, draft_before = cache_len(state.target_cache), self.drafter.cache_len()
@@ -347,5 +348,6 @@ def autoregressive_generate(target_model, input_ids: torch.Tensor, max_new_token
         step_start = timing.clock(device)
         logits = forward_logits(target_model, [token], cache, logits_to_keep=1)[-1]
         step_seconds.append(timing.clock(logits.device) - step_start)
+        timing.report_forward(target_model, 1, step_seconds[-1])
     return BaselineResult(tokens=tokens, prompt_len=len(prompt), prefill_seconds=prefill_seconds,
                           total_seconds=timing.clock(device) - start, step_seconds=step_seconds, stop_reason=stop_reason)

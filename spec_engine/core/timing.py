@@ -26,3 +26,23 @@ def clock(device) -> float:
     """perf_counter() once `device` has finished the work queued on it (see `sync`)."""
     sync(device)
     return perf_counter()
+
+
+_OBSERVERS = "_spec_engine_forward_observers"
+
+
+def watch_forwards(model, observer) -> None:
+    """Call `observer(rows, seconds)` after every timed target forward of `model` the engine makes (a round's verify
+    forward, a plain decoding step). The draft sizing uses it to correct its verify-cost curve online
+    (drafters/sizing.py); kept on the model, like that curve, so every run on the model reports to it."""
+    observers = getattr(model, _OBSERVERS, None)
+    if observers is None:
+        observers = []
+        object.__setattr__(model, _OBSERVERS, observers)       # a plain attribute, not a module or a buffer
+    observers.append(observer)
+
+
+def report_forward(model, rows: int, seconds: float) -> None:
+    """A forward of `model` over `rows` new tokens took `seconds` (see watch_forwards)."""
+    for observer in getattr(model, _OBSERVERS, ()):
+        observer(rows, seconds)

@@ -38,7 +38,7 @@ from spec_engine.core import speed
 from spec_engine.core.cache import additive_mask, check_invariant, new_cache, trim_cache
 from spec_engine.core.sampling import SamplingParams, choose_token, top_probability
 from spec_engine.drafters.base import Drafter, Proposal, vocab_size
-from spec_engine.drafters.sizing import best_draft_length, verify_costs
+from spec_engine.drafters.sizing import reset_view, size_draft, sizing_view, verify_costs
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2-135m.safetensors"
@@ -279,11 +279,12 @@ class EagleDrafter(Drafter):
         if int(self.vocab_index.max()) >= vocab_size(target_model):
             raise ValueError("the head's vocabulary index lists ids beyond the target's vocabulary")
         if self.size_by_cost:
-            self.costs = verify_costs(target_model)
+            self.costs = sizing_view(verify_costs(target_model))
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.cache = self.head.new_cache()
         self.cache_ids, self._predicted, self._true_len = [], None, 0
+        reset_view(self.costs)
         if len(prompt_ids) > 1:
             width = len(self.feature_layers) * self.head.config.hidden_size
             assert target_features is not None and target_features.shape == (len(prompt_ids) - 1, width), \
@@ -333,13 +334,14 @@ class EagleDrafter(Drafter):
             feature = self._step(feature[None], tokens[-1:], len(committed) - 1 + i)[-1]
             self.cache_ids.append(previous)
         # The cache now also holds pairs built from predicted features (committed[-1], d_1, ...): rollback drops them.
+        note = None
         if self.costs is not None:      # keep the prefix worth its verify rows, the head's confidences as odds
-            keep = best_draft_length(confidences, self.costs)
+            keep, note = size_draft(confidences, self.costs)
             tokens, probs, unwarped = tokens[:keep], probs[:keep], unwarped[:keep]
         if not tokens:
-            return Proposal([], None)
+            return Proposal([], None, note=note)
         if params.greedy:
-            return Proposal(tokens, None)
+            return Proposal(tokens, None, note=note)
         full = torch.zeros(len(tokens), vocab_size(self.target), dtype=probs[0].dtype, device=probs[0].device)
         if len(members) >= len(tokens) and writes_in_place(full):     # members (a CPU search's): write only those
             rows, vocab_index = full.numpy(), self.vocab_index.numpy()
@@ -348,10 +350,10 @@ class EagleDrafter(Drafter):
         else:
             full[:, self.vocab_index] = torch.stack(probs)                                        # [k, vocab]
         if not unwarped:
-            return Proposal(tokens, full)
+            return Proposal(tokens, full, note=note)
         before = torch.zeros_like(full)
         before[:, self.vocab_index] = torch.stack(unwarped)            # the head's reduced vocabulary, zeros elsewhere
-        return Proposal(tokens, full, unwarped=before)
+        return Proposal(tokens, full, unwarped=before, note=note)
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         trim_cache(self.cache, self._true_len)             # predicted-feature positions go, even if their tokens were kept

@@ -11,7 +11,7 @@ import torch
 from spec_engine.core.sampling import SamplingParams
 from spec_engine.drafters.base import (Drafter, FirstThenFallback, Proposal, TreeProposal, common_prefix_len,
                                        trie_tree)
-from spec_engine.drafters.sizing import best_draft_length, verify_costs
+from spec_engine.drafters.sizing import reset_view, size_draft, sizing_view, verify_costs
 
 
 PROMPT_LOOKUP_MAX_NGRAM = 8     # see PromptLookupDrafter
@@ -79,18 +79,21 @@ class PromptLookupDrafter(Drafter):
 
     def check_target(self, target_model) -> None:
         if self.sizing == "cost":
-            self.costs = verify_costs(target_model)
+            self.costs = sizing_view(verify_costs(target_model))
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.odds, self.pending = LookupOdds(), None
+        reset_view(self.costs)
 
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         match_len, begin = longest_suffix_match(committed, self.max_ngram)
         copied = committed[begin:begin + k] if match_len >= self.min_ngram else []
+        note = None
         if copied and self.costs is not None:
-            copied = copied[:best_draft_length(self.odds.chances(match_len, len(copied)), self.costs)]
+            keep, note = size_draft(self.odds.chances(match_len, len(copied)), self.costs)
+            copied = copied[:keep]
         self.pending = (match_len, len(committed), copied) if copied else None
-        return Proposal(copied, None)
+        return Proposal(copied, None, note=note)
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         if self.pending is not None:

@@ -9,12 +9,29 @@ depends on the kernels as much as on the odds of acceptance. `verify_costs` meas
 with the most expected tokens per unit of that cost. Prompt lookup (odds by match length) and the EAGLE head
 (its own top probabilities) size their drafts with it. The choice only changes how many tokens are proposed,
 never how they are verified, so exactness is untouched.
+
+On a shared machine one measurement can be wildly off (issue #36: at a load of 4.3 the cost of 4 rows came out 1.2,
+1.29 and 17.78 in three tries, and a 17.78 stops every draft for the whole session). So the measurement repeats
+passes until the curve is stable, `check_curve` rejects what cannot be true (a cost that falls with more rows, one
+far beyond the row count) and says the curve is unsure, and the curve kept on the model is a `CostCurve` that the
+engine corrects online: every verify forward's seconds by row count (core/timing.report_forward, from the decoder's
+rounds) against one-row forwards timed in the same process (rounds that drafted nothing, plain decoding's steps).
+When the curve says no draft pays where a typical machine's would, the round drafts nothing and its note says
+"drafting paused: ..." with the numbers; every PROBE_EVERY such rounds one round drafts anyway (a probe), so a wrong
+curve is corrected by the probe's own timing.
+
+A decoder sizes by a `CostView`: the curve as it stood when the decoder was built, with its own count of paused
+rounds (reset when a run begins). A run's rounds must not depend on the timing of the run itself: the playground
+decodes a run twice (drawn live, then timed without drawing) and checks that both gave the same rounds, and with
+the same seed a sampled run must give the same text. So a correction reaches the next decoder built (the next Run,
+the next sweep point): a wrong curve pauses one run at most, which probes, and the runs after it draft again.
 """
 from __future__ import annotations
 
 import statistics
 import threading
 import time
+from collections import deque
 from typing import Sequence
 
 import torch
@@ -26,6 +43,18 @@ MAX_ROWS = 17            # decoder.MAX_K + 1: a round verifies at most 16 drafts
 CALIBRATION_CONTEXT = 64
 CALIBRATION_REPEATS = 3
 CALIBRATION_BUDGET_S = 6.0      # about what all passes take for the offline default on one CPU thread
+CALIBRATION_MAX_REPEATS = 9     # passes beyond CALIBRATION_REPEATS while the curve is not yet stable
+STABLE = 0.1                    # a pass that moves no cost by more than this fraction ends the measurement
+FALL_TOLERANCE = 0.15           # a cost may dip this much below the one before it (the blocked kernel: 15 / 14 ms)
+IMPOSSIBLE = 1.5                # a cost beyond this many times the row count is a measurement gone wrong
+# A typical CPU's curve (bench/results/verify-cost-fp32*.md: 2 / 4 / 8 rows 1.46 / 1.78 / 2.04 on an EPYC, 8 rows
+# 1.43 on a Xeon), rounded up: what a probe sizes its draft by, and the yardstick of "drafting paused".
+TYPICAL = (0.0,) + tuple(1.0 + 0.15 * (r - 1) for r in range(1, MAX_ROWS + 1))
+PROBE_EVERY = 8                 # paused rounds between two probes
+WINDOW = 24                     # recent verify times kept per row count
+ONE_ROW_MIN = 3                 # one-row forwards timed before online ratios are used
+PAUSED = "drafting paused: "    # how a paused round's note begins (the page shows it)
+PROBE = "probing the verify cost: "
 _ATTRIBUTE = "_spec_engine_verify_costs"
 _LOCK = threading.Lock()
 
@@ -47,7 +76,8 @@ def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION
     forward_logits(model, ids[:context], cache, 1)
     seconds: list[list[float]] = [[] for _ in range(rows + 1)]
     deadline = time.perf_counter() + budget_s
-    for _ in range(repeats + 1):
+    previous = None
+    for done in range(repeats + 1 + CALIBRATION_MAX_REPEATS):
         for r in range(1, rows + 1):
             if time.perf_counter() > deadline and len(seconds[2]) > 0:
                 break
@@ -55,12 +85,178 @@ def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION
             logits = forward_logits(model, ids[context:context + r], cache, r)
             seconds[r].append(timing.clock(logits.device) - start)
             trim_cache(cache, context)
+        if time.perf_counter() > deadline:
+            break
+        if done >= repeats:             # the minimum passes are done: go on only while the curve still moves
+            current = [statistics.median(s[1:]) for s in seconds[1:]]
+            ratios = [c / current[0] for c in current]
+            if previous is not None and all(abs(a - b) <= STABLE * b for a, b in zip(ratios, previous)):
+                break
+            previous = ratios
     medians = [statistics.median(s[1:] if len(s) > 1 else s) if s else None for s in seconds]
     measured = max(r for r in range(1, rows + 1) if medians[r] is not None)
     slope = max(0.0, medians[measured] - medians[measured - 1])
     for r in range(measured + 1, rows + 1):
         medians[r] = medians[measured] + slope * (r - measured)
     return (0.0,) + tuple(m / medians[1] for m in medians[1:])
+
+
+def sane(costs: Sequence[float]) -> tuple[float, ...]:
+    """`costs` with what cannot be true replaced: costs[1] is 1, a cost never falls with more rows (it takes the
+    one before it) and never exceeds its row count (r rows cost at most r one-row forwards)."""
+    out = [0.0, 1.0]
+    for r in range(2, len(costs)):
+        out.append(min(max(float(costs[r]), out[-1]), float(r)))
+    return tuple(out[:len(costs)])
+
+
+def check_curve(costs: Sequence[float]) -> tuple[tuple[float, ...], str | None]:
+    """(the curve made sane, why it is unsure or None): a cost that falls by more than FALL_TOLERANCE with one more
+    row, or exceeds IMPOSSIBLE times its row count, was measured while the machine did something else."""
+    problems = []
+    for r in range(2, len(costs)):
+        if costs[r] < costs[r - 1] * (1 - FALL_TOLERANCE):
+            problems.append(f"{r} rows cost {costs[r]:.2f}, less than {r - 1} rows ({costs[r - 1]:.2f})")
+        elif costs[r] > IMPOSSIBLE * r:
+            problems.append(f"{r} rows cost {costs[r]:.2f} one-row forwards")
+    return sane(costs), ("; ".join(problems[:2]) + (f" (+{len(problems) - 2} more)" if len(problems) > 2 else "")
+                         if problems else None)
+
+
+class CostCurve(Sequence):
+    """A verify-cost curve that corrects itself: costs[r] for r = 0..len - 1, read like the tuple it started from.
+
+    `measured` is the start-up measurement (made sane); `observe(rows, seconds)` adds one timed verify forward.
+    Once ONE_ROW_MIN one-row forwards are timed, a row count with timed forwards costs the median of its recent
+    times over the median one-row time; a row count without any is the measured cost scaled by how far the measured
+    curve was off at the nearest timed row count. Shared by every run on the model (a lock guards it); each
+    decoder sizes by a `view()` of it (see the module's docstring). Only sizes change with it, never what a round
+    verifies."""
+
+    def __init__(self, measured: Sequence[float], unsure: str | None = None, probe_every: int = PROBE_EVERY):
+        self.measured = sane(measured)
+        self.unsure = unsure
+        self.probe_every = probe_every
+        self.observed = 0               # timed forwards seen
+        self._samples = [deque(maxlen=WINDOW) for _ in self.measured]
+        self._costs = self.measured
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._costs)
+
+    def __getitem__(self, index):
+        return self._costs[index]
+
+    def __eq__(self, other):
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"CostCurve({', '.join(f'{c:.2f}' for c in self._costs)}{', unsure' if self.unsure else ''})"
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """One verify forward over `rows` rows took `seconds` (a plain step is a one-row forward)."""
+        if not 1 <= rows < len(self.measured) or not seconds > 0:
+            return
+        with self._lock:
+            self._samples[rows].append(seconds)
+            self.observed += 1
+            self._costs = self._corrected()
+
+    def _corrected(self) -> tuple[float, ...]:
+        if len(self._samples[1]) < ONE_ROW_MIN:
+            return self.measured
+        one = statistics.median(self._samples[1])
+        timed = {r: statistics.median(s) / one for r, s in enumerate(self._samples) if r > 1 and s}
+        if not timed:
+            return self.measured
+        costs = list(self.measured)
+        for r in range(2, len(costs)):
+            if r in timed:
+                costs[r] = timed[r]
+            else:
+                near = min(timed, key=lambda t: (abs(t - r), t))
+                costs[r] = self.measured[r] * timed[near] / self.measured[near]
+        return sane(costs)
+
+    @property
+    def corrected(self) -> bool:
+        return self._costs != self.measured
+
+    def source(self) -> str:
+        if self.corrected:
+            return f"corrected from {self.observed} timed forwards"
+        return "measured at start-up" + (f", unsure: {self.unsure}" if self.unsure else "")
+
+    def view(self) -> "CostView":
+        """The curve as it stands now, for one decoder (see the module's docstring)."""
+        with self._lock:
+            return CostView(self._costs, self.source(), self.probe_every)
+
+
+class CostView(Sequence):
+    """A CostCurve frozen for one decoder: costs[r] as it stood, where they came from, and this decoder's count of
+    rounds it paused (reset by `reset()` when a run begins, so a run sized twice is sized alike)."""
+
+    def __init__(self, costs: Sequence[float], source: str = "given", probe_every: int = PROBE_EVERY):
+        self.costs, self.source, self.probe_every = tuple(costs), source, probe_every
+        self.paused_rounds = 0          # rounds sized to nothing since the last probe, in this run
+        self.probes = 0
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+    def __getitem__(self, index):
+        return self.costs[index]
+
+    def __eq__(self, other):
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None
+
+    def reset(self) -> None:
+        self.paused_rounds = self.probes = 0
+
+    def size(self, chances: Sequence[float]) -> tuple[int, str | None]:
+        """(draft length, note): the best length under these costs; when that is none but a typical machine's curve
+        would draft, a paused round ("drafting paused: ...", the numbers) or, every probe_every of them, a probe
+        sized by the typical curve."""
+        best = best_draft_length(chances, self.costs)
+        if best or not chances:
+            return best, None
+        typical = best_draft_length(chances, TYPICAL[:len(self)])
+        if not typical:
+            return 0, None                          # no draft pays on any machine: nothing is paused
+        self.paused_rounds += 1
+        if self.paused_rounds > self.probe_every:
+            self.paused_rounds, self.probes = 0, self.probes + 1
+            return typical, f"{PROBE}{typical + 1} rows (drafting was paused)"
+        rows, left = typical + 1, self.probe_every - self.paused_rounds + 1
+        expected = expected_tokens(chances[:typical])[typical]
+        return 0, (f"{PAUSED}verifying {rows} rows costs {self.costs[rows]:.2f} one-token forwards on "
+                   f"this machine ({self.source}), more than the {expected:.2f} tokens they would yield; "
+                   f"probing again in {left} round{'s' if left != 1 else ''}")
+
+
+def sizing_view(costs):
+    """What a drafter sizes by for one decoder: a CostCurve's view, or a fixed curve as it is."""
+    return costs.view() if isinstance(costs, CostCurve) else costs
+
+
+def reset_view(costs) -> None:
+    """A run begins: a CostView forgets the rounds it paused in the last one."""
+    if isinstance(costs, CostView):
+        costs.reset()
+
+
+def size_draft(chances: Sequence[float], costs: Sequence[float]) -> tuple[int, str | None]:
+    """(draft length, note) under `costs`: a CostView pauses and probes (see CostView.size); a plain sequence
+    (a fixed curve: tests, benchmarks) gives best_draft_length and no note."""
+    if isinstance(costs, (CostView, CostCurve)):
+        return (costs.view() if isinstance(costs, CostCurve) else costs).size(chances)
+    return best_draft_length(chances, costs), None
 
 
 def curve_key(model) -> int | None:
@@ -71,18 +267,32 @@ def curve_key(model) -> int | None:
     return torch.get_num_threads() if model.device.type == "cpu" else None
 
 
-def verify_costs(model) -> tuple[float, ...]:
+def verify_costs(model) -> CostCurve:
     """The model's verify-cost curve (see measure_verify_costs) at the thread count in use, measured on first use
-    at that count and kept on the model."""
+    at that count and kept on the model as a CostCurve, which the engine's timed forwards correct (the model's
+    forward observer). A measurement `check_curve` finds impossible is made once more and the saner one kept."""
     with _LOCK:
         curves = getattr(model, _ATTRIBUTE, None)
         if curves is None:
             curves = {}
             object.__setattr__(model, _ATTRIBUTE, curves)       # a plain attribute, not a module or a buffer
+            timing.watch_forwards(model, lambda rows, seconds: observe(model, rows, seconds))
         key = curve_key(model)
         if key not in curves:
-            curves[key] = measure_verify_costs(model)
+            costs, unsure = check_curve(measure_verify_costs(model))
+            if unsure is not None:
+                again, unsure_again = check_curve(measure_verify_costs(model))
+                if unsure_again is None:
+                    costs, unsure = again, None
+            curves[key] = CostCurve(costs, unsure)
         return curves[key]
+
+
+def observe(model, rows: int, seconds: float) -> None:
+    """A timed forward of `model` over `rows` rows, for its curve at the thread count in use (if measured)."""
+    curve = getattr(model, _ATTRIBUTE, {}).get(curve_key(model))
+    if isinstance(curve, CostCurve):
+        curve.observe(rows, seconds)
 
 
 def expected_tokens(chances: Sequence[float]) -> list[float]:

@@ -34,7 +34,10 @@ measured speedup (median, with min-max bars over the repeats) beside the speedup
 measured draft and verify costs. Timings are wall-clock on this machine and vary: a star marks a best only when it
 beats every other setting beyond that spread; otherwise the sweep says "within noise". Drafters that cut their
 drafts to what pays (prompt lookup, the EAGLE head) stop changing above some k; **fixed-length drafts** makes them
-draft k every round, as the theory line assumes."""
+draft k every round, as the theory line assumes. The verify cost v (in plain decoding steps) is measured from the
+runs themselves: on a busy shared machine (more runnable threads than cores) a verify forward over several rows can
+cost many plain steps (measured at a load of 6-8 on 2 cores: 4 rows ×3.2 one row with 2 threads, ×1.5 with one), so
+v and the speedups read low there; the server's `--threads 1` helps."""
 
 
 def available_drafts(target: str) -> list[str]:

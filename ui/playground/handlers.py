@@ -24,7 +24,7 @@ import pandas as pd
 
 import spec_engine as se
 
-from ui.playground import compute, limits, runner, validate
+from ui.playground import coalesce, compute, limits, runner, validate
 from ui.views import plots, render, tree
 from ui.playground import registry as reg
 from ui.playground.presets import Presets
@@ -169,14 +169,16 @@ def status_text(record, summary: dict, running: bool) -> str:
 
 
 def speed_note(summary: dict) -> str:
-    """Where the speed figures come from, in one line under the numbers (the baseline's provenance too)."""
+    """Where the speed figures come from, in one line under the numbers (the baseline's provenance too, and how
+    the run was computed: shared with identical requests, replayed, measured under load)."""
+    labels = "".join(f" {label[:1].upper()}{label[1:]}." for label in summary.get("labels") or ())
     if not summary.get("timed"):
         return (f"Tokens/s as drawn live ({summary['live_tokens_per_second']:.1f}); drawing the view shares the "
-                "cores, so the speedup is measured only without drawing (press 'Measure the speedup again').")
+                "cores, so the speedup is measured only without drawing (press 'Measure the speedup again')." + labels)
     parts = [f"Speed: speculative {summary['timing']}"]
     if summary.get("baseline_timing"):
         parts.append(f"plain decoding {summary['baseline_timing']}")
-    return "; ".join(parts) + "; same prompt, settings and seed."
+    return "; ".join(parts) + "; same prompt, settings and seed." + labels
 
 
 def run_view(prep: runner.Prepared, state: SessionState, status: str | None = None, final: bool = False,
@@ -253,12 +255,16 @@ def initial_outputs() -> dict[str, object]:
 SKIP_RUN = (gr.skip(),) * len(RUN_OUTPUTS)
 
 
-def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget: runner.Budget):
-    """Run `job` on the GPU function and fold each result into the session before yielding it: Built starts the
-    run's record (and the handler's deadline), rounds go into the record, the timed run becomes its speed and
-    plain decoding its baseline. Ends early when Stop is set or the Stop handler has recorded the live run."""
-    prep.work = compute.run_job(job, compute.Stop(state.stop_event))
+def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget: runner.Budget, source=None):
+    """Run `job` on the GPU function (or take the results of `source`: a shared computation, coalesce.py) and fold
+    each result into the session before yielding it: Built starts the run's record (and the handler's deadline),
+    rounds go into the record, the timed run becomes its speed and plain decoding its baseline (one measured
+    earlier, after a Reused, with its age). Ends early when Stop is set or the Stop handler has recorded the live
+    run."""
+    prep.work = source if source is not None else coalesce.gated(
+        lambda: compute.run_job(job, compute.Stop(state.stop_event)), state.stop_event.is_set)
     recorded = lambda: job.live and prep.record is not None and prep.record.recorded      # noqa: E731
+    reused = None
     try:
         for item in compute.pull(prep.work, state.stop_event, recorded):
             if isinstance(item, compute.Built):
@@ -268,13 +274,51 @@ def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget
                 if not runner.record_round(prep, state, item):
                     return
             elif isinstance(item, se.GenerationResult):
-                runner.keep_timing(prep.record, state, item)
+                runner.keep_timing(prep.record, state, item, prep.labeler, prep.options)
+            elif isinstance(item, coalesce.Reused):
+                reused = item
             elif isinstance(item, se.BaselineResult):
-                runner.keep_baseline(prep.record, state, item)
+                runner.keep_baseline(prep.record, state, item, reused)
+            elif isinstance(item, coalesce.Label) and prep.record is not None:
+                runner.add_label(prep.record, state, item.text)
             yield item
     finally:
         if job.live:
             runner.end_rounds(prep, state, budget.timed_out)
+
+
+def lead(computation: coalesce.Computation, state: SessionState, job: compute.RunJob, baseline_key: tuple):
+    """The leader's results of a shared computation: its turn at the gate, then the run; every result is kept in
+    `computation` for the identical requests that follow it. Plain decoding another session measured less than
+    coalesce.BASELINE_FRESH_SECONDS ago is reused (after a Reused marker) instead of measured again; one measured
+    here is kept for the others."""
+    cached = coalesce.BASELINES.fresh(baseline_key, id(state)) if job.plain else None
+    if cached is not None:
+        job = dataclasses.replace(job, plain=False)
+    done = {"rounds": not job.live, "timed": not job.timed, "plain": not job.plain}
+    under_load = None
+    try:
+        for item in coalesce.gated(lambda: compute.run_job(job, compute.Stop(state.stop_event)),
+                                   state.stop_event.is_set, on_wait=computation.wait_at):
+            if isinstance(item, se.RoundEvent) and item.finished:
+                done["rounds"] = item.stop_reason != "cancelled"
+            elif isinstance(item, se.GenerationResult):
+                done["timed"] = item.stop_reason != "cancelled"
+            elif isinstance(item, coalesce.Label):
+                under_load = item.text
+            elif isinstance(item, se.BaselineResult) and item.stop_reason != "cancelled":
+                done["plain"] = True
+                coalesce.BASELINES.put(baseline_key, item, id(state), under_load=under_load)
+            if not isinstance(item, coalesce.Waiting):
+                computation.publish(item)
+            yield item
+        if cached is not None and all(done.values()):
+            result, at, cached_load = cached
+            for item in (coalesce.Reused(at, cached_load), result):
+                computation.publish(item)
+                yield item
+    finally:
+        computation.finish(all(done.values()) and not state.stop_event.is_set())
 
 
 SETTLE_SECONDS = 1.0    # lets the browser finish drawing the last live updates (Plotly included) before the engine is timed
@@ -285,8 +329,10 @@ MEASURING = {"timed": "Measuring the speed without drawing: speculative decoding
 def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_baseline: bool):
     """The run pipeline as UI updates: load (progress), rounds drawn live (throttled), then the speed measurement
     with nothing drawn (both sides of the speedup, back to back: the run decoded again, then plain decoding), then
-    the final view. Plain decoding is measured anew every time, never taken from the session's cache: on a shared
-    machine the load drifts between runs, and only measurements made back to back compare."""
+    the final view. An identical request in flight (or finished moments ago, by another session) is not computed
+    again: this one follows it and gets the same results (coalesce.py), and says so. Plain decoding is measured
+    anew for each of a session's runs (on a shared machine only measurements made back to back compare); another
+    session's, measured minutes ago, is reused and labelled with its age."""
     state.stop_event.clear()
     yield starting_view()
     budget = runner.Budget(state.stop_event)
@@ -300,8 +346,12 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, passes * settings.max_new_tokens),
                              live=True, timed=auto_baseline, plain=auto_baseline,
                              settle=0.0 if compute.ZEROGPU else SETTLE_SECONDS)   # on ZeroGPU no browser shares the GPU
+        computation, leader = coalesce.COALESCER.join((settings, prep.prompt_ids, auto_baseline), id(state))
+        replay = computation.done
+        source = (lead(computation, state, job, settings.baseline_key(prep.prompt_ids)) if leader
+                  else computation.follow(state.stop_event.is_set))
         last, last_plots, label = 0.0, float("-inf"), ""       # the first update draws the plots
-        for item in fold(prep, state, job, budget):
+        for item in fold(prep, state, job, budget, source):
             if isinstance(item, compute.Built):
                 state.active = prep
                 yield SKIP_RUN
@@ -314,15 +364,30 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
                     yield run_view(prep, state, with_plots=with_plots)
                 else:
                     yield SKIP_RUN                # one message per round: a cancel or a closed tab lands here
-            else:
+            elif isinstance(item, coalesce.Waiting):
+                what = "Waiting for the model" if leader else "Waiting for an identical request's run"
+                yield message_view(item.text(what))
+            elif isinstance(item, (compute.Phase, str)):
                 label = MEASURING[item.name] if isinstance(item, compute.Phase) else label
                 yield message_view(f"{label}… {item}" if isinstance(item, str) else f"{label}…")
+            else:
+                yield SKIP_RUN
         record = prep.record
         if record is None or record.recorded:   # the Stop handler recorded and rendered it; a later view would race
             return
+        if leader and computation.viewers > 1:
+            runner.add_label(record, state, f"shared: one computation served {computation.viewers} identical "
+                                            "requests (same model, prompt, settings, seed and rule)")
+        elif not leader:
+            what = (f"replayed: an identical request's run, computed {coalesce.age_text(time.time() - computation.finished_at)} ago"
+                    if replay else f"shared: one computation served {computation.viewers} identical requests")
+            runner.add_label(record, state, what + " (same model, prompt, settings, seed and rule)")
         state.finish(record)
         status = None
-        if auto_baseline and record.timing is None and record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
+        if not leader and not computation.complete:
+            status = (status_text(record, state.summary(record), running=False) + " (the identical request this "
+                      "run shared was stopped: press Run to compute it yourself)")
+        elif auto_baseline and record.timing is None and record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
             status = status_text(record, state.summary(record), running=False) + " (the speed measurement hit the time limit)"
         yield run_view(prep, state, status=status, final=True)
     finally:
@@ -404,10 +469,16 @@ def progress_line(prep: runner.Prepared, event: se.RoundEvent, label: str) -> st
     return f"{label}: round {event.index + 1}, {event.committed_len - len(prep.prompt_ids)} tokens"
 
 
+SWEEP_PHASES = {"timed": "decoding without drawing", "plain": "measuring plain decoding once for the sweep"}
+
+
 def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
             exit_after, auto_baseline, show_spaces, state: SessionState):
     """Run the current settings for several k (one plain-decoding baseline serves all) into the history. The
-    runs are driven without drawing (a throttled progress line) and share one time budget."""
+    runs share one time budget. Each point is measured as Run measures its speed: decoded by `decoder.generate` in
+    a worker thread while the handler only wakes every runner.BASELINE_POLL s (compute.run_job's timed pass), with
+    no live pass. Issue #36: driving each point's rounds through the handler (one yield to Gradio per round) made
+    the speculative side 5-10 times slower than Run's measurement of the same settings on two busy cores."""
     base = parse_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                           skip_layers, exit_after)
     state.stop_event.clear()
@@ -426,30 +497,23 @@ def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens,
             try:
                 plain = settings.baseline_key(prep.prompt_ids) not in state.baselines
                 job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, (1 + plain) * settings.max_new_tokens),
-                                     live=True, plain=plain)
-                yield message_view(f"{label}: decoding…")
-                last = 0.0
+                                     live=False, timed=True, plain=plain)
+                doing = "decoding without drawing"
+                yield message_view(f"{label}: {doing}…")
                 for item in fold(prep, state, job, budget):
                     if isinstance(item, compute.Built):
                         state.active = prep
                         yield SKIP_RUN
-                    elif isinstance(item, se.RoundEvent):
-                        now = perf_counter()
-                        if item.finished or now - last >= RENDER_INTERVAL:
-                            last = now
-                            yield message_view(progress_line(prep, item, label))
-                        else:
-                            yield SKIP_RUN
                     elif isinstance(item, compute.Phase):
-                        yield message_view(f"{label}: measuring plain decoding once for the sweep…")
+                        doing = SWEEP_PHASES[item.name]
+                        yield message_view(f"{label}: {doing}…")
                     elif isinstance(item, str):
-                        yield message_view(f"{label}: measuring plain decoding… {item}")
+                        yield message_view(f"{label}: {doing}… {item}")
                     else:
                         yield SKIP_RUN
                 if prep.record is None or prep.record.recorded:
                     return
-                if prep.record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
-                    runner.keep_live_timing(prep.record, state)     # nothing was drawn while it ran
+                runner.end_rounds(prep, state, budget.timed_out)
                 state.finish(prep.record)
                 yield run_view(prep, state, status=f"{label} done", final=True)
             finally:

@@ -27,10 +27,12 @@ class Limits:
     concurrency: int = 1                # runs decoding at once; more share the CPU and blur the timings
     lab_max_n: int = 10_000             # the largest sample count N a lab tab may ask for
     session_ttl_seconds: float = 3600.0  # a session's state (runs, step-through caches, exports) after its last use
+    idle_unload_seconds: float = 300.0  # a model besides the default is unloaded once idle this long
+    threads: int = 0                    # torch's intra-op threads (0: torch's default, one per core); see app.py
 
     def __post_init__(self):
         problems = []
-        for name in ("max_run_seconds", "session_ttl_seconds"):
+        for name in ("max_run_seconds", "session_ttl_seconds", "idle_unload_seconds"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if not 1 <= self.max_new_tokens <= ENGINE_MAX_NEW_TOKENS:
@@ -38,6 +40,8 @@ class Limits:
         for name in ("max_prompt_chars", "queue_size", "concurrency", "lab_max_n"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads < 0:
+            problems.append(f"threads must be >= 0, got {self.threads}")
         if self.max_extra_models < 0:
             problems.append(f"max_extra_models must be >= 0, got {self.max_extra_models}")
         if problems:
@@ -54,6 +58,8 @@ ENV = {
     "concurrency": "SPEC_CONCURRENCY",
     "lab_max_n": "SPEC_LAB_MAX_N",
     "session_ttl_seconds": "SPEC_SESSION_TTL",
+    "idle_unload_seconds": "SPEC_IDLE_UNLOAD",
+    "threads": "SPEC_THREADS",
 }
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 

@@ -342,7 +342,8 @@ class ModelRegistry:
     """
 
     def __init__(self, loader=None, device=None, dtype=None, pinned=None, max_extra: int | None = None,
-                 free_memory: Callable | None = None, estimate: Callable[[str], int | None] | None = None):
+                 free_memory: Callable | None = None, estimate: Callable[[str], int | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self._loader = loader or se.load_model
         self._device, self._dtype = device, dtype       # None: load_model's defaults (see `place`)
         self._lock = threading.Lock()
@@ -355,6 +356,8 @@ class ModelRegistry:
         self._free_memory = free_memory or free_memory_bytes
         self._estimate = estimate or self.estimate_bytes
         self._closed = False                        # after `preload`: nothing more is loaded
+        self._clock = clock                         # last_used and idle unloading read it
+        self._reaper: threading.Thread | None = None
 
     # ---- placement
 
@@ -392,7 +395,9 @@ class ModelRegistry:
                                                   name=f"load-{name}"), done, started=time.perf_counter())
                 self._loading[name] = entry
                 entry.thread.start()
-            entry.last_used = time.monotonic()
+                if name not in self._pinned:
+                    self._start_reaper()
+            entry.last_used = self._clock()
             return entry
 
     def preload(self, names: list[str]) -> None:
@@ -459,7 +464,7 @@ class ModelRegistry:
                 self._pinned.add(loaded.name)
             self._loading[loaded.name] = _Loading(None, done, message=f"ready ({loaded.device}, preloaded)",
                                                   started=time.perf_counter(), result=loaded,
-                                                  last_used=time.monotonic())
+                                                  last_used=self._clock())
 
     def loaded(self, name: str):
         entry = self._loading.get(name)
@@ -491,7 +496,7 @@ class ModelRegistry:
                 entry = self._loading.get(name)
                 if entry is not None and entry.result is result and entry.ready:
                     entry.holds += 1
-                    entry.last_used = time.monotonic()
+                    entry.last_used = self._clock()
                     return result
             # dropped between loading and holding (another session needed the room): load it again
 
@@ -500,7 +505,7 @@ class ModelRegistry:
             entry = self._loading.get(name)
             if entry is not None and entry.holds > 0:
                 entry.holds -= 1
-                entry.last_used = time.monotonic()
+                entry.last_used = self._clock()
 
     def holds(self, name: str) -> int:
         entry = self._loading.get(name)
@@ -554,6 +559,31 @@ class ModelRegistry:
                     f"running generations ({busy}). Try {display_name(name)} again when they finish.")
             self._evict(victim, "to make room for " + name)
 
+    def drop_idle(self) -> list[str]:
+        """Unload every model besides the pinned ones that no run holds and none has used for
+        limits.idle_unload_seconds (issue #36: a teacher's whole lesson left 5.7 GB of RSS, 2.6 GB after start);
+        returns their names."""
+        idle = limits.current().idle_unload_seconds
+        with self._lock:
+            now = self._clock()
+            names = [n for n, e in self._loading.items()
+                     if n not in self._pinned and e.ready and e.holds == 0 and now - e.last_used >= idle]
+            for name in names:
+                self._evict(name, f"idle for {idle:g} s")
+        return names
+
+    def _start_reaper(self) -> None:
+        """Under the lock: a daemon thread that calls drop_idle a few times per idle period, while extras exist."""
+        if self._reaper is not None and self._reaper.is_alive():
+            return
+
+        def reap():
+            while self._extras():
+                time.sleep(max(1.0, limits.current().idle_unload_seconds / 4))
+                self.drop_idle()
+        self._reaper = threading.Thread(target=reap, daemon=True, name="unload-idle-models")
+        self._reaper.start()
+
     def _check_memory(self, name: str) -> None:
         """In the loading thread, under the load gate: drop idle extras while memory is short; raise if still."""
         needed = self._estimate(name)
@@ -582,6 +612,7 @@ class ModelRegistry:
         entry.result = None
         log.info("dropped %s (least recently used, idle): %s", name, why)
         gc.collect()
+        trim_heap()
         import torch
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -595,6 +626,16 @@ class ModelRegistry:
         from spec_engine import models
         dtype = models.resolve_dtype(self._dtype, self.load_device(), params)
         return int(params * dtype.itemsize * MEMORY_FACTOR)
+
+
+def trim_heap() -> None:
+    """Give freed heap pages back to the system (glibc's malloc_trim), so that RSS falls once a model is
+    dropped; nothing elsewhere."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _is_preset(name: str) -> bool:

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import spec_engine as se
 
-from ui.playground import limits, validate
+from ui.playground import coalesce, limits, validate
 from ui.playground import registry as reg
 from ui.views.render import RenderOptions, round_html
 from ui.playground.state import RunRecord, RunSettings, SessionState, Timing
@@ -219,19 +219,29 @@ def end_rounds(prep: Prepared, state: SessionState, timed_out: bool = False) -> 
             record.stop_reason = TIME_LIMIT if timed_out and not state.stop_event.is_set() else "cancelled"
 
 
-def keep_timing(record: RunRecord, state: SessionState, result: se.GenerationResult) -> Timing | None:
+def keep_timing(record: RunRecord, state: SessionState, result: se.GenerationResult, labeler=None,
+                options: RenderOptions | None = None) -> Timing | None:
     """The run decoded again with its own settings and seed and nothing drawn becomes its speed
     (`RunRecord.timing`). The live run drew every round in the browser on the same cores, which slows the engine
     by a different amount for every run; plain decoding is measured without drawing, so the speculative side is
-    too. The rounds must equal the live ones (same seed, same code): otherwise the timing is not kept. None if the
-    timed run was stopped."""
+    too. The rounds must equal the live ones (same seed, same code): otherwise the timing is not kept. A run with no
+    live pass (Sweep k: each point is measured exactly as Run measures its speed, and nothing is drawn) takes the
+    timed run's rounds as its own, rendered with `labeler` and `options`. None if the timed run was stopped."""
     if result.stop_reason == "cancelled":
         return None
+    how = "decoded again without drawing"
+    if not record.rounds:       # measured without a live pass (a Sweep k point): the timed run is the run itself
+        fragments = [round_html(event, labeler, options) for event in result.rounds] if labeler is not None else []
+        with state.lock:
+            record.fragments.extend(fragments)
+            record.rounds.extend(result.rounds)
+            record.stop_reason = result.stop_reason
+        how = "decoded without drawing"
     same = result.tokens == record.tokens and len(result.rounds) == len(record.rounds)
     if not same:      # cannot happen with a deterministic engine; if it does, say so rather than mix two runs
         raise ValueError("the timed run differs from the live run (same settings and seed): its speed is not shown")
     timing = Timing(seconds=result.total_seconds, tokens=len(result.tokens), rounds=tuple(result.rounds),
-                    at=time.time(), how="decoded again without drawing")
+                    at=time.time(), how=how)
     with state.lock:
         record.timing = timing
     return timing
@@ -244,15 +254,31 @@ def keep_live_timing(record: RunRecord, state: SessionState) -> None:
                                at=time.time(), how="run without drawing")
 
 
-def keep_baseline(record: RunRecord, state: SessionState, result: se.BaselineResult) -> se.BaselineResult | None:
+def keep_baseline(record: RunRecord, state: SessionState, result: se.BaselineResult,
+                  reused=None) -> se.BaselineResult | None:
     """Plain decoding with the run's settings, measured right after it: the session's baseline for its key, and
-    the run's own. None if it was stopped."""
+    the run's own. With `reused` (coalesce.Reused) it was measured earlier by another request, and says how long
+    ago. None if it was stopped."""
     if result.stop_reason == "cancelled":
         return None
-    state.add_baseline(record.baseline_key, result, run_id=record.run_id)
+    at = None if reused is None else reused.at
+    note = None
+    if reused is not None:
+        note = f"reused: measured {coalesce.age_text(time.time() - reused.at)} before by an identical request"
+        if reused.under_load:
+            note += f", {reused.under_load}"
+    state.add_baseline(record.baseline_key, result, run_id=record.run_id, at=at, note=note)
     with state.lock:
         record.plain = (result, state.baseline_info[record.baseline_key]["at"])
+        record.plain_note = note
     return result
+
+
+def add_label(record: RunRecord, state: SessionState, text: str) -> None:
+    """A line about how the run was computed (shared, replayed, measured under load), shown with its speed."""
+    with state.lock:
+        if text not in record.labels:
+            record.labels.append(text)
 
 
 def in_worker(work, budget: Budget, label: str) -> Iterator[str]:

@@ -89,6 +89,8 @@ class RunRecord:
     dtype: str = ""                                     # the target's dtype ("float32", "bfloat16"; "" unknown)
     time_limit: float | None = None                     # the decoding budget it ran under (seconds)
     scenario: str = ""                                  # "S5 · 5. Layer skip ..." when a scenario's settings ran
+    plain_note: str | None = None                       # where `plain` came from when not measured right after it
+    labels: list[str] = field(default_factory=list)     # shared, replayed, measured under load (coalesce.py)
 
     @property
     def baseline_key(self) -> tuple:
@@ -171,6 +173,7 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
         "first_difference": None,
         "dtype": record.dtype or None,
         "tree_nodes_per_round": (drafted / len(rounds)) if any(getattr(r, "tree_parents", None) is not None for r in rounds) else None,
+        "labels": list(record.labels),
     }
     if baseline is not None and baseline.tokens_per_second > 0 and out["tokens_per_second"] > 0:
         out["baseline_tokens_per_second"] = baseline.tokens_per_second
@@ -178,7 +181,7 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
         info = baseline_info or {}
         if info:
             by = "this run" if info.get("run_id") == record.run_id else f"run {info.get('run_id')}"
-            out["baseline_timing"] = f"decoded without drawing at {clock(info.get('at'))} ({by})"
+            out["baseline_timing"] = f"decoded without drawing at {clock(info.get('at'))} ({info.get('note') or by})"
         if timing is not None:      # the live rounds' clocks ran while the view was drawn: only timed ones count
             out["speedup"] = out["tokens_per_second"] / baseline.tokens_per_second
             out.update(metrics.cost_fields(list(timing.rounds), baseline))   # draft / verify cost, predicted speedup
@@ -250,11 +253,12 @@ class SessionState:
             del self.history[:-MAX_HISTORY]
             return True
 
-    def add_baseline(self, key: tuple, result, run_id: int | None = None) -> None:
+    def add_baseline(self, key: tuple, result, run_id: int | None = None, at: float | None = None,
+                     note: str | None = None) -> None:
         with self.lock:
             self.baselines.pop(key, None)
             self.baselines[key] = result
-            self.baseline_info[key] = {"at": time.time(), "run_id": run_id}
+            self.baseline_info[key] = {"at": time.time() if at is None else at, "run_id": run_id, "note": note}
             for old in list(self.baselines)[:-MAX_BASELINES]:
                 del self.baselines[old]
                 self.baseline_info.pop(old, None)
@@ -264,7 +268,7 @@ class SessionState:
         older run in the history keeps its own, back-to-back measurement), else this session's for its key."""
         if record.plain is not None:
             result, at = record.plain
-            return result, {"at": at, "run_id": record.run_id}
+            return result, {"at": at, "run_id": record.run_id, "note": record.plain_note}
         key = record.baseline_key
         return self.baselines.get(key), self.baseline_info.get(key)
 

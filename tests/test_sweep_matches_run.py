@@ -1,0 +1,36 @@
+"""Issue #36: the main panel's Sweep k measured the speculative side 5-10 times slower than Run. Its point for the
+current settings must be the Run at those settings: the same rounds, and timed the same way (the run decoded by
+`decoder.generate` in a worker thread while the handler waits, nothing drawn)."""
+import pytest
+
+from ui.playground import handlers, runner
+from ui.playground.state import SessionState
+
+from test_ui_handlers import run_args
+
+
+@pytest.mark.slow          # three short runs of SmolLM2 (about 12 s on two busy cores)
+def test_the_sweep_point_for_the_current_settings_is_the_run(playground_registry, monkeypatch):
+    timed = []
+    in_worker = runner.in_worker
+    monkeypatch.setattr(runner, "in_worker", lambda work, budget, label: timed.append(label) or
+                        in_worker(work, budget, label))
+    monkeypatch.setattr(handlers, "SWEEP_K", (3, 1))
+    monkeypatch.setattr(handlers, "SETTLE_SECONDS", 0.0)
+    args = run_args(draft="prompt-lookup", k=3, max_new_tokens=8, auto_baseline=True)
+    state = SessionState()
+    list(handlers.run(*args, state))
+    run_labels, timed[:] = list(timed), []
+    list(handlers.sweep_k(*args, state))
+    run, point, other = state.history
+    assert (run.settings, point.settings.k, other.settings.k) == (point.settings, 3, 1)
+    assert point.tokens == run.tokens and len(point.rounds) == len(run.rounds)
+    assert [(r.drafted, r.accepted) for r in point.rounds] == [(r.drafted, r.accepted) for r in run.rounds]
+    assert point.timing.tokens / len(point.timing.rounds) == run.timing.tokens / len(run.timing.rounds)
+    assert len(point.fragments) == len(point.rounds) and point.stop_reason == run.stop_reason
+    # the same timing path: Run's speed and every sweep point come from a timed run in the worker thread
+    assert run_labels == ["timed-run", "plain-decoding"]
+    assert timed == ["timed-run", "timed-run"]               # the baseline measured by the run serves the sweep
+    assert "without drawing" in point.timing.how and "without drawing" in run.timing.how
+    summary = state.summary(point)
+    assert summary["speedup"] is not None and summary["timed"] is not False

@@ -1,0 +1,286 @@
+"""A whole class at once (issue #36): thirty people press Run with the same settings in the same minute.
+
+Three process-wide pieces, all Gradio-free:
+
+- `Gate`: at most `limits.concurrency` computations decode at once, the rest wait in order. A waiting request
+  learns its position and an estimate (the mean duration of recent computations), which its page shows; a
+  measurement made while another computation decoded is labelled "measured under load".
+- `Coalescer`: identical requests (same model, prompt, settings, seed and rule) share one computation. The first
+  (the leader) waits at the gate and runs it; every result it yields is kept in a `Computation`, and every other
+  identical request (a follower) gets the same results as they come, or all of them at once when it arrives
+  after the end (a replay, for REPLAY_SECONDS). Each follower folds them into its own session, so its history
+  and views are its own; its run is labelled as shared. A session never replays its own finished run: pressing
+  Run again computes again.
+- `BaselineCache`: plain decoding per (model, prompt, settings), measured once and reused by other sessions
+  while fresh (BASELINE_FRESH_SECONDS), labelled with its age. A session's own repeated runs measure it again,
+  back to back with their timed run.
+
+The computation itself is the one a lone Run makes (compute.run_job); only who waits for it changes.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from time import monotonic
+from typing import Callable, Iterator
+
+from ui.playground import limits
+
+REPLAY_SECONDS = 120.0          # a finished computation is replayed to identical requests this long
+BASELINE_FRESH_SECONDS = 300.0  # a plain-decoding baseline is reused by other sessions this long
+WAIT_POLL = 1.0                 # seconds between two waiting messages
+STALE_SECONDS = 30.0            # a waiter not polled this long has been abandoned (see Gate._drop_stale)
+DEFAULT_SECONDS = 8.0           # a computation's duration before any has been timed (the default Run alone: ~6 s)
+MAX_BASELINES = 256
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request waits: its place in line (1 = next), how many wait, and the estimated seconds until it starts."""
+    position: int
+    waiting: int
+    seconds: float
+
+    def text(self, what: str = "Waiting for the model") -> str:
+        return (f"{what}: position {self.position} of {self.waiting} in line, about {self.seconds:.0f} s "
+                f"before it starts")
+
+
+class Gate:
+    """FIFO admission of computations, `capacity()` at once (limits.current().concurrency by default)."""
+
+    def __init__(self, capacity: Callable[[], int] | None = None, clock: Callable[[], float] = monotonic):
+        self.capacity = capacity or (lambda: limits.current().concurrency)
+        self.clock = clock
+        self.line: deque[object] = deque()
+        self.running: dict[object, float] = {}      # a decoding ticket -> when its turn began
+        self.durations: deque[float] = deque(maxlen=8)
+        self.polled: dict[object, float] = {}      # a waiting ticket -> when its handler last asked for its turn
+        self.cond = threading.Condition()
+
+    def estimate(self, position: int) -> float:
+        """Seconds before the request at `position` (1 = next) starts."""
+        mean = sum(self.durations) / len(self.durations) if self.durations else DEFAULT_SECONDS
+        return mean * (position - 1 + len(self.running)) / max(1, self.capacity())
+
+    def enter(self, should_stop: Callable[[], bool] = lambda: False, poll: float = WAIT_POLL) -> Iterator[Waiting]:
+        """Wait for a turn, yielding a Waiting every `poll` seconds; returns the ticket for `leave` (None when
+        `should_stop()` turned true first: the request left the line)."""
+        ticket = object()
+        with self.cond:
+            self.line.append(ticket)
+            self.polled[ticket] = self.clock()
+        try:
+            while True:
+                with self.cond:
+                    self.polled[ticket] = self.clock()
+                    self._drop_stale()
+                    if ticket not in self.line:         # dropped as stale, then pulled again: back in line
+                        self.line.append(ticket)
+                    if self.line[0] is ticket and len(self.running) < self.capacity():
+                        self.line.popleft()
+                        self.running[ticket] = self.clock()
+                        self.cond.notify_all()
+                        return ticket
+                    position = self.line.index(ticket) + 1
+                    waiting = Waiting(position, len(self.line), self.estimate(position))
+                yield waiting
+                if should_stop():
+                    return None
+                with self.cond:
+                    if not (self.line[0] is ticket and len(self.running) < self.capacity()):
+                        self.cond.wait(poll)
+        finally:
+            with self.cond:
+                self.polled.pop(ticket, None)
+                if ticket in self.line:
+                    self.line.remove(ticket)
+                    self.cond.notify_all()
+
+    def _drop_stale(self) -> None:
+        """Under the lock: a waiter nobody has pulled for STALE_SECONDS (its handler abandoned without being
+        closed, e.g. its server shut down) gives its place up, and a turn held far beyond a run's deadline is
+        taken back, so that neither can hold the line for ever."""
+        now = self.clock()
+        for other in [t for t in self.line if now - self.polled.get(t, now) > STALE_SECONDS]:
+            self.line.remove(other)
+            self.polled.pop(other, None)
+        longest = 2 * limits.current().max_run_seconds + STALE_SECONDS     # a run's own deadline, with room
+        for other in [t for t, began in self.running.items() if now - began > longest]:
+            del self.running[other]             # its handler was abandoned after its turn began
+
+    def leave(self, ticket, seconds: float | None = None) -> None:
+        with self.cond:
+            self.running.pop(ticket, None)
+            if seconds is not None:
+                self.durations.append(seconds)
+            self.cond.notify_all()
+
+    @property
+    def busy(self) -> int:
+        """Computations decoding now."""
+        with self.cond:
+            return len(self.running)
+
+    def wait_line(self) -> int:
+        with self.cond:
+            return len(self.line)
+
+
+class Computation:
+    """The results of one computation, kept for every request that shares it."""
+
+    def __init__(self, key, session: int, clock: Callable[[], float] = time.time):
+        self.key, self.session, self.clock = key, session, clock
+        self.items: list = []
+        self.done = False
+        self.complete = False           # ran to its end: may be replayed
+        self.finished_at: float | None = None
+        self.viewers = 1                # requests served by it (the leader included)
+        self.waiting: Waiting | None = None    # the leader's place in line while it waits
+        self.cond = threading.Condition()
+
+    def publish(self, item) -> None:
+        with self.cond:
+            self.items.append(item)
+            self.cond.notify_all()
+
+    def wait_at(self, waiting: Waiting | None) -> None:
+        with self.cond:
+            self.waiting = waiting
+            self.cond.notify_all()
+
+    def finish(self, complete: bool) -> None:
+        with self.cond:
+            self.done, self.complete, self.finished_at = True, complete, self.clock()
+            self.waiting = None
+            self.cond.notify_all()
+
+    def follow(self, should_stop: Callable[[], bool] = lambda: False, poll: float = WAIT_POLL) -> Iterator:
+        """Every result, from the first: what is there at once (a replay), then each new one as the leader yields
+        it; a Waiting every `poll` seconds while the leader waits for its turn."""
+        seen = 0
+        while True:
+            with self.cond:
+                if seen == len(self.items) and not self.done:
+                    self.cond.wait(poll)
+                new, done, waiting = self.items[seen:], self.done, self.waiting
+            for item in new:
+                yield item
+            seen += len(new)
+            if done and seen == len(self.items):
+                return
+            if should_stop():
+                return
+            if not new and waiting is not None:
+                yield waiting
+
+
+class Coalescer:
+    """Identical requests -> one Computation (see the module's docstring)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, replay_seconds: float = REPLAY_SECONDS):
+        self.clock, self.replay_seconds = clock, replay_seconds
+        self.computations: dict[object, Computation] = {}
+        self.lock = threading.Lock()
+
+    def join(self, key, session: int) -> tuple[Computation, bool]:
+        """(the computation for `key`, True when this request leads it). A request follows one in flight, or a
+        complete one finished less than replay_seconds ago by another session."""
+        now = self.clock()
+        with self.lock:
+            for old in [k for k, c in self.computations.items()
+                        if c.done and (not c.complete or now - c.finished_at > self.replay_seconds)]:
+                del self.computations[old]
+            current = self.computations.get(key)
+            if current is not None and not (current.done and current.session == session):
+                with current.cond:
+                    current.viewers += 1
+                    current.cond.notify_all()
+                return current, False
+            computation = Computation(key, session, self.clock)
+            self.computations[key] = computation
+            return computation, True
+
+
+class BaselineCache:
+    """Plain decoding by baseline key: (BaselineResult, when, session that measured it)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, fresh_seconds: float = BASELINE_FRESH_SECONDS):
+        self.clock, self.fresh_seconds = clock, fresh_seconds
+        self.entries: dict[tuple, tuple] = {}
+        self.lock = threading.Lock()
+
+    def put(self, key: tuple, result, session: int, at: float | None = None, under_load: str | None = None) -> None:
+        with self.lock:
+            self.entries.pop(key, None)
+            self.entries[key] = (result, self.clock() if at is None else at, session, under_load)
+            for old in list(self.entries)[:-MAX_BASELINES]:
+                del self.entries[old]
+
+    def fresh(self, key: tuple, session: int):
+        """(result, measured at, under-load note) measured by another session less than fresh_seconds ago, or None."""
+        with self.lock:
+            entry = self.entries.get(key)
+        if entry is None:
+            return None
+        result, at, owner, under_load = entry
+        if owner == session or self.clock() - at > self.fresh_seconds:
+            return None
+        return result, at, under_load
+
+
+GATE = Gate()
+COALESCER = Coalescer()
+BASELINES = BaselineCache()
+
+
+def age_text(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+@dataclass(frozen=True)
+class Label:
+    """A line a run's page shows about how it was computed ("measured under load: ...")."""
+    text: str
+
+
+@dataclass(frozen=True)
+class Reused:
+    """The BaselineResult that follows was measured earlier, by another request, at `at` (time.time())."""
+    at: float
+    under_load: str | None = None
+
+
+def gated(make_work: Callable[[], Iterator], should_stop: Callable[[], bool], gate: Gate | None = None,
+          on_wait: Callable[[Waiting | None], None] = lambda waiting: None) -> Iterator:
+    """Wait for a turn at `gate` (yielding Waiting), then yield the results of `make_work()`, with a Label when
+    another computation decoded during a measurement; the turn ends when the work does or this is closed."""
+    gate = gate or GATE
+    entering = gate.enter(should_stop)
+    while True:
+        try:
+            waiting = next(entering)
+        except StopIteration as done:
+            ticket = done.value
+            break
+        on_wait(waiting)
+        yield waiting
+    on_wait(None)
+    if ticket is None:
+        return
+    began, work, loaded = monotonic(), None, 0
+    try:
+        work = make_work()
+        for item in work:
+            loaded = max(loaded, gate.busy)
+            if loaded > 1 and type(item).__name__ in ("GenerationResult", "BaselineResult"):
+                yield Label(f"measured under load: {loaded} computations decoded at once")
+            yield item
+    finally:
+        if work is not None:
+            work.close()
+        gate.leave(ticket, monotonic() - began)
