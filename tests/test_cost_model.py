@@ -118,3 +118,25 @@ def test_a_grossly_wrong_curve_pauses_one_run_which_probes_and_the_next_drafts_a
 
     resumed = se.SpeculativeDecoder(model, SteadyDrafter(curve)).generate(prompt, k=3, max_new_tokens=24)
     assert all(r.drafted for r in resumed.rounds[:-1]) and not any(r.note for r in resumed.rounds)
+
+
+def test_a_run_built_again_under_its_first_pass_pin_drafts_the_same_rounds_though_the_curve_moved(monkeypatch):
+    """The playground's "measure again" builds a new decoder for a run whose first pass corrected the curve (issue
+    #36, found in the whole suite): built under `pinned_costs` with the first pass's costs it sizes its drafts as
+    the first pass did; built without, it sizes by the corrected curve and its rounds differ."""
+    from tiny import tiny_llama
+    model = tiny_llama(vocab=8, layers=1, seed=3)
+    curve = CostCurve(WRONG)
+    timing.watch_forwards(model, curve.observe)
+    ticks = itertools.count()
+    monkeypatch.setattr(timing, "perf_counter", lambda: next(ticks) * 0.01)
+    prompt = torch.tensor([[1, 2, 3]])
+    with sizing.pinned_costs() as pin:
+        first = se.SpeculativeDecoder(model, SteadyDrafter(curve)).generate(prompt, k=3, max_new_tokens=24)
+    assert pin.sizing.costs == curve.measured and curve.corrected         # the first pass's rounds corrected the curve
+    with sizing.pinned_costs(pin.sizing) as again_pin:
+        again = se.SpeculativeDecoder(model, SteadyDrafter(curve)).generate(prompt, k=3, max_new_tokens=24)
+    assert again_pin.sizing == pin.sizing
+    assert [(r.drafted, r.note) for r in again.rounds] == [(r.drafted, r.note) for r in first.rounds]
+    unpinned = se.SpeculativeDecoder(model, SteadyDrafter(curve)).generate(prompt, k=3, max_new_tokens=24)
+    assert [r.drafted for r in unpinned.rounds] != [r.drafted for r in first.rounds]

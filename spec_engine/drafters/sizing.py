@@ -32,7 +32,8 @@ import statistics
 import threading
 import time
 from collections import deque
-from typing import Sequence
+from contextlib import contextmanager
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -240,9 +241,48 @@ class CostView(Sequence):
                    f"probing again in {left} round{'s' if left != 1 else ''}")
 
 
+class Sizing(NamedTuple):
+    """A decoder's verify-cost curve as it sized its drafts: the costs and where they came from."""
+    costs: tuple[float, ...]
+    source: str
+
+
+class Pin:
+    """What the drafters built inside `pinned_costs` size by: the Sizing given, or the first view handed out."""
+
+    def __init__(self, sizing: Sizing | None):
+        self.sizing = sizing
+
+
+_PIN = threading.local()
+
+
+@contextmanager
+def pinned_costs(sizing: Sizing | None = None):
+    """Every drafter built within sizes by `sizing` (a run's earlier view: the playground's "measure again" must
+    size the run's drafts as its first pass did, though the session's forwards have corrected the curve since), or
+    by the curve as it stands when `sizing` is None. Yields a Pin whose `.sizing` is what they size by (None if no
+    drafter sizes by a curve)."""
+    pin, previous = Pin(sizing), getattr(_PIN, "pin", None)
+    _PIN.pin = pin
+    try:
+        yield pin
+    finally:
+        _PIN.pin = previous
+
+
 def sizing_view(costs):
-    """What a drafter sizes by for one decoder: a CostCurve's view, or a fixed curve as it is."""
-    return costs.view() if isinstance(costs, CostCurve) else costs
+    """What a drafter sizes by for one decoder: a CostCurve's view (or the pinned one, see pinned_costs), or a
+    fixed curve as it is."""
+    if not isinstance(costs, CostCurve):
+        return costs
+    pin = getattr(_PIN, "pin", None)
+    if pin is not None and pin.sizing is not None and len(pin.sizing.costs) == len(costs):
+        return CostView(pin.sizing.costs, pin.sizing.source, costs.probe_every)
+    view = costs.view()
+    if pin is not None:
+        pin.sizing = Sizing(view.costs, view.source)
+    return view
 
 
 def reset_view(costs) -> None:

@@ -205,7 +205,7 @@ class SuffixDrafter(Drafter):
 
     def check_target(self, target_model) -> None:
         if self.size_by_cost:
-            self.costs = sizing.verify_costs(target_model)    # read from the module: tests fix the curve there
+            self.costs = sizing.sizing_view(sizing.verify_costs(target_model))    # from the module: tests fix it there
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         if self.remember_runs and len(self.text) > self.prompt_len:     # the previous output joins the earlier ones

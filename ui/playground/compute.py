@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import spec_engine as se
+from spec_engine.drafters.sizing import Sizing, pinned_costs
 
 from ui.playground import runner
 from ui.playground import registry as reg
@@ -145,9 +146,11 @@ def job_seconds(job, *_args, **_kwargs) -> float:
 
 @dataclass(frozen=True)
 class Built:
-    """The run's decoder is built and its request checked: the label the history shows, the target's dtype."""
+    """The run's decoder is built and its request checked: the label the history shows, the target's dtype, and the
+    verify-cost curve its drafts are sized by (None if not sized by cost; kept so "measure again" sizes alike)."""
     label: str
     dtype: str
+    sizing: Sizing | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ class RunJob:
     timed: bool = False             # then decode it again with nothing drawn (its speed)
     plain: bool = False             # then plain decoding, same prompt, settings and seed
     settle: float = 0.0             # seconds between the live run and the timed one (the browser finishes drawing)
+    sizing: Sizing | None = None    # size drafts by this curve (a run measured again: its first pass's)
 
 
 def loaded(name: str):
@@ -179,15 +183,17 @@ def loaded(name: str):
     return model
 
 
-def build(settings: RunSettings, prompt_ids) -> tuple:
-    """(decoder, input_ids, target, Built) for `settings`, from the models the registry holds."""
+def build(settings: RunSettings, prompt_ids, sizing: Sizing | None = None) -> tuple:
+    """(decoder, input_ids, target, Built) for `settings`, from the models the registry holds; with `sizing`, its
+    drafts are sized by that verify-cost curve instead of the target's curve as it stands."""
     import torch
     kind, spec = reg.split_draft(settings.draft)
     target = loaded(settings.target)
     draft = loaded(spec.model) if spec.model else None
     options = reg.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
-    drafter = kind.build(spec, target, draft, options)
-    decoder = se.SpeculativeDecoder(target.model, drafter, rule=settings.rule)
+    with pinned_costs(sizing) as pin:
+        drafter = kind.build(spec, target, draft, options)
+        decoder = se.SpeculativeDecoder(target.model, drafter, rule=settings.rule)
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)
     se.validate_request(target.model, input_ids, settings.k, settings.max_new_tokens, settings.sampling())
     label = reg.draft_label(settings.draft)
@@ -196,7 +202,8 @@ def build(settings: RunSettings, prompt_ids) -> tuple:
     elif kind.key == "early-exit":
         label = f"early-exit:{len(target.model.model.layers) - len(drafter.skip_layers)}"
     dtype = getattr(target, "dtype", None)
-    return decoder, input_ids, target, Built(label, str(dtype).removeprefix("torch.") if dtype is not None else "")
+    return decoder, input_ids, target, Built(label, str(dtype).removeprefix("torch.") if dtype is not None else "",
+                                             pin.sizing)
 
 
 @gpu(job_seconds)
@@ -205,7 +212,7 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
     GenerationResult (`timed`), then Phase("plain"), progress strings and the BaselineResult (`plain`). A live run
     that was stopped or ran out of time is not measured; nor is plain decoding after a cut-short timed run."""
     s = job.settings
-    decoder, input_ids, target, built = build(s, job.prompt_ids)
+    decoder, input_ids, target, built = build(s, job.prompt_ids, job.sizing)
     eos = reg.eos_ids(target)
     budget = runner.Budget(stop, job.seconds)
     yield built

@@ -268,7 +268,7 @@ def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget
     try:
         for item in compute.pull(prep.work, state.stop_event, recorded):
             if isinstance(item, compute.Built):
-                runner.begin(prep, state, item.label, item.dtype).time_limit = job.seconds
+                runner.begin(prep, state, item.label, item.dtype, item.sizing).time_limit = job.seconds
                 budget.start()
             elif isinstance(item, se.RoundEvent):
                 if not runner.record_round(prep, state, item):
@@ -447,7 +447,7 @@ def measure_baseline(state: SessionState):
             return
         try:
             job = compute.RunJob(record.settings, prep.prompt_ids, compute.call_seconds(budget, 2 * record.settings.max_new_tokens),
-                                 live=False, timed=True, plain=True)
+                                 live=False, timed=True, plain=True, sizing=record.sizing)
             timing, plain, label = None, None, ""
             for item in fold(prep, state, job, budget):
                 if isinstance(item, se.GenerationResult):

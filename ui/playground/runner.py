@@ -183,11 +183,14 @@ def release(prep: Prepared | None, registry: reg.ModelRegistry) -> None:
 
 # ------------------------------------------------------------------------- the GPU function's results
 
-def begin(prep: Prepared, state: SessionState, label: str, dtype: str) -> RunRecord:
-    """The GPU function has built the run: its record, a new run of the session unless `prepare` was given one."""
+def begin(prep: Prepared, state: SessionState, label: str, dtype: str, sizing=None) -> RunRecord:
+    """The GPU function has built the run: its record, a new run of the session unless `prepare` was given one.
+    `sizing` is the verify-cost curve its drafts were sized by: a record keeps its first pass's."""
     if prep.record is None:
         prep.record = state.new_run(prep.settings, label, prep.prompt_ids)
     prep.record.dtype = dtype                      # bf16: near-ties may differ from plain decoding
+    if prep.record.sizing is None:
+        prep.record.sizing = sizing
     return prep.record
 
 
