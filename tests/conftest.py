@@ -135,6 +135,19 @@ def steady_verify_costs(request, monkeypatch):
             monkeypatch.setattr(module, "verify_costs", lambda model: FREE_VERIFY)   # nothing cached on the model
 
 
+@pytest.fixture(autouse=True)
+def own_class_state():
+    """The engine's gate, the shared computations and the reused baselines (ui/playground/coalesce.py) are
+    process-wide, as the models are: in the app that is the point (thirty identical requests share one run), in a
+    test process it would let one test's request replay another's computation, reuse its baseline, or wait behind
+    runs an earlier test left at the gate. Each test that loaded the app gets fresh ones."""
+    coalesce = sys.modules.get("ui.playground.coalesce")
+    if coalesce is not None:
+        coalesce.GATE, coalesce.COALESCER, coalesce.BASELINES = \
+            coalesce.Gate(), coalesce.Coalescer(), coalesce.BaselineCache()
+    yield
+
+
 @pytest.fixture(scope="session")
 def target():
     """Tiny random target (vocabulary 8, 3 layers) for the engine and statistical tests."""
