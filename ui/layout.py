@@ -49,6 +49,9 @@ TOKEN_VIEW_HEIGHT = 430      # px; longer outputs scroll (and follow the newest 
 SCENARIO_CONTROLS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
                      "rule", "chat")   # what handlers.apply_scenario sets, in its order (then the caption)
 RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }"
+# Tab bars wrap onto a second row rather than hide the tabs that do not fit behind Gradio's "⋯" menu: at 1024 px the
+# lower bar's Sweeps, What-if and About tabs were hidden there, where a class never finds them.
+TAB_OVERFLOW = "wrap"
 THEME = gr.themes.Soft(primary_hue="emerald", secondary_hue="blue")
 
 LAYOUT_CSS = """
@@ -126,7 +129,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
             with gr.Column(scale=7, min_width=480):
                 out: dict[str, gr.components.Component] = {}
                 out["stats"] = gr.HTML(initial["stats"], css_template=render.CSS, elem_id="spec-stats")
-                with gr.Tabs():
+                with gr.Tabs(overflow_behavior=TAB_OVERFLOW):
                     with gr.Tab("Tokens"):
                         gr.HTML(render.legend_view(), css_template=render.CSS, elem_id="spec-legend")
                         out["tokens"] = gr.HTML(initial["tokens"], css_template=render.CSS, elem_id="spec-tokens",
@@ -149,7 +152,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                     out["speed_plot"] = gr.Plot(initial["speed_plot"], show_label=False, elem_id="plot-speed")
                 out["position_plot"] = gr.Plot(initial["position_plot"], show_label=False, elem_id="plot-position")
         shared = share.build_panel(demo, c, scenario, caption, presets, default_target)   # links, equivalent code
-        with gr.Tabs():
+        with gr.Tabs(overflow_behavior=TAB_OVERFLOW):
             with gr.Tab("Compare runs") as compare_tab:
                 with gr.Row():
                     axis = gr.Radio(list(plots.COMPARE_AXES), value="k", label="Compare by")
