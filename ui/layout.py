@@ -54,9 +54,18 @@ RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')),
 TAB_OVERFLOW = "wrap"
 THEME = gr.themes.Soft(primary_hue="emerald", secondary_hue="blue")
 
+# Below 1024 px Gradio stacks the two columns, which put the results after every control (1,870 px below Run at
+# 390 px wide). There the controls column lends its children to the main row (display: contents) and `order` puts
+# the results column right after the Run row, the other controls after the results.
 LAYOUT_CSS = """
 .gradio-container { max-width: 1500px !important; }
 #spec-tokens { min-height: 200px; }
+@media (max-width: 1023px) {
+  #spec-main { flex-direction: column; }
+  #spec-controls { display: contents; }
+  #spec-results { order: 1; }
+  #spec-run-row ~ * { order: 2; }
+}
 """
 
 
@@ -76,14 +85,14 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         gr.Markdown(INTRO)
         model_md = gr.Markdown(f"⏳ Loading {reg.display_name(default_target)}…", elem_id="spec-model-status")
         c: dict[str, gr.components.Component] = {}
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=4, min_width=340):
+        with gr.Row(equal_height=False, elem_id="spec-main"):
+            with gr.Column(scale=4, min_width=340, elem_id="spec-controls"):
                 present = gr.Checkbox(False, label="Presentation mode (large type, high contrast)",
                                       elem_id="spec-present")
                 scenario = gr.Dropdown([(s.label, s.id) for s in presets.scenarios], value=None,
                                        label="Classroom scenario", info="Sets every control below and runs it",
                                        elem_id="spec-scenario")
-                with gr.Row():   # beside the scenario picker, so Run and the results share the first screen
+                with gr.Row(elem_id="spec-run-row"):   # beside the scenario picker, so Run and the results share the first screen
                     run_btn = gr.Button("Run", variant="primary", elem_id="spec-run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="spec-stop")
                 caption = gr.Markdown("", elem_id="spec-caption")
@@ -126,7 +135,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                     c["auto_baseline"] = gr.Checkbox(True, label="Measure the speedup after each run (nothing drawn)")
                     c["show_spaces"] = gr.Checkbox(False, label="Show spaces as ·")
 
-            with gr.Column(scale=7, min_width=480):
+            with gr.Column(scale=7, min_width=480, elem_id="spec-results"):
                 out: dict[str, gr.components.Component] = {}
                 out["stats"] = gr.HTML(initial["stats"], css_template=render.CSS, elem_id="spec-stats")
                 with gr.Tabs(overflow_behavior=TAB_OVERFLOW):
