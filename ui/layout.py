@@ -50,12 +50,12 @@ SCENARIO_CONTROLS = ("prompt", "target", "draft", "k", "temperature", "top_p", "
                      "rule", "chat")   # what handlers.apply_scenario sets, in its order (then the caption)
 RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }"
 # Tab bars wrap onto a second row rather than hide the tabs that do not fit behind Gradio's "⋯" menu: at 1024 px the
-# lower bar's Sweeps, What-if and About tabs were hidden there, where a class never finds them.
+# lower bar's last tabs (What if, About) were hidden there, where a class never finds them.
 TAB_OVERFLOW = "wrap"
 THEME = gr.themes.Soft(primary_hue="emerald", secondary_hue="blue")
 
-# Below 1024 px Gradio stacks the two columns, which put the results after every control (1,870 px below Run at
-# 390 px wide). There the controls column lends its children to the main row (display: contents) and `order` puts
+# Below 1024 px Gradio stacks the two columns, which put the results after every control (the numbers 1,960 px and
+# the tokens 2,272 px below the top of Run at 390x844). There the controls column lends its children to the main row (display: contents) and `order` puts
 # the results column right after the Run row, the other controls after the results.
 LAYOUT_CSS = """
 .gradio-container { max-width: 1500px !important; }
@@ -92,7 +92,8 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 scenario = gr.Dropdown([(s.label, s.id) for s in presets.scenarios], value=None,
                                        label="Classroom scenario", info="Sets every control below and runs it",
                                        elem_id="spec-scenario")
-                with gr.Row(elem_id="spec-run-row"):   # beside the scenario picker, so Run and the results share the first screen
+                # Beside the scenario picker, so Run and the results share the first screen (on a phone too: LAYOUT_CSS)
+                with gr.Row(elem_id="spec-run-row"):
                     run_btn = gr.Button("Run", variant="primary", elem_id="spec-run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="spec-stop")
                 caption = gr.Markdown("", elem_id="spec-caption")
