@@ -45,7 +45,9 @@ from ui.playground import registry
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
 # Uploads are traces (spec_engine.classroom.trace caps them at 20 MiB): Gradio refuses larger files before they are stored.
-LAUNCH_OPTIONS = {"max_file_size": MAX_TRACE_BYTES}
+# Everything launch() takes besides the address: the tests' server (tests/conftest.py) launches with the same, so the
+# browser tests see the page's own theme and layout CSS (they ran without them, and missed the narrow-screen rules).
+LAUNCH_OPTIONS = {"max_file_size": MAX_TRACE_BYTES, "theme": THEME, "css": LAYOUT_CSS}
 HIDDEN_ERROR = ("The server could not handle this request: an input it cannot use (a file must be one uploaded "
                 "to this server) or an error on its side, which it logged.")
 
@@ -137,4 +139,4 @@ configure(sys.argv[1:] if __name__ == "__main__" else [])
 demo = queue(build_demo())
 
 if __name__ == "__main__":
-    demo.launch(theme=THEME, css=LAYOUT_CSS, **LAUNCH_OPTIONS)
+    demo.launch(**LAUNCH_OPTIONS)

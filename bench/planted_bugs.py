@@ -1,4 +1,4 @@
-"""Plant the bugs of issues #29 and #34 one at a time in a copy of the project and run the tests that must catch each.
+"""Plant the bugs of issues #29, #34 and #37 one at a time in a copy of the project and run the tests that must catch each.
 
 Each bug is a small source edit (a string replacement that must find its original text exactly once, so this script
 fails loudly when the code moves). The copy is the checkout's tracked and untracked, not ignored, files (so tests
@@ -143,6 +143,24 @@ BUGS = (
         "spec_engine/core/tree_rule.py",
         "left = residual(p_row, q_j) if rule in WRONG_TREE else residual(left, q_j)",
         "left = residual(p_row, q_j) if rule in WRONG_TREE else left", ("tests/test_tree_rule.py",)),
+    # issue #37: the rules engines ship, each planted wrong
+    Bug("strict_checks_the_argmax", "strict compares each draft with the target's argmax instead of its own draw",
+        "spec_engine/core/verify.py", "        own = sample_at(target_probs[i], uniforms[i], support)\n",
+        "        own = int(target_probs[i].argmax())\n", ("tests/test_verify_enumeration.py", "tests/test_rules.py")),
+    Bug("typical_threshold_without_entropy", "typical's threshold is epsilon alone (Medusa's entropy term dropped)",
+        "spec_engine/core/rule.py", "    return min(epsilon, delta * math.exp(-entropy))\n",
+        "    return epsilon\n", ("tests/test_verify_enumeration.py", "tests/test_rules.py")),
+    Bug("q_mismatch_reads_the_warped_q", "q_mismatch reads the warped q (the shipped bug silently fixed: no drift)",
+        "spec_engine/core/verify.py", "    return unwarped.to(draft_probs.dtype)\n", "    return draft_probs\n",
+        ("tests/test_verify_enumeration.py", "tests/test_rules.py")),
+    Bug("strict_tree_reads_q", "strict on a tree tries siblings as drawn from q (it is then the exact rule)",
+        "spec_engine/core/tree_rule.py",
+        '        drawn = "deterministic" if rule == STRICT else tree.drawn[node + 1]\n',
+        "        drawn = tree.drawn[node + 1]\n", ("tests/test_tree_rule.py",)),
+    Bug("typical_tree_keeps_the_first_passing_node", "typical on a tree keeps the first passing node's path, not the "
+        "deepest", "spec_engine/core/tree_rule.py",
+        "deepest = max((i for i in range(n) if passed[i]), key=lambda i: (depth[i], -i), default=-1)",
+        "deepest = max((i for i in range(n) if passed[i]), key=lambda i: -i, default=-1)", ("tests/test_tree_rule.py",)),
 )
 
 

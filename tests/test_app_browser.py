@@ -79,8 +79,11 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
     page.screenshot(path=str(tmp_path / "playground-running.png"), full_page=True)
 
     # Stop ends the run within about one round and says so. A fast machine may have decoded all 600 tokens during
-    # the hover checks: then a fresh run of the same prompt is stopped as soon as it streams.
-    if "finished" in page.evaluate("document.querySelector('#spec-stats').innerText"):
+    # the hover checks (then the page says "finished", or "Measuring the speed" while its speed is measured): then,
+    # once that run is over, a fresh run of the same prompt is stopped as soon as it streams.
+    if "Decoding" not in page.evaluate("document.querySelector('#spec-stats').innerText"):
+        page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')",
+                               timeout=240_000)
         page.click("#spec-run")
         page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Decoding')",
                                timeout=120_000)

@@ -22,7 +22,8 @@ def test_the_rule_table_is_the_one_every_list_reads():
     assert set(se.RULES) >= {"exact", "strict", "typical", "q_mismatch", "topp_membership", "no_residual"}
     assert {n for n, info in RULE_INFO.items() if info.exact} == {"exact", "strict"}
     assert set(se.WRONG_RULES) == {n for n in se.RULES if not RULE_INFO[n].exact}
-    assert se.TREE_RULES == ("exact", "tree_best_sibling")
+    assert se.TREE_RULES == ("exact", "strict", "typical", "tree_best_sibling")
+    assert se.WRONG_TREE_RULES == ("tree_best_sibling",)           # judges trees only
     assert all(info.lesson.endswith(".") and info.label and info.kind in ("exact", "lossy", "mistake")
                for info in RULE_INFO.values())
     assert all(rule in se.RULES for rule, _ in LIBRARY_RULES.values())
@@ -76,11 +77,23 @@ def test_q_mismatch_reads_the_drafts_distribution_before_warping(target, draft):
     assert exact.rounds[0].draft_probs != pytest.approx(wrong.rounds[0].draft_probs)
 
 
-@pytest.mark.parametrize("rule", NEW_RULES)
-def test_tree_drafts_refuse_the_new_rules_naming_rule_and_drafter(target, rule):
-    decoder = se.SpeculativeDecoder(target, se.TreeLookupDrafter(), rule=rule)
-    with pytest.raises(ValueError, match=f"rule '{rule}' is not implemented on draft trees and tree-lookup"):
+def test_tree_drafts_refuse_q_mismatch_naming_rule_and_drafter(target):
+    """q_mismatch is transformers' chain bug; strict and typical judge trees (tests/test_tree_rule.py)."""
+    decoder = se.SpeculativeDecoder(target, se.TreeLookupDrafter(), rule="q_mismatch")
+    with pytest.raises(ValueError, match="rule 'q_mismatch' is not implemented on draft trees and tree-lookup"):
         decoder.generate(PROMPT, k=3, max_new_tokens=6, sampling=se.SamplingParams(1.0))
+
+
+@pytest.mark.parametrize("rule", ["strict", "typical"])
+def test_strict_and_typical_run_tree_rounds_through_the_decoder(target, draft, rule):
+    """A sampled tree drafter under strict and typical: whole runs, each round's kept path and the token after it as
+    the engine's provenance says, the KV invariants checked by the engine every round."""
+    from spec_engine.drafters.tree import ModelTreeDrafter
+    result = se.SpeculativeDecoder(target, ModelTreeDrafter(draft, width=2, drawn="without_replacement"),
+                                    rule=rule).generate(
+        PROMPT, k=4, max_new_tokens=12, sampling=SAMPLED, seed=5)
+    assert len(result.tokens) == 12 and [e["token"] for e in result.provenance] == result.tokens
+    assert any(r.tree_parents for r in result.rounds)
 
 
 # ------------------------------------------------------------------------------ acceptance by position
@@ -181,3 +194,69 @@ def test_the_eagle_head_and_lookup_first_report_the_unwarped_q_for_q_mismatch(ta
         assert proposal.unwarped is not None and proposal.unwarped.shape == proposal.probs.shape
         assert proposal.unwarped[:, [4, 6]].abs().sum() == 0
         assert proposal.unwarped.sum(-1).tolist() == pytest.approx([1.0] * len(proposal.tokens), abs=1e-5)
+
+
+# ------------------------------------------------------------------------------ the verdicts the display reads
+
+P4 = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6], [0.3, 0.3, 0.4]], dtype=torch.float64)
+
+
+def test_a_strict_verdict_carries_each_decided_drafts_chance_and_draw():
+    """settle_strict with its draws given: the kept drafts, the target's own draw at the first refusal (or the bonus
+    at the point), and for the display p(x_i) and the uniform of every decided draft, p and q of every draft."""
+    from spec_engine.core.verify import settle
+    refused = settle("strict", [0, 1, 2], None, P4, [0.5, 0.6, 0.6], [1.0] * 3, [0.2, 0.9, 0.1], 0.95, None)
+    assert (refused.accepted, refused.next_token) == (1, 2)            # row 1's CDF at 0.9 is token 2, not 1
+    assert refused.accept_probs == [0.5, 0.6] and refused.uniforms == [0.2, 0.9]
+    assert refused.drafted_p == [0.5, 0.6, 0.6] and refused.drafted_q == [1.0] * 3
+    kept = settle("strict", [0, 1, 2], None, P4, [0.5, 0.6, 0.6], [1.0] * 3, [0.2, 0.3, 0.5], 0.95, None)
+    assert (kept.accepted, kept.next_token) == (3, 2) and kept.is_bonus          # the bonus: row 3's CDF at 0.95
+    assert kept.accept_probs == [0.5, 0.6, 0.6] and kept.uniforms == [0.2, 0.3, 0.5]
+    assert kept.drafted_p == [0.5, 0.6, 0.6] and kept.drafted_q == [1.0] * 3
+
+
+def test_typical_refuses_a_draft_exactly_at_its_threshold():
+    """Medusa keeps a draft when p(x) is above the threshold, strictly: p = (0.91, 0.09) has threshold
+    min(0.09, 0.3 exp(-H)) = 0.09, so token 1 is refused, in the reference and in the engine's rule."""
+    from spec_engine.core.rule import speculative_step, typical_threshold
+    from spec_engine.core.verify import settle
+    p = torch.tensor([[0.91, 0.09], [0.5, 0.5]], dtype=torch.float64)
+    assert typical_threshold(p[0]) == 0.09
+    assert speculative_step(p, torch.tensor([[0.0, 1.0]], dtype=torch.float64), [1], [0.0], 0.1, "typical") == (0, 0)
+    verdict = settle("typical", [1], None, p, [0.09], [1.0], [0.0], 0.1, None)
+    assert verdict.accepted == 0 and verdict.accept_probs == [0.0]
+    above = torch.tensor([[0.9, 0.1], [0.5, 0.5]], dtype=torch.float64)
+    assert speculative_step(above, torch.tensor([[0.0, 1.0]], dtype=torch.float64), [1], [0.0], 0.1, "typical")[0] == 1
+
+
+def test_q_mismatch_without_the_unwarped_distribution_says_which_drafters_report_it():
+    from spec_engine.core.verify import judged_draft_probs
+    with pytest.raises(ValueError, match=r"rule 'q_mismatch' reads the draft's distribution before warping, and this "
+                                         r"drafter does not report it \(Proposal.unwarped\): use a model draft, layer "
+                                         r"skip or the EAGLE head"):
+        judged_draft_probs("q_mismatch", torch.full((1, 3), 1 / 3), None)
+    unwarped = torch.full((1, 3), 1 / 3, dtype=torch.float64)
+    assert judged_draft_probs("q_mismatch", torch.full((1, 3), 1 / 3), unwarped).dtype == torch.float32
+
+
+def test_a_greedy_tree_verdict_and_its_display_rows():
+    """Greedy on a tree: the kept path and the argmax after it, no draws, and the display's rows are the
+    temperature-1 softmax of each row (the token's own chance shown as certain); a rule that judges no trees, a
+    sampled tree without its q and mismatched shapes are refused."""
+    from spec_engine.core.verify import verify_tree
+    from spec_engine.core.tree_rule import TokenTree
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 0.5], [0.1, 0.2, 0.3]])
+    tree = TokenTree.of([1, 2], [-1, -1])
+    verdict, display = verify_tree("exact", se.SamplingParams(0.0), tree, None, logits, torch.Generator())
+    assert (verdict.accepted, verdict.next_token) == ([0], 0)
+    assert (verdict.tried, verdict.accept_probs, verdict.uniforms) == ([], [], [])
+    assert verdict.next_probs_top == [(0, 1.0)]
+    assert torch.allclose(display, torch.softmax(logits, dim=-1)) and display.shape == (3, 3)
+    with pytest.raises(ValueError, match=r"a tree round's rule must be one of \('exact', 'strict', 'typical', "
+                                         r"'tree_best_sibling'\), got 'no_residual'"):
+        verify_tree("no_residual", se.SamplingParams(1.0), tree, None, logits, torch.Generator())
+    sampled = TokenTree([1, 2], [-1, -1], ["with_replacement"] * 3)
+    with pytest.raises(ValueError, match="a sampled tree needs draft_probs for its nodes whose children were drawn"):
+        verify_tree("exact", se.SamplingParams(1.0), sampled, None, logits, torch.Generator())
+    with pytest.raises(AssertionError):
+        verify_tree("exact", se.SamplingParams(1.0), sampled, torch.full((2, 3), 1 / 3), logits, torch.Generator())

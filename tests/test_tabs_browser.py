@@ -6,6 +6,7 @@ on, and the lab became unreachable until a reload.
 Skips (with the reason) only when /usr/bin/chromium is absent (the `chromium` fixture).
 """
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from conftest import open_playground
 
@@ -79,3 +80,30 @@ def test_the_mismatch_tab_runs_all_four_drafts_and_naive_ids_come_lowest(page, p
         .find(p => (p.data || []).some(t => (t.x || []).some(x => String(x).includes('naive'))));
         return plot ? plot.data[0].y : null; }""")
     assert bars is not None and bars[0] == min(bars), bars
+
+
+# The labels of every tab a visitor can see and click in place: shown, inside the window, and hit-testing to itself
+# (a tab moved into Gradio's "⋯" overflow menu is in no tab bar at all).
+SHOWN_TABS_JS = """() => [...document.querySelectorAll('[role=tablist] [role=tab]')].filter((tab) => {
+    const box = tab.getBoundingClientRect();
+    if (box.width === 0 || box.left < 0 || box.right > window.innerWidth) return false;
+    tab.scrollIntoView({block: 'center', inline: 'nearest'});
+    const now = tab.getBoundingClientRect(), hit = document.elementFromPoint(now.left + now.width / 2, now.top + now.height / 2);
+    return hit !== null && (hit === tab || tab.contains(hit));
+}).map((tab) => tab.innerText.trim())"""
+
+
+def test_every_tab_is_in_its_bar_at_1024_wide(playground, chromium):
+    """At 1024x768 (a classroom laptop or projector) Sweeps, What if and About hid behind the "⋯" menu."""
+    page = chromium.new_page(viewport={"width": 1024, "height": 768})
+    try:
+        page.goto(playground)
+        page.wait_for_selector("#spec-run", timeout=60_000)
+        expected = ["Tokens", "Draft tree", "Generated text", "Run details (JSON)", *LOWER_TABS]
+        try:                                            # the bars settle once the page has measured them
+            page.wait_for_function(f"({SHOWN_TABS_JS})().length === {len(expected)}", timeout=10_000)
+        except PlaywrightTimeout:
+            pass
+        assert page.evaluate(SHOWN_TABS_JS) == expected
+    finally:
+        page.close()

@@ -41,6 +41,10 @@ def test_the_tree_mask_shows_each_node_the_text_and_its_ancestors_only():
                        [1, 1, 1, 1, 0, 1, 0],      # c
                        [1, 1, 1, 1, 0, 1, 1]]      # d
     assert float(mask.min()) == torch.finfo(torch.float32).min
+    for dtype in (torch.float64, torch.bfloat16):               # the target's dtype, not torch's default
+        other = tree_attention_mask(parents, cached=2, dtype=dtype, device="cpu")
+        assert other.dtype == dtype and float(other.min()) == torch.finfo(dtype).min
+        assert ((other[0, 0] == 0).int().tolist()) == visible
 
 
 def random_tree(rng: random.Random, vocab: int, nodes: int) -> TokenTree:

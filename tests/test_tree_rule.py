@@ -233,6 +233,87 @@ def test_a_chain_tree_is_the_chain_rule_draw_for_draw(drawn):
         assert verdict.accepted == list(range(chain[0]))
 
 
+@pytest.mark.parametrize("params", SETTINGS[:2], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+@pytest.mark.parametrize("how", ["with_replacement", "without_replacement", "deterministic", MIXED])
+@pytest.mark.parametrize("shape", ["chain", "fan3", "fork"])
+def test_strict_on_a_tree_emits_the_target_distribution(params, how, shape):
+    """strict on a tree (the target's own draw, kept when it is a child: siblings tried as if chosen, q not read) is
+    exact for trees drawn any way: the same enumeration as the exact rule's."""
+    toy = Toy(params, salt=0)
+    got = emitted_distribution(toy, SHAPES[shape], drawn_for(SHAPES[shape], how), "strict")
+    want = target_distribution(toy)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    for seq in want:
+        assert abs(got.get(seq, 0.0) - want[seq]) < 1e-9, seq
+
+
+def expected_kept(toy: Toy, shape: str, how: str, rule: str) -> float:
+    """The expected number of nodes a first round keeps: over the tree's draws and the round's own."""
+    parents = SHAPES[shape]
+    total = 0.0
+    for tree, weight in tree_draws(toy, parents, drawn_for(parents, how), ()):
+        p, q = rows(toy, tree, ())
+        total += weight * sum(chance * len(path) for (path, _), chance in round_outcomes(p, q, tree, rule).items())
+    return total
+
+
+@pytest.mark.parametrize("shape", ["chain", "fan2", "fan2x2"])
+def test_strict_keeps_fewer_nodes_than_exact_from_a_sampled_tree_and_as_many_from_a_chosen_one(shape):
+    """Issue #37: strict's acceptance is at most exact's. From siblings drawn from q, exact keeps x with
+    min(1, r/q) >= r; from siblings chosen (top-k, lookup) both keep x with r(x), so they keep alike."""
+    toy = Toy(SamplingParams(1.0), salt=0)
+    for how in ("with_replacement", "without_replacement"):
+        exact, strict = expected_kept(toy, shape, how, "exact"), expected_kept(toy, shape, how, "strict")
+        assert strict < exact - 0.01, (how, strict, exact)
+    chosen = [expected_kept(toy, shape, "deterministic", rule) for rule in ("exact", "strict")]
+    assert chosen[0] == pytest.approx(chosen[1], abs=1e-12)
+
+
+@pytest.mark.parametrize("how", ["with_replacement", "deterministic"])
+@pytest.mark.parametrize("shape", ["chain", "fan2x2"])
+def test_typical_on_a_tree_drifts_from_the_target(how, shape):
+    """Medusa's typical acceptance keeps any node above its threshold: on these toys (three tokens, thresholds near
+    0.09) it keeps nearly every draft, so the text follows the draft more than the target."""
+    toy = Toy(SamplingParams(1.0), salt=0)
+    tv = total_variation(emitted_distribution(toy, SHAPES[shape], drawn_for(SHAPES[shape], how), "typical"),
+                         target_distribution(toy))
+    assert tv > 0.05, f"typical should visibly differ from the target (TV {tv:.4f})"
+
+
+def test_typical_on_a_chain_tree_is_the_chain_rule_draw_for_draw():
+    """A one-child-per-node tree under typical keeps what speculative_step's typical keeps, and emits the same token
+    for the same point (no uniform decides a node)."""
+    generator = torch.Generator().manual_seed(9)
+    for trial in range(200):
+        n = trial % 5
+        params = SamplingParams(0.9, top_p=(1.0, 0.8)[trial % 2])
+        target_probs = warp(torch.randn(n + 1, 50, generator=generator, dtype=torch.float64) * 2, params)
+        drafted = torch.multinomial(target_probs[:n], 1, generator=generator)[:, 0].tolist() if n else []
+        if n and trial % 3 == 0:
+            drafted[-1] = int(target_probs[n - 1].argmin())        # a draft below the threshold
+        uniforms = torch.rand(n, generator=generator, dtype=torch.float64).tolist()
+        point = float(torch.rand((), generator=generator, dtype=torch.float64))
+        one_hot = torch.nn.functional.one_hot(torch.tensor(drafted, dtype=torch.long), 50).double()
+        chain = speculative_step(target_probs, one_hot, drafted, uniforms, point, "typical")
+        verdict = tree_step(target_probs, None, TokenTree.chain(drafted), uniforms, point, "typical")
+        assert (len(verdict.accepted), verdict.token) == chain, trial
+
+
+def test_the_deepest_passing_path_wins_under_typical_and_strict_ignores_q():
+    """typical keeps the deepest passing node's path (Medusa's longest accepted candidate), not the first sibling
+    that passes; strict decides the same whatever q the siblings came from."""
+    p = torch.tensor([[0.5, 0.4, 0.1], [0.9, 0.05, 0.05], [0.2, 0.7, 0.1], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    tree = TokenTree.of([0, 1, 1], [-1, -1, 1])        # node 0 (token 0) is a leaf; node 1 (token 1) has a child
+    verdict = tree_step(p, None, tree, [0.5] * 3, 0.5, "typical")
+    assert verdict.accepted == [1, 2] and verdict.tried == [(0, 1.0), (1, 1.0), (2, 1.0)]
+    sampled = TokenTree([0, 1, 1], [-1, -1, 1], ["with_replacement"] * 4)
+    for q in (torch.full((4, 3), 1 / 3, dtype=torch.float64), p.flip(-1)):
+        for u in ([0.1, 0.3, 0.2], [0.6, 0.9, 0.95], [0.45, 0.7, 0.6]):
+            strict = tree_step(p, q, sampled, u, 0.5, "strict")
+            chosen = tree_step(p, None, tree, u, 0.5, "exact")       # siblings chosen: accept with r(x)
+            assert (strict.accepted, strict.token) == (chosen.accepted, chosen.token), (q, u)
+
+
 def test_a_second_sibling_gets_the_residual_not_p():
     """Forced case: p = [0.5, 0.5, 0], siblings 0 then 1 drawn with replacement from q = [0.5, 0.5, 0]. Sibling 0 is
     accepted with probability 1; were it refused, the residual max(0, p - q) would be empty. With q = [1, 0, 0]
@@ -298,11 +379,51 @@ def test_token_tree_names_the_bad_field():
         TokenTree([1], [-1], ["sampled", "deterministic"])
     with pytest.raises(ValueError, match="drawn must have n \\+ 1 = 2 entries"):
         TokenTree([1], [-1], ["deterministic"])
+    with pytest.raises(ValueError, match=r"parents\[0\] must be -1 \(the root\) or an earlier node, got -2"):
+        TokenTree.of([1], [-2])
+    with pytest.raises(ValueError, match="tokens must be non-negative ids"):
+        TokenTree.of([-1], [-1])
     assert TokenTree.of([5, 6, 7, 8], [-1, -1, 0, 2]).depths() == [1, 1, 2, 3]
     assert TokenTree.of([5, 6, 7, 8], [-1, -1, 0, 2]).path_to(3) == [0, 2, 3]
+    assert TokenTree.chain([5, 6]).drawn == ["with_replacement"] * 3        # a chain is drawn i.i.d. by default
+    p = torch.full((2, VOCAB), 1 / VOCAB, dtype=torch.float64)
+    with pytest.raises(AssertionError):
+        tree_step(p, None, TokenTree.chain([1], "deterministic"), [], 0.5)        # one uniform per node
+    with pytest.raises(AssertionError):
+        tree_step(p[:1], None, TokenTree.chain([1], "deterministic"), [0.5], 0.5)  # one row per node, plus the root
 
 
-def test_verify_tree_feeds_the_reference_one_uniform_per_node_then_the_point():
+def test_a_uniform_equal_to_the_acceptance_probability_rejects_a_sibling():
+    """u < min(1, r/q), strictly: at u equal to the chance the sibling is refused (as the chain rule does)."""
+    p = torch.tensor([[0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
+    tree = TokenTree.chain([0], "deterministic")                 # accept with r(0) = 0.25
+    assert tree_step(p, None, tree, [0.25], 0.1).accepted == []
+    assert tree_step(p, None, tree, [0.2499], 0.1).accepted == [0]
+
+
+def test_without_replacement_leaves_nothing_when_the_last_token_is_removed():
+    """A one-hot q with its token removed has no mass left: all zeros (a further sibling cannot have been drawn),
+    not a division by zero."""
+    from spec_engine.core.tree_rule import without
+    one_hot = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+    assert without(one_hot, 1).tolist() == [0.0, 0.0, 0.0]
+    assert without(torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64), 0).tolist() == [0.0, 1.0, 0.0]
+
+
+def test_greedy_keeps_the_deepest_match_the_first_in_node_order_among_equals():
+    """Duplicate siblings: the kept path is the deepest matching node's, the first in node order among nodes of the
+    same depth, whatever order the branches were added in."""
+    logits = torch.full((5, VOCAB), -5.0)
+    logits[0, 1] = logits[1, 2] = logits[2, 2] = logits[3, 0] = logits[4, 0] = 5.0     # argmax after root, 0..3
+    #           node 0     node 1 (0's child)  node 2 (dup of 0)  node 3 (2's child)
+    tree = TokenTree.of([1, 2, 1, 2], [-1, 0, -1, 2])
+    assert tree_greedy_step(logits, tree) == ([0, 1], 2)
+    shallow_last = TokenTree.of([1, 2, 1], [-1, 0, -1])          # the later duplicate is shallower
+    assert tree_greedy_step(logits[:4], shallow_last) == ([0, 1], 2)
+
+
+@pytest.mark.parametrize("rule", ["exact", "strict", "typical"])
+def test_verify_tree_feeds_the_reference_one_uniform_per_node_then_the_point(rule):
     """The engine's tree round (`verify.verify_tree`) draws one uniform per node (in node order, float64) and then the
     CDF point from the run's generator, and decides exactly as `tree_step` (the rule the enumeration above proves)
     fed those draws: the proof covers the engine's sampled path draw for draw. Its verdict reports each tried node's
@@ -321,11 +442,11 @@ def test_verify_tree_feeds_the_reference_one_uniform_per_node_then_the_point():
         tokens = torch.multinomial(q[0], n, replacement=True, generator=generator).tolist()
         tree = TokenTree(tokens, shape, drawn)
         seed = 300 + trial
-        verdict, probs = verify_tree("exact", params, tree, q, logits, make_generator("cpu", seed))
+        verdict, probs = verify_tree(rule, params, tree, q, logits, make_generator("cpu", seed))
         replay = make_generator("cpu", seed)
         uniforms = torch.rand(n, generator=replay, dtype=torch.float64).tolist()
         point = float(unit_draw(replay, probs.device))
-        step = tree_step(warp(logits, params), q, tree, uniforms, point)
+        step = tree_step(warp(logits, params), q, tree, uniforms, point, rule)
         assert (verdict.accepted, verdict.next_token) == (step.accepted, step.token), trial
         assert verdict.tried == [node for node, _ in step.tried], trial
         assert verdict.accept_probs == [chance for _, chance in step.tried], trial

@@ -1,6 +1,7 @@
 """The classroom in a real browser (issue #22): choosing a scenario runs it with the results in view, and
 presentation mode enlarges what a projector shows. Headless Chromium at /usr/bin/chromium, as test_app_browser.py."""
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
@@ -104,5 +105,58 @@ def test_presentation_mode_enlarges_tokens_stats_and_plots(playground, chromium,
         page.click("#spec-present input")                                       # and back
         page.wait_for_function("!document.documentElement.classList.contains('spec-present')", timeout=10_000)
         assert font_px(page, TOKEN) == 14 and font_px(page, "#plot-acceptance .xtick text") == before["plot tick"]
+    finally:
+        page.close()
+
+
+# For each plot shown, what a projector would lose: a title outside the figure (clipped), a legend over the plot
+# area, the title or the x-axis title, legend entries on top of each other. Boxes are relative to the figure's SVG.
+PLOT_CLASHES = """() => {
+    const clashes = [];
+    const overlap = (a, b) => a && b && a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+    for (const gd of document.querySelectorAll('[id^=plot-] .js-plotly-plot')) {
+        if (!gd.offsetParent) continue;
+        const id = gd.closest('[id^=plot-]').id, svg = gd.querySelector('.main-svg').getBoundingClientRect();
+        const box = (sel) => { const e = gd.querySelector(sel); if (!e) return null; const b = e.getBoundingClientRect();
+            return b.width ? {left: b.left - svg.left, right: b.right - svg.left, top: b.top - svg.top, bottom: b.bottom - svg.top} : null; };
+        const inside = (b) => b.left >= -0.5 && b.top >= -0.5 && b.right <= svg.width + 0.5 && b.bottom <= svg.height + 0.5;
+        const title = box('.gtitle'), legend = box('.legend .bg'), plot = box('.nsewdrag'), xtitle = box('.g-xtitle text');
+        if (title && !inside(title)) clashes.push(`${id}: title ${JSON.stringify(title)} outside ${svg.width}x${svg.height}`);
+        if (legend && !inside(legend)) clashes.push(`${id}: legend outside the figure`);
+        for (const [name, other] of [['plot area', plot], ['title', title], ['x-axis title', xtitle]])
+            if (overlap(legend, other)) clashes.push(`${id}: legend over the ${name}`);
+        const items = [...gd.querySelectorAll('.legend .traces')].map((e) => e.getBoundingClientRect());
+        items.forEach((a, i) => items.slice(i + 1).forEach((b) => { if (overlap(a, b)) clashes.push(`${id}: legend entries overlap`); }));
+    }
+    return clashes;
+}"""
+
+
+def test_presentation_mode_fits_plot_titles_and_legends_and_enlarges_the_step_through(playground, chromium):
+    """Issue #38 at 1440x1000: in presentation mode the enlarged legends ran into each other and the plots, titles
+    were cut off, and the step-through table (13.5 px) and small buttons (12 px) kept their desk sizes."""
+    page = open_page(chromium, playground, 1440, 1000)
+    try:
+        choose_scenario(page, SCENARIO)
+        page.wait_for_function(FINISHED, timeout=180_000)
+        page.wait_for_selector("#plot-acceptance .legend .traces", timeout=60_000)
+        page.click("#spec-present input")
+        page.wait_for_function("document.documentElement.classList.contains('spec-present')", timeout=10_000)
+        page.wait_for_function("parseFloat(getComputedStyle(document.querySelector('#plot-acceptance .legendtext'))"
+                               ".fontSize) >= 16", timeout=10_000)
+        try:                                            # Plotly redraws at the new sizes: let it settle
+            page.wait_for_function(f"({PLOT_CLASHES})().length === 0", timeout=10_000)
+        except PlaywrightTimeout:
+            pass
+        assert page.evaluate(PLOT_CLASHES) == []
+        assert font_px(page, "#plot-acceptance .gtitle") >= 18
+
+        page.get_by_role("tab", name="Step through", exact=True).click()
+        page.click("#step-forward")
+        page.wait_for_selector("#step-round table td.decision", timeout=120_000)
+        for cell in ("#step-round table td.decision", "#step-round table th", "#step-round .facts"):
+            assert font_px(page, cell) >= 18, cell
+        for button in ("#step-reset", "#step-forward", "#step-lesson", "#spec-sweep", "#spec-baseline"):
+            assert font_px(page, button) >= 16, button
     finally:
         page.close()

@@ -50,11 +50,23 @@ SCENARIO_CONTROLS = ("prompt", "target", "draft", "k", "temperature", "top_p", "
                      "rule", "chat")   # what handlers.apply_scenario sets, in its order (then the caption)
 RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }"
 RUN_WAITERS = 32            # run handlers at once: each waits at the gate on a thread (anyio's pool has 40)
+# Tab bars wrap onto a second row rather than hide the tabs that do not fit behind Gradio's "⋯" menu: at 1024 px the
+# lower bar's last tabs (What if, About) were hidden there, where a class never finds them.
+TAB_OVERFLOW = "wrap"
 THEME = gr.themes.Soft(primary_hue="emerald", secondary_hue="blue")
 
+# Below 1024 px Gradio stacks the two columns, which put the results after every control (the numbers 1,960 px and
+# the tokens 2,272 px below the top of Run at 390x844). There the controls column lends its children to the main row (display: contents) and `order` puts
+# the results column right after the Run row, the other controls after the results.
 LAYOUT_CSS = """
 .gradio-container { max-width: 1500px !important; }
 #spec-tokens { min-height: 200px; }
+@media (max-width: 1023px) {
+  #spec-main { flex-direction: column; }
+  #spec-controls { display: contents; }
+  #spec-results { order: 1; }
+  #spec-run-row ~ * { order: 2; }
+}
 """
 
 
@@ -74,14 +86,15 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         gr.Markdown(INTRO)
         model_md = gr.Markdown(f"⏳ Loading {reg.display_name(default_target)}…", elem_id="spec-model-status")
         c: dict[str, gr.components.Component] = {}
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=4, min_width=340):
+        with gr.Row(equal_height=False, elem_id="spec-main"):
+            with gr.Column(scale=4, min_width=340, elem_id="spec-controls"):
                 present = gr.Checkbox(False, label="Presentation mode (large type, high contrast)",
                                       elem_id="spec-present")
                 scenario = gr.Dropdown([(s.label, s.id) for s in presets.scenarios], value=None,
                                        label="Classroom scenario", info="Sets every control below and runs it",
                                        elem_id="spec-scenario")
-                with gr.Row():   # beside the scenario picker, so Run and the results share the first screen
+                # Beside the scenario picker, so Run and the results share the first screen (on a phone too: LAYOUT_CSS)
+                with gr.Row(elem_id="spec-run-row"):
                     run_btn = gr.Button("Run", variant="primary", elem_id="spec-run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="spec-stop")
                 caption = gr.Markdown("", elem_id="spec-caption")
@@ -124,10 +137,10 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                     c["auto_baseline"] = gr.Checkbox(True, label="Measure the speedup after each run (nothing drawn)")
                     c["show_spaces"] = gr.Checkbox(False, label="Show spaces as ·")
 
-            with gr.Column(scale=7, min_width=480):
+            with gr.Column(scale=7, min_width=480, elem_id="spec-results"):
                 out: dict[str, gr.components.Component] = {}
                 out["stats"] = gr.HTML(initial["stats"], css_template=render.CSS, elem_id="spec-stats")
-                with gr.Tabs():
+                with gr.Tabs(overflow_behavior=TAB_OVERFLOW):
                     with gr.Tab("Tokens"):
                         gr.HTML(render.legend_view(), css_template=render.CSS, elem_id="spec-legend")
                         out["tokens"] = gr.HTML(initial["tokens"], css_template=render.CSS, elem_id="spec-tokens",
@@ -150,7 +163,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                     out["speed_plot"] = gr.Plot(initial["speed_plot"], show_label=False, elem_id="plot-speed")
                 out["position_plot"] = gr.Plot(initial["position_plot"], show_label=False, elem_id="plot-position")
         shared = share.build_panel(demo, c, scenario, caption, presets, default_target)   # links, equivalent code
-        with gr.Tabs():
+        with gr.Tabs(overflow_behavior=TAB_OVERFLOW):
             with gr.Tab("Compare runs") as compare_tab:
                 with gr.Row():
                     axis = gr.Radio(list(plots.COMPARE_AXES), value="k", label="Compare by")

@@ -1,5 +1,6 @@
 """Take the README screenshot: `python -m ui.screenshot [docs/screenshot.png]`; the draft tree view's:
-`python -m ui.screenshot tree [docs/tree-view.png]`.
+`python -m ui.screenshot tree [docs/tree-view.png]`; presentation mode at 1440x1000, a 390x844 phone and the tab bar at
+1024x768 (issue #38): `python -m ui.screenshot classroom [docs]`.
 
 Launches the playground on a free local port, drives it in headless Chromium (Debian's /usr/bin/chromium
 through playwright) like a person would: the sampling scenario for the history, then the prompt-lookup scenario,
@@ -48,8 +49,8 @@ def launched():
     return demo, f"http://127.0.0.1:{port}/"
 
 
-def open_ready(browser, url: str, height: int):
-    page = browser.new_page(viewport={"width": 1440, "height": height}, device_scale_factor=1)
+def open_ready(browser, url: str, height: int, width: int = 1440):
+    page = browser.new_page(viewport={"width": width, "height": height}, device_scale_factor=1)
     page.goto(url)
     page.wait_for_selector("#spec-run", timeout=60_000)
     page.wait_for_function("document.querySelector('#spec-model-status').innerText.includes('ready')",
@@ -87,6 +88,51 @@ def tree_view(out: str = "docs/tree-view.png") -> None:
     print(f"saved {out}")
 
 
+PLOTS_PRESENTED = ("[...document.querySelectorAll('[id^=plot-] .js-plotly-plot')].filter(gd => gd.offsetParent)"
+                   ".every(gd => gd.layout.meta === 'spec-present')")
+
+
+def classroom_views(out_dir: str = "docs") -> None:
+    """presentation-mode.png: scenario 4 in presentation mode at 1440x1000 (the first 2,000 px: numbers, tokens and
+    the plots, one per row); narrow-390.png: the same run on a 390x844 phone, scrolled to Run (the results follow
+    it); tabs-1024.png: the lower tab bar at 1024x768, every tab in it."""
+    from playwright.sync_api import sync_playwright
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    demo, url = launched()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = open_ready(browser, url, 1000)
+            pick_scenario(page, "4. Prompt lookup")
+            page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Run 1 finished')",
+                                   timeout=600_000)
+            page.click("#spec-present input")
+            page.wait_for_function(PLOTS_PRESENTED, timeout=30_000)
+            time.sleep(1.0)
+            page.screenshot(path=str(out / "presentation-mode.png"), full_page=True,
+                            clip={"x": 0, "y": 0, "width": 1440, "height": 2000})
+            page.close()
+
+            page = open_ready(browser, url, 844, width=390)
+            pick_scenario(page, "4. Prompt lookup")
+            page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Run 1 finished')",
+                                   timeout=600_000)
+            page.evaluate("window.scrollTo(0, document.querySelector('#spec-run').getBoundingClientRect().top"
+                          " + window.scrollY - 8)")
+            time.sleep(0.5)
+            page.screenshot(path=str(out / "narrow-390.png"))
+            page.close()
+
+            page = open_ready(browser, url, 768, width=1024)
+            bar = page.locator(".tabs", has=page.get_by_role("tab", name="Compare runs", exact=True)).first
+            bar.locator("[role=tablist]").first.screenshot(path=str(out / "tabs-1024.png"))
+            browser.close()
+    finally:
+        demo.close()
+    print(f"saved {out}/presentation-mode.png, narrow-390.png, tabs-1024.png")
+
+
 def main(out: str = "docs/screenshot.png") -> None:
     from playwright.sync_api import sync_playwright
     demo, url = launched()
@@ -118,5 +164,7 @@ def main(out: str = "docs/screenshot.png") -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["tree"]:
         tree_view(*sys.argv[2:])
+    elif sys.argv[1:2] == ["classroom"]:
+        classroom_views(*sys.argv[2:])
     else:
         main(*sys.argv[1:])

@@ -13,8 +13,9 @@ A speculative draw runs whole rounds of k drafts (max_new_tokens = depth + k, so
 real run) until at least `depth` tokens are emitted, and keeps the first `depth`. EOS is not a stop here: the
 enumeration does not stop at it either. With the exact rule the draws follow the exact distribution, so the
 chi-square p-value is uniform on [0, 1]; with a wrong rule ("topp_membership", "no_residual") it drifts, and
-the p-value collapses as N grows. With a tree drafter (drafters/tree.py) the rounds are draft trees and the wrong
-rule is the tree's ("tree_best_sibling": every sibling judged against p itself, no residual between them).
+the p-value collapses as N grows. With a tree drafter (drafters/tree.py) the rounds are draft trees, judged by
+every rule that judges trees (core/tree_rule.py): exact, strict, typical, and the tree's own mistake
+("tree_best_sibling": every sibling judged against p itself, no residual between them).
 """
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ from spec_engine.core import timing
 from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate, validate_request
 from spec_engine.drafters import Drafter
 from spec_engine.core.sampling import SamplingParams, warp
-from spec_engine.core.tree_rule import WRONG_TREE
+from spec_engine.core.tree_rule import TREE_RULES, WRONG_TREE
 from spec_engine.core.verify import RULES
 
 PLAIN = "plain"
 SAMPLERS = (PLAIN,) + RULES                             # with a chain drafter
-TREE_SAMPLERS = (PLAIN, RULES[0]) + WRONG_TREE          # with a tree drafter: plain, the exact rule, the wrong one
+TREE_SAMPLERS = (PLAIN,) + TREE_RULES                 # with a tree drafter: plain, then every rule that judges trees
 MAX_DEPTH = 3
 MAX_FORWARD_SEQUENCES = 4096      # prefixes fed to the model per level of the enumeration
 MAX_OUTCOMES = 1_000_000          # sequences with positive probability kept in the exact distribution

@@ -64,9 +64,9 @@ RULE_INFO: dict[str, RuleInfo] = {info.name: info for info in (
              "residual max(0, p - q): exact for any draft.", True, "exact", trees=True),
     RuleInfo(STRICT, "strict (target's own draw)", "Keep x only when the target's own draw equals it, else emit that "
              "draw: exact for any draft, but a sampled draft is kept less often (p(x) instead of min(1, p/q)).",
-             True, "exact"),
+             True, "exact", trees=True),
     RuleInfo(TYPICAL, "typical acceptance (Medusa, lossy)", "Keep x when p(x) > min(0.09, 0.3 exp(-H(p))) (Medusa's "
-             "defaults): faster, and the text no longer follows the target's distribution.", False, "lossy"),
+             "defaults): faster, and the text no longer follows the target's distribution.", False, "lossy", trees=True),
     RuleInfo(Q_MISMATCH, "q before warping (transformers bug #32867)", "The exact rule with the draft's distribution "
              "before temperature / top-k / top-p: a shipped bug, invisible at temperature 1.", False, "mistake"),
     RuleInfo("topp_membership", "top-p membership (wrong)", "Keep any draft inside the target's top-p set: "

@@ -28,6 +28,17 @@ child's subtree was drawn given that child alone, so the next level starts afres
 tests/test_tree_rule.py proves it by exact enumeration. A chain is the tree whose nodes each have one child; the
 rule is then `rule.speculative_step`, draw for draw.
 
+The other rules on a tree (core/rule.py says what each is on a chain):
+
+  strict     the target's own draw at each node, kept when it is a child: the siblings are tried as if chosen, not
+             drawn (accept x_j with probability r(x_j), a refusal zeroes x_j out of r), whatever q they came from. A
+             chain's strict keeps x_i with probability p_i(x_i) and emits the target's own draw otherwise, the same
+             law (a draw-for-draw different cut of the uniform). Exact for any draft; q is not read.
+  typical    Medusa's typical acceptance on its candidate tree: a node passes when p(x) > min(epsilon, delta
+             exp(-H(p))) at its parent and its parent passed; the path kept is the deepest passing node's (the first
+             in node order among equals: Medusa keeps the candidate with the longest accepted prefix), and the token
+             after it is a draw from p there. No uniform decides a node. Lossy.
+
 `tree_step` takes its random draws explicitly: one uniform per node (read only if that node is tried) and one point
 where the emitted token's CDF is inverted, so that tests can enumerate them. It also returns what it did (the nodes
 tried with their acceptance probabilities, the distribution the token came from): the cells a proof cuts the draws
@@ -39,13 +50,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec_engine.core.rule import EXACT, RULE_INFO, inverse_cdf, residual
+from spec_engine.core.rule import EXACT, RULE_INFO, STRICT, TYPICAL, inverse_cdf, residual, typical_threshold
 
 DRAWS = ("with_replacement", "without_replacement", "deterministic")
 # The deliberately wrong tree rule, kept for the classroom: judge every sibling against p itself (no residual update
 # between siblings) and, if all are refused, correct from the residual of the last sibling alone. Extra siblings
 # become extra free chances, so the tree over-weights the draft's picks.
-WRONG_TREE = tuple(name for name, info in RULE_INFO.items() if info.trees and not info.exact)     # tree_best_sibling
+WRONG_TREE = tuple(name for name, info in RULE_INFO.items() if info.trees and not info.chains)    # tree_best_sibling
 TREE_RULES = tuple(name for name, info in RULE_INFO.items() if info.trees)                        # exact first
 
 
@@ -123,14 +134,18 @@ def tree_step(
     point: float,               # in [0, 1): where the emitted token's CDF is inverted
     rule: str = EXACT,
 ) -> TreeVerdict:
-    """Walk the tree from the root with recursive rejection sampling over siblings; see the module docstring."""
+    """Walk the tree from the root with recursive rejection sampling over siblings (strict: as if every sibling were
+    chosen, not drawn; typical: `tree_typical_step`); see the module docstring."""
     n = len(tree.tokens)
     assert p.shape[0] == n + 1 and len(uniforms) == n, (p.shape, n, len(uniforms))
+    if rule == TYPICAL:
+        return tree_typical_step(p, tree, point)
     accepted: list[int] = []
     tried: list[tuple[int, float]] = []
     node = -1
     while True:
-        chosen, left = try_siblings(p[node + 1], None if q is None else q[node + 1], tree.drawn[node + 1],
+        drawn = "deterministic" if rule == STRICT else tree.drawn[node + 1]
+        chosen, left = try_siblings(p[node + 1], None if q is None or rule == STRICT else q[node + 1], drawn,
                                     [(child, tree.tokens[child]) for child in tree.children(node)], uniforms, rule,
                                     tried)
         if chosen is None:
@@ -156,6 +171,22 @@ def try_siblings(p_row: torch.Tensor, q_row: torch.Tensor | None, drawn: str, si
         if drawn == "without_replacement":
             proposal = without(proposal, token)
     return None, left
+
+
+def tree_typical_step(p: torch.Tensor, tree: TokenTree, point: float) -> TreeVerdict:
+    """Medusa's typical acceptance on a tree (see the module docstring): p [n + 1, vocab] at the root and after every
+    node. `tried` holds every node judged (its parent on the kept path or the root) with 1.0 if it passed, else 0.0."""
+    n = len(tree.tokens)
+    thresholds = [typical_threshold(p[i]) for i in range(n + 1)]
+    passed: list[bool] = []
+    for token, parent in zip(tree.tokens, tree.parents):
+        passed.append(float(p[parent + 1][token]) > thresholds[parent + 1] and (parent < 0 or passed[parent]))
+    depth = tree.depths()
+    deepest = max((i for i in range(n) if passed[i]), key=lambda i: (depth[i], -i), default=-1)
+    path = tree.path_to(deepest)
+    judged = {-1, *path}
+    tried = [(i, 1.0 if passed[i] else 0.0) for i in range(n) if tree.parents[i] in judged]
+    return TreeVerdict(path, inverse_cdf(p[deepest + 1], point), tried, p[deepest + 1])
 
 
 def one_hot_like(row: torch.Tensor, token: int) -> torch.Tensor:

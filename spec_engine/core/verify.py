@@ -74,12 +74,10 @@ def rule_acceptance(rule: str, target_p: float, draft_q: float) -> float:
 
 
 def accept_chances(rule: str, target_probs: torch.Tensor, target_p: list[float], draft_q: list[float]) -> list[float]:
-    """Each draft token's chance of being kept, [n]. typical: 1 or 0 (its threshold decides, no draw); strict: p(x_i),
-    shown only (the target's own draw decides, `settle`); the others: `rule_acceptance`."""
+    """Each draft token's chance of being kept, [n]. typical: 1 or 0 (its threshold decides, no draw); the others
+    but strict (`settle_strict`): `rule_acceptance`."""
     if rule == TYPICAL:
         return [1.0 if p > typical_threshold(target_probs[i]) else 0.0 for i, p in enumerate(target_p)]
-    if rule == STRICT:
-        return list(target_p)
     return [rule_acceptance(rule, p, q) for p, q in zip(target_p, draft_q)]
 
 

@@ -500,7 +500,7 @@ def round_html(session: StepSession) -> str:
                 'verify the first round.</div></div>')
     facts = "".join(f"<div>{line}</div>" for line in round_facts(ev, session.labeler, session.options))
     return (f'<div class="spec-step"><div class="facts">{facts}</div>'
-            f"{decision_table_html(ev, session.labeler, session.options)}</div>")
+            f'<div class="scroll">{decision_table_html(ev, session.labeler, session.options)}</div></div>')
 
 
 def kv_section(session: StepSession | None) -> str:

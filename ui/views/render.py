@@ -80,13 +80,17 @@ CSS = """
 # Presentation mode, for a projector: large type and fills that survive a washed-out image (saturated mid-tones
 # with dark 2 px borders instead of pastels). The redundant coding stays: rejected struck through, corrections and
 # bonuses bold, discarded dashed. Every rule sits under `html.spec-present`, a class PRESENTATION_JS toggles in the
-# browser (no server round-trip); !important outranks the inline font sizes Plotly writes on its SVG text, so the
-# plots follow without being redrawn. Gradio nests each component's css_template under the component's id, so every
-# selector below gets an id's weight from `:not(#spec-id-weight)` (which matches every element).
+# browser (no server round-trip). Tick labels and axis titles follow by CSS (!important outranks the inline sizes
+# Plotly writes on its SVG text); titles and legends are sized by PLOT_PRESENT_JS instead, since Plotly places them
+# by their measured size. Plots take the full width, one per row, so their titles fit. The step-through's table
+# (stepper.STEP_CSS) and the small buttons grow too. Gradio nests each component's css_template under the
+# component's id, so every selector below gets an id's weight from `:not(#spec-id-weight)` (which matches every
+# element).
 PRESENTATION_CSS = """
 html.spec-present { --body-text-color: #000; --body-text-color-subdued: #1f2937; --block-label-text-color: #111827;
   --block-info-text-color: #1f2937; --block-label-text-size: 16px; --block-info-text-size: 15px;
-  --text-md: 17px; --text-lg: 19px; --input-text-size: 17px; }
+  --text-md: 17px; --text-lg: 19px; --input-text-size: 17px; --button-small-text-size: 16px;
+  --button-medium-text-size: 17px; --button-large-text-size: 18px; }
 html.spec-present #spec-caption p, html.spec-present #spec-explain p { font-size: 18px; line-height: 1.45; color: #000; }
 html.spec-present .spec-view { font-size: 24px; line-height: 2.0; color: #000; }
 html.spec-present .spec-view .legend { font-size: 15px; line-height: 1.7; }
@@ -114,15 +118,67 @@ html.spec-present .spec-stats .msg { font-size: 16px; color: #111827; }
 html.spec-present .spec-tokcmp { font-size: 20px; }
 html.spec-present .spec-tokcmp .lbl { font-size: 16px; color: #111827; }
 html.spec-present #spec-tip { font-size: 17px; max-width: 520px; }
-html.spec-present .js-plotly-plot .xtick text, html.spec-present .js-plotly-plot .ytick text,
-html.spec-present .js-plotly-plot .legendtext { font-size: 16px !important; fill: #000 !important; }
+html.spec-present .js-plotly-plot .xtick text, html.spec-present .js-plotly-plot .ytick text {
+  font-size: 16px !important; fill: #000 !important; }
 html.spec-present .js-plotly-plot .g-xtitle text, html.spec-present .js-plotly-plot .g-ytitle text,
 html.spec-present .js-plotly-plot .annotation-text { font-size: 17px !important; fill: #000 !important; }
-html.spec-present .js-plotly-plot .gtitle { font-size: 19px !important; fill: #000 !important; }
+html.spec-present .js-plotly-plot .gtitle, html.spec-present .js-plotly-plot .legendtext { fill: #000 !important; }
+html.spec-present .row:has(> .block .js-plotly-plot) { flex-wrap: wrap; }
+html.spec-present .row:has(> .block .js-plotly-plot) > .block { min-width: 100% !important; }
+html.spec-present .spec-step { font-size: 18px; }
+html.spec-present .spec-step th { font-size: 18px; color: #111827; }
+html.spec-present .spec-step .muted { color: #1f2937; }
+html.spec-present .spec-step .kvbar { height: 14px; }
 """.replace("html.spec-present", "html.spec-present:not(#spec-id-weight)")
 
-# The presentation-mode checkbox's js= handler: installs PRESENTATION_CSS once, toggles the class on <html>, and
-# lets Plotly re-measure its plots.
+# Presentation mode's plot layout, installed once by PRESENTATION_JS: larger title, legend and axis fonts, and the
+# legend pinned to the figure's bottom edge, where Plotly reserves a margin for it (under the x-axis title, never on
+# the plot). Plotly places titles and legends by their measured size, so the sizes go through Plotly.relayout (CSS
+# alone enlarged entries Plotly had spaced for 10 px: they ran into each other and the plot), and again after every
+# redraw: each streamed round brings the server's layout back. `meta` marks a layout that has them; turning the mode
+# off restores the values they replaced. A title still wider than its figure is shrunk until it fits.
+PLOT_PRESENT_JS = r"""
+if (!window.__specPlots) {
+  const PRESENT = {"font.size": 16, "title.font.size": 19, "legend.font.size": 16, "legend.yref": "container",
+                   "legend.y": 0, "legend.yanchor": "bottom", "margin.b": 40, "meta": "spec-present"};
+  const get = (obj, path) => path.split(".").reduce((o, k) => (o == null ? undefined : o[k]), obj);
+  const on = () => document.documentElement.classList.contains("spec-present");
+  const fitTitle = (gd) => {
+    const title = gd.querySelector(".gtitle");
+    if (!title || !gd._fullLayout) return;
+    const box = title.getBBox(), room = gd._fullLayout.width - 6 - box.x;
+    if (box.width > room && room > 0) {
+      return Plotly.relayout(gd, {"title.font.size": Math.max(10, Math.floor(19 * room / box.width))});
+    }
+  };
+  const sync = (gd) => {
+    if (gd.__specBusy || !gd.layout) return;
+    const applied = gd.layout.meta === "spec-present";
+    let change = null;
+    if (on() && !applied) {
+      gd.__specSaved = Object.fromEntries(Object.keys(PRESENT).map((key) => [key, get(gd.layout, key) ?? null]));
+      change = PRESENT;
+    } else if (!on() && applied) {
+      change = gd.__specSaved || {meta: null};
+    }
+    if (!change) return;
+    gd.__specBusy = true;
+    Promise.resolve(Plotly.relayout(gd, change)).then(() => on() && fitTitle(gd))
+      .finally(() => { gd.__specBusy = false; sync(gd); });
+  };
+  window.__specPlots = () => {
+    if (!window.Plotly) return;
+    for (const gd of document.querySelectorAll(".js-plotly-plot")) {
+      if (!gd.__specHooked && gd.on) { gd.__specHooked = true; gd.on("plotly_afterplot", () => sync(gd)); }
+      sync(gd);
+    }
+  };
+  setInterval(window.__specPlots, 1000);      // plots drawn later (another tab, a new run) join within a second
+}
+"""
+
+# The presentation-mode checkbox's js= handler: installs PRESENTATION_CSS and PLOT_PRESENT_JS once, toggles the class
+# on <html>, re-lays out the plots and lets Plotly re-measure their widths.
 PRESENTATION_JS = """(on) => {
   if (!document.getElementById("spec-present-css")) {
     const style = document.createElement("STYLE");
@@ -130,10 +186,12 @@ PRESENTATION_JS = """(on) => {
     style.textContent = %s;
     document.head.appendChild(style);
   }
+  %s
   document.documentElement.classList.toggle("spec-present", Boolean(on));
+  window.__specPlots();
   setTimeout(() => window.dispatchEvent(new Event("resize")), 50);
   return [];
-}""" % json.dumps(PRESENTATION_CSS)
+}""" % (json.dumps(PRESENTATION_CSS), PLOT_PRESENT_JS)
 
 # A floating tooltip for every `.spec-view .tok[data-tip]` on the page, installed once by the token views'
 # js_on_load. It is position: fixed, so it is never clipped by the scrolling token view; its text is set with
