@@ -290,8 +290,8 @@ def test_a_burst_of_joins_cannot_pass_the_queue_size(playground_registry):
         held = demo._queue.joining                 # every place held during admission was given back
     finally:
         # the accepted runs wait at the engine's gate, which outlives this demo (process-wide, as the model is), and
-        # their handlers keep running after it closes: each is stopped as its visitor's Stop would, then the gate
-        # is emptied before the next test needs it
+        # their handlers may keep running after it closes: each is stopped as its visitor's Stop would, so that the
+        # one decoding frees the cores (the next test gets a fresh gate: conftest's own_class_state)
         sessions = [value for hash_ in list(demo.state_holder.session_data)
                     for value in demo.state_holder.session_data[hash_].state_data.values()
                     if isinstance(value, SessionState)]
@@ -300,8 +300,7 @@ def test_a_burst_of_joins_cannot_pass_the_queue_size(playground_registry):
         demo.close()
         limits.configure(previous)
     from test_app_faults import wait_until
-    assert wait_until(lambda: coalesce.GATE.busy <= before[0] and coalesce.GATE.wait_line() <= before[1],
-                      timeout=60, poll=0.2), (before, coalesce.GATE.busy, coalesce.GATE.wait_line())
+    wait_until(lambda: coalesce.GATE.busy <= before[0], timeout=30, poll=0.2)     # best effort: the cores, not a check
     accepted = codes.count(200)
     FIGURES["burst joins"] = n
     FIGURES["burst accepted"] = accepted

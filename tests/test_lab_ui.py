@@ -162,7 +162,32 @@ def test_the_app_exposes_both_endpoints_and_stop_cancels_them(playground_registr
     assert {ids["lab_exactness"], ids["lab_sweep"]} <= set(cancel.cancels)
     for name in ("lab_exactness", "lab_sweep"):
         fn = next(f for f in fns if f.api_name == name)
-        assert fn.concurrency_id == "compute" and fn.concurrency_limit == run.concurrency_limit
+        assert fn.concurrency_id == "compute" and fn.concurrency_id != run.concurrency_id
+
+
+def test_a_labs_work_waits_for_its_turn_at_the_engines_gate():
+    """Runs wait at the engine's gate, not in Gradio's "compute" group; the lab and the sweeps take a turn there too
+    (compute.pull(gated=True)), so they never decode beside a run beyond the concurrency."""
+    import threading
+    from ui.playground import coalesce, compute
+    gate = coalesce.Gate(capacity=lambda: 1)
+    coalesce.GATE = gate                       # the fixture own_class_state gives the next test a fresh one
+    started = threading.Event()
+
+    def work():
+        started.set()
+        yield "drawn"
+
+    for _ in gate.enter():                     # another computation takes the empty gate's only turn
+        pass
+    results = []
+    puller = threading.Thread(target=lambda: results.extend(compute.pull(work(), threading.Event(), gated=True)))
+    puller.start()
+    puller.join(0.5)
+    assert not started.is_set() and puller.is_alive()          # waits while another computation holds the gate
+    gate.leave(next(iter(gate.running)), 0.1)
+    puller.join(10)
+    assert started.is_set() and results == ["drawn"] and gate.busy == 0
 
 
 def test_the_validators_name_every_bad_input_at_once(playground_registry):

@@ -375,7 +375,7 @@ def draw_all(run: LabRun, job: LabJob, level: str, state, progress):
     s = run.settings
     samplers = samplers_of(s)
     total = s.n * len(samplers)
-    for item in gpu_calls.pull(lab_job(job, gpu_calls.Stop(state.stop_event)), state.stop_event):
+    for item in gpu_calls.pull(lab_job(job, gpu_calls.Stop(state.stop_event)), state.stop_event, gated=True):
         if isinstance(item, Exact):
             run.exact, run.seconds_exact = item.distribution, item.seconds
             continue

@@ -206,7 +206,7 @@ def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progr
     progress(0, desc=f"run 1 of {total}")
     yield sweep_view(rows, axis, f"Running {total} runs ({len(points)} settings × {repeats}; plain decoding is "
                                  f"measured once per sampling setting and pass)… {about}", sized)
-    for row in compute.pull(sweep_job(job, compute.Stop(budget.stop_event)), budget.stop_event):
+    for row in compute.pull(sweep_job(job, compute.Stop(budget.stop_event)), budget.stop_event, gated=True):
         rows.append(row)
         progress(len(rows) / total, desc=f"{len(rows)} of {total} runs done")
         yield sweep_view(rows, axis, f"Measured {axis} = {row.value}, repeat {row.repeats} of {repeats} "

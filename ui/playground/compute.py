@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 import spec_engine as se
 from spec_engine.drafters.sizing import Sizing, pinned_costs
 
-from ui.playground import runner
+from ui.playground import coalesce, runner
 from ui.playground import registry as reg
 from ui.playground.state import RunSettings
 
@@ -259,11 +259,19 @@ def call_seconds(budget: runner.Budget, tokens: int, share: float | None = None)
     return seconds
 
 
-def pull(work: Iterator, stop: threading.Event, done: Callable[[], bool] = lambda: False) -> Iterator:
+def pull(work: Iterator, stop: threading.Event, done: Callable[[], bool] = lambda: False,
+         gated: bool = False) -> Iterator:
     """The results of a GPU function until it ends, Stop is set or `done()` holds; it is closed either way (on
-    ZeroGPU that ends the worker's loop, see the module's docstring)."""
+    ZeroGPU that ends the worker's loop, see the module's docstring). `gated`: the work starts only at its turn at
+    the engine's gate (coalesce.py), where runs wait too, so a lab or a sweep never decodes beside a run beyond
+    the concurrency (a run passes False: it waits at the gate itself, showing its place in line)."""
+    if gated:
+        inner = work                # a generator: nothing runs before its turn
+        work = coalesce.gated(lambda: inner, stop.is_set)
     try:
         for item in work:
+            if isinstance(item, (coalesce.Waiting, coalesce.Label)):
+                continue            # these callers show Gradio's progress while they wait, not a place in line
             yield item
             if stop.is_set() or done():
                 return
