@@ -197,3 +197,53 @@ def test_compare_runs_names_scenario_runs_and_compares_the_selected_ones():
     assert [s["run_id"] for s, _ in state.compared()] == [1]
     handlers.clear_history(state)
     assert state.compare_runs == [] and state.compared() == []
+
+
+# Where the time goes (issue #35): the timed run's clocks, not the live run's, over the plain run's mean step.
+TIMED_CLOCKS = [(0.004, 0.012, 0.019), (0.006, 0.010, 0.020), (0.002, 0.011, 0.015)]    # draft, verify, round
+PLAIN_STEPS = [0.008, 0.009, 0.013]                 # mean 0.010 s (the unit); the median, 0.009, would differ
+
+
+def timed_record(plain: bool = True):
+    """A finished run as handlers.decode leaves it: live rounds (run_rounds' clocks: 0.01, 0.02, 0.03 s), the same
+    rounds re-decoded without drawing with TIMED_CLOCKS (runner.keep_timing), and plain decoding (keep_baseline)."""
+    import dataclasses
+
+    import spec_engine as se
+    from test_trace import TinyLabeler
+    from ui.views.render import RenderOptions
+    state = SessionState()
+    record = state.new_run(settings(), "layer-skip", [1, 2, 3])
+    record.rounds.extend(run_rounds())
+    timed = [dataclasses.replace(r, draft_seconds=d, verify_seconds=v, round_seconds=w)
+             for r, (d, v, w) in zip(record.rounds, TIMED_CLOCKS)]
+    runner.keep_timing(record, state, se.GenerationResult(record.tokens, timed, 3, 0.001, 0.055, "max_new_tokens",
+                                                          se.run_stats(timed, 0.055)))
+    if plain:
+        runner.keep_baseline(record, state, se.BaselineResult(list(range(4)), 3, 0.001, 0.031, PLAIN_STEPS,
+                                                              "max_new_tokens"))
+    state.finish(record)
+    return runner.Prepared(record.settings, record.prompt_ids, TinyLabeler(), RenderOptions(), record), state
+
+
+def test_time_strip_is_the_timed_rounds_clocks_over_one_plain_step():
+    from ui.playground import handlers
+    prep, state = timed_record()
+    fig = dict(zip(handlers.RUN_OUTPUTS, handlers.run_view(prep, state, final=True)))["time_plot"]
+    assert list(trace(fig, "draft").y) == pytest.approx([0.4, 0.6, 0.2])
+    assert list(trace(fig, "verify").y) == pytest.approx([1.2, 1.0, 1.1])
+    assert list(trace(fig, "overhead").y) == pytest.approx([0.3, 0.4, 0.2])          # round - draft - verify
+    assert list(trace(fig, "tokens emitted").y) == [3, 5, 1]
+    assert list(trace(fig, "1 plain step").y) == [1, 1]
+    assert "1.80 plain steps a round" in fig.layout.title.text and "1 step = 10.0 ms" in fig.layout.title.text
+
+
+def test_time_strip_waits_for_the_timed_run_and_plain_decoding():
+    from ui.playground import handlers
+    no_plain = timed_record(plain=False)
+    no_timing = timed_record()
+    no_timing[0].record.timing = None                   # plain decoding measured, the timed run not (yet)
+    for prep, state in (no_plain, no_timing):
+        fig = dict(zip(handlers.RUN_OUTPUTS, handlers.run_view(prep, state, final=True)))["time_plot"]
+        assert not fig.data and fig.layout.annotations[0].text == plots.TIME_PENDING
+    assert not handlers.initial_outputs()["time_plot"].data

@@ -45,6 +45,9 @@ TREE_CAPTION = ("A tree draft (lookup-tree, layer-skip-tree, eagle-tree, eagle+l
                 "nodes costs more than a plain step, so a tree is often slower than plain decoding here (the numbers "
                 "above say so, with its costs, when it is); eagle+lookup-tree at k = 8 is the one measured faster "
                 "(1.47x over 24 held-out prompts).")
+TIME_CAPTION = ("**Where the time goes**, each round of the timed run in plain decoding steps: a round pays for itself "
+                "when its tokens (◆) exceed its cost (the bar: draft + verify + overhead). On a CPU the verify bar grows "
+                "with the rows a round checks; on a GPU verifying a few rows costs about one step (the dashed line).")
 TOKEN_VIEW_HEIGHT = 430      # px; longer outputs scroll (and follow the newest round) so the plots stay in view
 SCENARIO_CONTROLS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
                      "rule", "chat")   # what handlers.apply_scenario sets, in its order (then the caption)
@@ -161,6 +164,8 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 with gr.Row():
                     out["forward_plot"] = gr.Plot(initial["forward_plot"], show_label=False, elem_id="plot-forward")
                     out["speed_plot"] = gr.Plot(initial["speed_plot"], show_label=False, elem_id="plot-speed")
+                gr.Markdown(TIME_CAPTION, elem_id="spec-time-caption")
+                out["time_plot"] = gr.Plot(initial["time_plot"], show_label=False, elem_id="plot-time")
                 out["position_plot"] = gr.Plot(initial["position_plot"], show_label=False, elem_id="plot-position")
         shared = share.build_panel(demo, c, scenario, caption, presets, default_target)   # links, equivalent code
         with gr.Tabs(overflow_behavior=TAB_OVERFLOW):

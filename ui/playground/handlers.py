@@ -44,7 +44,8 @@ MISMATCH_MAX_NEW_TOKENS = 40
 RUN_INPUTS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
               "chat", "skip_layers", "exit_after", "auto_baseline", "show_spaces")
 RUN_OUTPUTS = ("tokens", "stats", "text", "acceptance_plot", "accepted_plot", "forward_plot", "speed_plot",
-               "kv_plot", "kv_table", "history", "compare_plot", "summary", "explain", "tree_plot", "position_plot")
+               "kv_plot", "kv_table", "history", "compare_plot", "summary", "explain", "tree_plot", "position_plot",
+               "time_plot")
 MISMATCH_OUTPUTS = ("mm_status", "mm_table", "mm_plot", "mm_views", "mm_tokenization", "history", "compare_plot")
 MISMATCH_COLUMNS = ["draft", "what the target receives", "acceptance", "tokens/forward", "tok/s", "rounds", "note"]
 
@@ -206,6 +207,9 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
         pd.DataFrame(plots.kv_rows(record.rounds), columns=plots.KV_COLUMNS),
     ) if with_plots or final else (gr.skip(),) * 6
     tree_plot = tree.tree_figure(record.rounds, prep.labeler, prep.options) if with_plots or final else gr.skip()
+    # Where the time goes: the timed run's clocks against the plain run's step, once both are measured
+    time_plot = (plots.time_figure(speed_rounds, baseline if record.timing is not None else None)
+                 if with_plots or final else gr.skip())
     return (
         tokens,
         render.stats_html(summary, status),
@@ -218,6 +222,7 @@ def run_view(prep: runner.Prepared, state: SessionState, status: str | None = No
         if final else RUNNING_EXPLANATION,
         tree_plot,
         plots.position_figure(record.rounds) if with_plots or final else gr.skip(),
+        time_plot,
     )
 
 
@@ -245,7 +250,7 @@ def initial_outputs() -> dict[str, object]:
         "kv_plot": plots.kv_figure([]), "kv_table": pd.DataFrame([], columns=plots.KV_COLUMNS),
         "history": pd.DataFrame([], columns=HISTORY_COLUMNS), "compare_plot": plots.comparison_figure([]),
         "summary": {}, "explain": "", "tree_plot": tree.tree_figure([], None),
-        "position_plot": plots.position_figure([]),
+        "position_plot": plots.position_figure([]), "time_plot": plots.time_figure([]),
     }
     return empty
 

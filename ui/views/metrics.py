@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import accumulate
 
 from spec_engine import (acceptance_by_position, acceptance_rate, expected_tokens_by_position,  # noqa: F401
@@ -65,3 +66,35 @@ def cost_fields(rounds, baseline) -> dict:
     return {"draft_cost": model.draft_cost, "verify_cost": model.verify_cost, "overhead_cost": model.overhead_cost,
             "predicted_tokens_per_forward": model.expected_tokens_per_round,
             "predicted_speedup": model.predicted_speedup}
+
+
+def plain_step_seconds(baseline) -> float | None:
+    """One plain decoding step: the mean of the plain run's per-step times (the unit `speedup_model` and
+    `cost_fields` use, so the strip and the cost fields agree); None without a measured step."""
+    steps = [float(s) for s in (getattr(baseline, "step_seconds", None) or ())]
+    step = sum(steps) / len(steps) if steps else 0.0
+    return step if step > 0 else None
+
+
+@dataclass(frozen=True)
+class RoundCost:
+    """Where one round's time went, in plain decoding steps (a round that emits more tokens than it costs steps
+    beat plain decoding). Overhead is the round's time outside draft and verify (sampling, the rule, trimming,
+    bookkeeping), clamped at 0 as in `speedup_model`."""
+
+    round: int              # 1-based round number
+    draft: float            # draft_seconds / plain step
+    verify: float           # verify_seconds / plain step
+    overhead: float         # (round_seconds - draft_seconds - verify_seconds) / plain step
+    tokens: int             # tokens the round emitted
+
+
+def round_costs(rounds, baseline) -> list[RoundCost]:
+    """Each round's draft, verify and overhead in plain steps (`plain_step_seconds`); [] without rounds or a
+    plain step. Give it the timed run's rounds: the live run's clocks ran while the browser drew them."""
+    step = plain_step_seconds(baseline)
+    if step is None:
+        return []
+    return [RoundCost(r.index + 1, r.draft_seconds / step, r.verify_seconds / step,
+                      max(0.0, r.round_seconds - r.draft_seconds - r.verify_seconds) / step, len(r.emitted))
+            for r in rounds]

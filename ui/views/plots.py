@@ -163,6 +163,39 @@ def speed_figure(rounds, baseline=None) -> go.Figure:
     return figure(traces, layout(title, "seconds (engine time)", "tokens generated", annotations=notes))
 
 
+TIME_TITLE = "Where the time goes"
+TIME_PENDING = "Appears once the speed is measured: the run timed again and plain decoding, nothing drawn"
+
+
+def time_figure(rounds, baseline=None) -> go.Figure:
+    """Each round's draft, verify and overhead stacked in plain decoding steps (metrics.round_costs), the tokens
+    it emitted beside them, and a dashed line at one step (what verifying costs on a GPU). Give it the timed
+    run's rounds and the plain run measured with it; without both it says when it will appear."""
+    costs = metrics.round_costs(rounds, baseline) if rounds else []
+    if not costs:
+        return empty_figure(TIME_TITLE, TIME_PENDING)
+    x = [c.round for c in costs]
+    step_ms = 1000 * metrics.plain_step_seconds(baseline)
+    hover = "round %{x}: %{y:.2f} plain steps<extra>%{fullData.name}</extra>"
+    traces = [
+        {"type": "bar", "x": x, "y": [getattr(c, part) for c in costs], "name": part, "marker": {"color": color},
+         "hovertemplate": hover}
+        for part, color in (("draft", COLORS["draft"]), ("verify", COLORS["target"]), ("overhead", "#c4c8cf"))
+    ]
+    traces += [
+        scatter(x, [c.tokens for c in costs], "tokens emitted", "markers", hovertemplate="round %{x}: %{y} tokens",
+                marker={"color": COLORS["accepted"], "symbol": "diamond", "size": 7, "line": {"color": "white", "width": 1}}),
+        scatter([x[0] - 0.5, x[-1] + 0.5], [1, 1], "1 plain step", line={"color": COLORS["plain"], "dash": "dash",
+                                                                          "width": 1.5}, hoverinfo="skip"),
+    ]
+    n = len(costs)
+    mean = {part: sum(getattr(c, part) for c in costs) / n for part in ("draft", "verify", "overhead")}
+    tokens = sum(c.tokens for c in costs) / n
+    title = (f"{TIME_TITLE}: {sum(mean.values()):.2f} plain steps a round for {tokens:.2f} tokens (draft "
+             f"{mean['draft']:.2f}, verify {mean['verify']:.2f}, overhead {mean['overhead']:.2f}; 1 step = {step_ms:.1f} ms)")
+    return figure(traces, layout(title, "round (timed run)", "plain decoding steps", barmode="stack", bargap=0.15))
+
+
 def kv_figure(rounds) -> go.Figure:
     """Cache lengths per round: after the verify forward (before trimming) and after trimming."""
     if not rounds:
