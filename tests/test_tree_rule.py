@@ -314,6 +314,21 @@ def test_the_deepest_passing_path_wins_under_typical_and_strict_ignores_q():
             assert (strict.accepted, strict.token) == (chosen.accepted, chosen.token), (q, u)
 
 
+def test_typical_keeps_the_first_deepest_path_and_reports_each_judged_node():
+    """A deeper node may come before a shallower one in node order: the deepest passing node wins, the first in
+    node order among equals, and every judged node is reported with 1.0 if it passed, 0.0 if not. A draft exactly
+    at its threshold is refused (Medusa's strict >)."""
+    row = [0.4, 0.3, 0.25, 0.05]                            # threshold min(0.09, 0.3 exp(-H)) = 0.09: token 3 fails
+    p = torch.tensor([row] * 6, dtype=torch.float64)
+    #                           A  A's child  B  B's child  a failing sibling of A and B
+    tree = TokenTree.of([0, 1, 2, 0, 3], [-1, 0, -1, 2, -1])
+    verdict = tree_step(p, None, tree, [0.5] * 5, 0.5, "typical")
+    assert verdict.accepted == [0, 1]
+    assert verdict.tried == [(0, 1.0), (1, 1.0), (2, 1.0), (4, 0.0)]
+    at_threshold = torch.tensor([[0.91, 0.09], [0.5, 0.5]], dtype=torch.float64)
+    assert tree_step(at_threshold, None, TokenTree.of([1], [-1]), [0.5], 0.1, "typical").accepted == []
+
+
 def test_a_second_sibling_gets_the_residual_not_p():
     """Forced case: p = [0.5, 0.5, 0], siblings 0 then 1 drawn with replacement from q = [0.5, 0.5, 0]. Sibling 0 is
     accepted with probability 1; were it refused, the residual max(0, p - q) would be empty. With q = [1, 0, 0]
