@@ -236,7 +236,7 @@ def main() -> None:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     lines = [
-        "# Planted bugs (issues #29 and #34), each against the tests that must catch it",
+        "# Planted bugs (issues #29, #34 and #37), each against the tests that must catch it",
         "",
         "```bash",
         "nice -n 10 " + " ".join(["python", "-m", "bench.planted_bugs", *sys.argv[1:]]),
