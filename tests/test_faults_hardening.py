@@ -444,9 +444,10 @@ def test_a_job_cancelled_while_queued_never_runs_and_gives_its_place_back(playgr
 
 # ------------------------------------------------------- 7. a long prefill against the time limit and Stop
 
-def long_prompt(tokens: int) -> str:
-    """Plain text (chat off) of at least `tokens` tokens of the default target, well inside its context."""
-    tokenizer = reg.REGISTRY.loaded(TARGET).tokenizer
+def long_prompt(tokens: int, tokenizer=None) -> str:
+    """Plain text (chat off) of at least `tokens` tokens of the default target (its tokenizer as the registry
+    loaded it, or `tokenizer`), well inside its context."""
+    tokenizer = tokenizer or reg.REGISTRY.loaded(TARGET).tokenizer
     lines = [f"Line {i}: the tide comes in and goes out again over the grey sand." for i in range(tokens // 10)]
     text = " ".join(lines)
     assert tokens <= len(tokenizer(text)["input_ids"]) < tokens * 2
@@ -528,7 +529,7 @@ def test_chunked_prefill_of_a_real_prompt_keeps_greedy_identity(smollm2, chunk):
     from spec_engine.core import speed
     from spec_engine.core.cache import PREFILL_CHUNK
     assert chunk in (64, PREFILL_CHUNK)
-    ids = smollm2.encode_prompt(long_prompt(2 * chunk + 1), chat=False)
+    ids = smollm2.encode_prompt(long_prompt(2 * chunk + 1, smollm2.tokenizer), chat=False)
     assert ids.shape[1] > 2 * chunk
     tokens = {}
     for layer in ("cpu", "off"):
