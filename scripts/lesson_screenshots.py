@@ -1,4 +1,4 @@
-"""Screenshots of the six "check yourself" points of docs/lesson.md, each at most two clicks from a fresh page.
+"""Screenshots of the "check yourself" points of docs/lesson.md, each at most two clicks from a fresh page.
 
 Usage: .venv/bin/python scripts/lesson_screenshots.py http://127.0.0.1:7860/ docs/lesson [names...]
 A point that does not reach its result leaves NAME-failed.png beside the others.
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-POINTS = ["1-reject-4-of-5", "2-distribution", "3-top-p", "4-naive-ids", "5-kv-growth", "6-formula"]
+POINTS = ["1-reject-4-of-5", "2-distribution", "3-top-p", "3b-rules", "4-naive-ids", "5-kv-growth", "6-formula"]
 WAIT = 900_000      # ms: a busy two-core machine
 
 
@@ -44,7 +44,7 @@ def take(page, out, name):
         page.click("#step-lesson")
         page.wait_for_function("document.querySelector('#step-status')?.innerText.includes('Round')", timeout=WAIT)
         shot(page, out, name, "#step-round")
-    elif name in ("2-distribution", "3-top-p"):      # the tab, then "Run the exactness lab"
+    elif name in ("2-distribution", "3-top-p", "3b-rules"):      # the tab, then "Run the exactness lab"
         tab(page, "Exactness lab")
         page.click("#lab-run")
         page.wait_for_function("document.querySelector('#lab-status')?.innerText.includes('Done')", timeout=WAIT)
