@@ -167,7 +167,7 @@ def test_the_app_exposes_both_endpoints_and_stop_cancels_them(playground_registr
 
 def test_a_labs_work_waits_for_its_turn_at_the_engines_gate():
     """Runs wait at the engine's gate, not in Gradio's "compute" group; the lab and the sweeps take a turn there too
-    (compute.pull(gated=True)), so they never decode beside a run beyond the concurrency."""
+    (compute.pull(gated=True)), so they never decode beside a run beyond the concurrency, and see their place."""
     import threading
     from ui.playground import coalesce, compute
     gate = coalesce.Gate(capacity=lambda: 1)
@@ -187,7 +187,9 @@ def test_a_labs_work_waits_for_its_turn_at_the_engines_gate():
     assert not started.is_set() and puller.is_alive()          # waits while another computation holds the gate
     gate.leave(next(iter(gate.running)), 0.1)
     puller.join(10)
-    assert started.is_set() and results == ["drawn"] and gate.busy == 0
+    assert started.is_set() and results[-1] == "drawn" and gate.busy == 0
+    waits = results[:-1]                       # its place in line while it waited, for the lab's page to show
+    assert waits and all(isinstance(w, coalesce.Waiting) and w.position == 1 for w in waits)
 
 
 def test_the_validators_name_every_bad_input_at_once(playground_registry):

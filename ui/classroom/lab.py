@@ -21,7 +21,7 @@ import spec_engine as se
 from spec_engine.classroom import lab, toy
 
 from ui.playground import compute as gpu_calls
-from ui.playground import handlers, limits, runner, validate
+from ui.playground import coalesce, handlers, limits, runner, validate
 from ui.views import lab_plots
 from ui.playground import registry as reg
 from ui.views.render import esc, show_text
@@ -376,6 +376,9 @@ def draw_all(run: LabRun, job: LabJob, level: str, state, progress):
     samplers = samplers_of(s)
     total = s.n * len(samplers)
     for item in gpu_calls.pull(lab_job(job, gpu_calls.Stop(state.stop_event)), state.stop_event, gated=True):
+        if isinstance(item, coalesce.Waiting):
+            yield lab_view(run, level, item.text("Waiting for the model"))
+            continue
         if isinstance(item, Exact):
             run.exact, run.seconds_exact = item.distribution, item.seconds
             continue

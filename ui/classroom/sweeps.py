@@ -15,7 +15,7 @@ import pandas as pd
 import spec_engine as se
 from spec_engine.classroom import sweep
 
-from ui.playground import compute, handlers, runner, validate
+from ui.playground import coalesce, compute, handlers, runner, validate
 from ui.views import lab_plots
 from ui.classroom import lab as exactness_lab
 from ui.playground import registry as reg
@@ -207,6 +207,9 @@ def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progr
     yield sweep_view(rows, axis, f"Running {total} runs ({len(points)} settings × {repeats}; plain decoding is "
                                  f"measured once per sampling setting and pass)… {about}", sized)
     for row in compute.pull(sweep_job(job, compute.Stop(budget.stop_event)), budget.stop_event, gated=True):
+        if isinstance(row, coalesce.Waiting):
+            yield sweep_view(rows, axis, row.text("Waiting for the model") + f"… {about}", sized)
+            continue
         rows.append(row)
         progress(len(rows) / total, desc=f"{len(rows)} of {total} runs done")
         yield sweep_view(rows, axis, f"Measured {axis} = {row.value}, repeat {row.repeats} of {repeats} "

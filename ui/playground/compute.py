@@ -264,14 +264,15 @@ def pull(work: Iterator, stop: threading.Event, done: Callable[[], bool] = lambd
     """The results of a GPU function until it ends, Stop is set or `done()` holds; it is closed either way (on
     ZeroGPU that ends the worker's loop, see the module's docstring). `gated`: the work starts only at its turn at
     the engine's gate (coalesce.py), where runs wait too, so a lab or a sweep never decodes beside a run beyond
-    the concurrency (a run passes False: it waits at the gate itself, showing its place in line)."""
+    the concurrency (a run passes False: it waits at the gate itself). While it waits, its coalesce.Waiting items
+    come through (the caller shows the place in line, and yields, so that a closed tab can end it)."""
     if gated:
         inner = work                # a generator: nothing runs before its turn
         work = coalesce.gated(lambda: inner, stop.is_set)
     try:
         for item in work:
-            if isinstance(item, (coalesce.Waiting, coalesce.Label)):
-                continue            # these callers show Gradio's progress while they wait, not a place in line
+            if gated and isinstance(item, coalesce.Label):
+                continue            # "measured under load" labels a run's timing; these callers time no run
             yield item
             if stop.is_set() or done():
                 return
