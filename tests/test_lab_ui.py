@@ -239,3 +239,13 @@ def test_toy_draws_run_on_one_intra_op_thread_and_restore_the_count(monkeypatch)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_runs_place_in_line_reaches_its_handler():
+    """A run waits at the gate itself (handlers.fold): compute.pull hands its coalesce.Waiting items through, so its
+    page shows "position P of N" and yields while it waits (a cancelled job leaves the line at once)."""
+    import threading
+    from ui.playground import coalesce, compute
+    waiting = coalesce.Waiting(2, 3, 4.0)
+    assert list(compute.pull(iter([waiting, "round"]), threading.Event())) == [waiting, "round"]
+    assert "position 2 of 3" in waiting.text()
