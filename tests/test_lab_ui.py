@@ -247,5 +247,10 @@ def test_a_runs_place_in_line_reaches_its_handler():
     import threading
     from ui.playground import coalesce, compute
     waiting = coalesce.Waiting(2, 3, 4.0)
-    assert list(compute.pull(iter([waiting, "round"]), threading.Event())) == [waiting, "round"]
+
+    def work():                                # a generator, as a GPU function's results are
+        yield waiting
+        yield "round"
+
+    assert list(compute.pull(work(), threading.Event())) == [waiting, "round"]
     assert "position 2 of 3" in waiting.text()
