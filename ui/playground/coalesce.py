@@ -30,7 +30,9 @@ from ui.playground import limits
 
 REPLAY_SECONDS = 120.0          # a finished computation is replayed to identical requests this long
 BASELINE_FRESH_SECONDS = 300.0  # a plain-decoding baseline is reused by other sessions this long
-WAIT_POLL = 1.0                 # seconds between two waiting messages
+WAIT_POLL = 1.0                 # seconds between two looks at the line (and at the request's Stop)
+WAIT_REFRESH = 5.0              # a waiting message when the place changes, else at most this often: thirty waiting
+                                # pages refreshed every second slowed the class's decoding (bench/class_load.py)
 STALE_SECONDS = 30.0            # a waiter not polled this long has been abandoned (see Gate._drop_stale)
 DEFAULT_SECONDS = 8.0           # a computation's duration before any has been timed (the default Run alone: ~6 s)
 MAX_BASELINES = 256
@@ -65,10 +67,12 @@ class Gate:
         mean = sum(self.durations) / len(self.durations) if self.durations else DEFAULT_SECONDS
         return mean * (position - 1 + len(self.running)) / max(1, self.capacity())
 
-    def enter(self, should_stop: Callable[[], bool] = lambda: False, poll: float = WAIT_POLL) -> Iterator[Waiting]:
-        """Wait for a turn, yielding a Waiting every `poll` seconds; returns the ticket for `leave` (None when
-        `should_stop()` turned true first: the request left the line)."""
-        ticket = object()
+    def enter(self, should_stop: Callable[[], bool] = lambda: False, poll: float = WAIT_POLL,
+              refresh: float = WAIT_REFRESH) -> Iterator[Waiting]:
+        """Wait for a turn, looking at the line every `poll` seconds and yielding a Waiting when the place in line
+        changed, or `refresh` seconds after the last; returns the ticket for `leave` (None when `should_stop()`
+        turned true first: the request left the line)."""
+        ticket, shown, shown_at = object(), None, float("-inf")
         with self.cond:
             self.line.append(ticket)
             self.polled[ticket] = self.clock()
@@ -86,7 +90,9 @@ class Gate:
                         return ticket
                     position = self.line.index(ticket) + 1
                     waiting = Waiting(position, len(self.line), self.estimate(position))
-                yield waiting
+                if (position, waiting.waiting) != shown or self.clock() - shown_at >= refresh:
+                    shown, shown_at = (position, waiting.waiting), self.clock()
+                    yield waiting
                 if should_stop():
                     return None
                 with self.cond:
