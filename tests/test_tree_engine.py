@@ -214,3 +214,19 @@ def test_tree_rounds_survive_a_trace_round_trip():
     bad = dict(tree_rounds[0].to_dict(), tree_parents=[-2] * len(tree_rounds[0].drafted))
     with pytest.raises(trace.TraceError, match=r"tree_parents\[0\] must lie in \[-1, "):
         trace._round(tree_rounds[0].index, bad)
+
+
+@pytest.mark.parametrize("make", [lambda target, draft: TreeLookupDrafter(branches=3, max_ngram=3),
+                                  lambda target, draft: ModelTreeDrafter(draft, width=2, drawn="deterministic")],
+                         ids=["tree-lookup", "model-tree-top2"])
+def test_strict_is_the_exact_rule_draw_for_draw_on_chosen_trees(target, draft, make):
+    """Siblings chosen, not drawn (lookup's branches, a draft's top 2): the exact rule accepts each with r(x) and a
+    refusal zeroes it out of r, which is what strict does on any tree, so the two emit the same tokens for the same
+    seed and the exact rule's chi-square tests (test_tree_statistical.py) hold for strict on these drafters too."""
+    prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2]])        # repeats: lookup finds branches
+    for seed in range(12):
+        for params in (se.SamplingParams(1.0), se.SamplingParams(0.7, top_p=0.8)):
+            runs = {rule: se.SpeculativeDecoder(target, make(target, draft), rule=rule).generate(
+                prompt, k=4, max_new_tokens=12, sampling=params, seed=seed) for rule in ("exact", "strict")}
+            assert runs["exact"].tokens == runs["strict"].tokens, (seed, params)
+            assert [r.accepted for r in runs["exact"].rounds] == [r.accepted for r in runs["strict"].rounds]
