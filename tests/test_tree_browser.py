@@ -51,7 +51,7 @@ def test_a_tree_draft_runs_steps_and_goes_through_the_lab(page, tmp_path):
     assert set(rows) <= {"accepted", "rejected", "discarded", "correction", "bonus"} and rows[-1] in ("correction",
                                                                                                         "bonus")
 
-    # The exactness lab with tree drafts: the exact tree rule and the wrong one (best sibling).
+    # The exactness lab with tree drafts: the exact rules (exact, strict) and the others (typical, best sibling).
     page.get_by_role("tab", name="Exactness lab").click()
     page.wait_for_selector("#lab-run", state="visible", timeout=30_000)
     set_number(page, "#lab-n", "50")
@@ -60,7 +60,8 @@ def test_a_tree_draft_runs_steps_and_goes_through_the_lab(page, tmp_path):
     page.click("#lab-run")
     page.wait_for_function("document.querySelector('#lab-status').innerText.includes('Done')", timeout=120_000)
     assert "draft trees" in page.inner_text("#lab-status")
-    page.wait_for_function(f"({PLOT_DATA.format('#lab-plot-wrong')})?.length === 2", timeout=30_000)
+    page.wait_for_function(f"({PLOT_DATA.format('#lab-plot-wrong')})?.length === 3", timeout=30_000)
     wrong = page.evaluate(f"({PLOT_DATA.format('#lab-plot-wrong')}).map(t => t.name)")
     assert "speculative tree, best sibling (wrong)" in wrong
+    assert "speculative, typical acceptance (Medusa, lossy)" in wrong          # typical judges trees too (#37)
     assert "best sibling" in page.inner_text("#lab-table")
