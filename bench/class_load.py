@@ -39,6 +39,15 @@ def start_app(port: int, concurrency: int | None, log: Path) -> subprocess.Popen
                             stderr=subprocess.STDOUT)
 
 
+def stop_app(app: subprocess.Popen) -> None:
+    """Ask the app to exit; kill it if it has not within 30 s."""
+    app.terminate()
+    try:
+        app.wait(30)
+    except subprocess.TimeoutExpired:
+        app.kill()
+
+
 def wait_ready(url: str, app: subprocess.Popen, timeout: float) -> None:
     import httpx
     deadline = time.monotonic() + timeout
@@ -155,11 +164,7 @@ def main(argv=None) -> dict:
         print(json.dumps(figures))
         return figures
     finally:
-        app.terminate()
-        try:
-            app.wait(30)
-        except subprocess.TimeoutExpired:
-            app.kill()
+        stop_app(app)
 
 
 if __name__ == "__main__":

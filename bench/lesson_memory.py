@@ -19,14 +19,13 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from class_load import ROOT, rss, run_values, start_app, wait_ready  # noqa: E402
+from class_load import ROOT, rss, run_values, start_app, stop_app, wait_ready  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
@@ -163,11 +162,7 @@ def main(argv=None) -> dict:
         return figures
     finally:
         sampling.set()
-        app.terminate()
-        try:
-            app.wait(30)
-        except subprocess.TimeoutExpired:
-            app.kill()
+        stop_app(app)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,14 @@ def pick_scenario(page, label_start: str) -> None:
     time.sleep(1.0)   # let every control receive the scenario's value before Run reads them
 
 
-def run_and_wait(page, run_number: int, timeout_ms: int = 600_000) -> None:
-    page.click("#spec-run")
+def wait_finished(page, run_number: int, timeout_ms: int = 600_000) -> None:
     page.wait_for_function(f"document.querySelector('#spec-stats').innerText.includes('Run {run_number} finished')",
                            timeout=timeout_ms)
+
+
+def run_and_wait(page, run_number: int, timeout_ms: int = 600_000) -> None:
+    page.click("#spec-run")
+    wait_finished(page, run_number, timeout_ms)
 
 
 def launched():
@@ -68,8 +72,7 @@ def tree_view(out: str = "docs/tree-view.png") -> None:
             page = open_ready(browser, url, 1100)
             page.get_by_label("Measure the speedup after each run (nothing drawn)").uncheck()
             pick_scenario(page, "13. Draft tree")
-            page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Run 1 finished')",
-                                   timeout=600_000)
+            wait_finished(page, 1)
             page.get_by_role("tab", name="Draft tree").click()
             page.wait_for_selector("#plot-tree .js-plotly-plot .scatterlayer .point", timeout=30_000)
             time.sleep(1.0)
@@ -105,8 +108,7 @@ def classroom_views(out_dir: str = "docs") -> None:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             page = open_ready(browser, url, 1000)
             pick_scenario(page, "4. Prompt lookup")
-            page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Run 1 finished')",
-                                   timeout=600_000)
+            wait_finished(page, 1)
             page.click("#spec-present input")
             page.wait_for_function(PLOTS_PRESENTED, timeout=30_000)
             time.sleep(1.0)
@@ -116,8 +118,7 @@ def classroom_views(out_dir: str = "docs") -> None:
 
             page = open_ready(browser, url, 844, width=390)
             pick_scenario(page, "4. Prompt lookup")
-            page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Run 1 finished')",
-                                   timeout=600_000)
+            wait_finished(page, 1)
             page.evaluate("window.scrollTo(0, document.querySelector('#spec-run').getBoundingClientRect().top"
                           " + window.scrollY - 8)")
             time.sleep(0.5)
