@@ -5,6 +5,8 @@ pays for dequantizing the GGUF files (~20 s SmolLM2, ~55 s Gemma).
 """
 import contextlib
 import os
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -259,3 +261,32 @@ def start_endless_run(page):
     running = [s for s in app_sessions() if s.active is not None and s.active.work is not None]
     assert len(running) == 1
     return running[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def fresh_app(tmp_path_factory):
+    """`python app.py` as a user starts it (its own process, kernel tuning on, as outside the test suite, and no model
+    but the default loaded); yields its URL once the default target is loaded and warmed up."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "SPEC_ENGINE_GEMM_TUNE"}
+    env.update(GRADIO_SERVER_PORT=str(port), GRADIO_ANALYTICS_ENABLED="False")
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "app.py"], cwd=Path(__file__).resolve().parents[1], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while not all(line in log.read_text() for line in ("Running on local URL", "smollm2-135m-instruct: warmed up")):
+            assert proc.poll() is None, f"app.py exited: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"app.py did not get ready: {log.read_text()[-2000:]}"
+            time.sleep(1)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        proc.terminate()
+        proc.wait(30)

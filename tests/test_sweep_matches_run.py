@@ -13,8 +13,8 @@ from test_ui_handlers import run_args
 def test_the_sweep_point_for_the_current_settings_is_the_run(playground_registry, monkeypatch):
     timed = []
     in_worker = runner.in_worker
-    monkeypatch.setattr(runner, "in_worker", lambda work, budget, label: timed.append(label) or
-                        in_worker(work, budget, label))
+    monkeypatch.setattr(runner, "in_worker", lambda work, budget, label, **kw: timed.append(label) or
+                        in_worker(work, budget, label, **kw))
     monkeypatch.setattr(handlers, "SWEEP_K", (3, 1))
     monkeypatch.setattr(handlers, "SETTLE_SECONDS", 0.0)
     args = run_args(draft="prompt-lookup", k=3, max_new_tokens=8, auto_baseline=True)

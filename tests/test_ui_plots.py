@@ -247,3 +247,46 @@ def test_time_strip_waits_for_the_timed_run_and_plain_decoding():
         fig = dict(zip(handlers.RUN_OUTPUTS, handlers.run_view(prep, state, final=True)))["time_plot"]
         assert not fig.data and fig.layout.annotations[0].text == plots.TIME_PENDING
     assert not handlers.initial_outputs()["time_plot"].data
+
+
+# ------------------------------------------------------------------- the tokenizer-mismatch chart (issue #38, item 1)
+
+def test_acceptance_interval_resamples_rounds_and_holds_the_rate():
+    rounds = run_rounds()                                   # 2/4, 4/4, 0/4: rate 0.5
+    low, high = metrics.acceptance_interval(rounds)
+    assert 0.0 <= low < 0.5 < high <= 1.0
+    assert metrics.acceptance_interval(rounds) == (low, high)                       # seeded: a run shows one interval
+    assert metrics.acceptance_interval(rounds[1:2]) == (1.0, 1.0)                    # one round: no spread
+    assert metrics.acceptance_interval([]) == (0.0, 0.0)
+    assert metrics.acceptance_interval(rounds * 20)[1] - metrics.acceptance_interval(rounds * 20)[0] < high - low
+    # Rounds are resampled whole: ten rounds that all keep 1 of 4 have no spread, though their tokens vary.
+    assert metrics.acceptance_interval([event([1, 2, 3, 4], 1, [1, 6], correction=6, index=i) for i in range(10)]) \
+        == pytest.approx((0.25, 0.25))
+
+
+def mismatch_result(label, rate, low, high, pair, tpf=1.0):
+    return {"label": label, "acceptance_rate": rate, "low": low, "high": high, "pair": pair,
+            "tokens_per_forward": tpf, "rounds": 10}
+
+
+def test_mismatch_figure_contrasts_the_same_draft_two_ways_and_greys_the_others():
+    results = [mismatch_result("(a) naive ids", 0.01, 0.0, 0.03, True),
+               mismatch_result("(b) cross-tokenizer", 0.16, 0.10, 0.22, True),
+               mismatch_result("(c) same tokenizer", 0.09, 0.05, 0.14, False),
+               mismatch_result("(c') same tokenizer", 0.16, 0.12, 0.20, False)]
+    fig = plots.mismatch_figure(results, "Gemma 3 270M")
+    pair, scale = fig.data
+    assert list(pair.x) == ["(a) naive ids", "(b) cross-tokenizer"] and list(pair.y) == [0.01, 0.16]
+    assert list(scale.x) == ["(c) same tokenizer", "(c') same tokenizer"] and "for scale" in scale.name
+    assert "Gemma 3 270M" in pair.name
+    assert list(pair.error_y.array) == pytest.approx([0.02, 0.06]) and list(pair.error_y.arrayminus) == pytest.approx([0.01, 0.06])
+    assert scale.marker.color not in pair.marker.color                     # the others are not part of the contrast
+    assert fig.layout.yaxis.range[1] == pytest.approx(0.22 * 1.3)           # fits the bars, not 0-100%
+    assert [a.text for a in fig.layout.annotations] == ["re-tokenizing: ×16 the acceptance"]
+    # Overlapping intervals are called noise, and a naive rate of zero reads "from 0".
+    results[1].update(acceptance_rate=0.04, low=0.01, high=0.08)
+    assert "within noise" in plots.mismatch_figure(results).layout.annotations[0].text
+    results[0].update(acceptance_rate=0.0, low=0.0, high=0.0)
+    assert plots.mismatch_figure(results).layout.annotations[0].text.startswith("re-tokenizing: from 0 to 4%")
+    # A demo stopped after its same-tokenizer runs has no contrast to annotate.
+    assert not plots.mismatch_figure(results[2:]).layout.annotations

@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 import spec_engine as se
 from spec_engine.drafters.sizing import Sizing, pinned_costs
 
-from ui.playground import coalesce, runner
+from ui.playground import coalesce, engine_thread, runner
 from ui.playground import registry as reg
 from ui.playground.state import RunSettings
 
@@ -212,7 +212,8 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
     GenerationResult (`timed`), then Phase("plain"), progress strings and the BaselineResult (`plain`). A live run
     that was stopped or ran out of time is not measured; nor is plain decoding after a cut-short timed run."""
     s = job.settings
-    decoder, input_ids, target, built = build(s, job.prompt_ids, job.sizing)
+    cpu = engine_thread.for_device(loaded(s.target).device)      # CPU decoding: on the engine's own threads
+    decoder, input_ids, target, built = engine_thread.call(lambda: build(s, job.prompt_ids, job.sizing), cpu)
     eos = reg.eos_ids(target)
     budget = runner.Budget(stop, job.seconds)
     yield built
@@ -220,8 +221,10 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
         if job.live:
             budget.start()
             last = None
-            for last in decoder.stream(input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
-                                       seed=s.seed, eos_token_id=eos, should_stop=budget.should_stop):
+            rounds = engine_thread.call(lambda: decoder.stream(      # stream() prefills before its first round
+                input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(), seed=s.seed,
+                eos_token_id=eos, should_stop=budget.should_stop), cpu)
+            for last in engine_thread.iterate(rounds, cpu):
                 yield last
             if last is None or last.stop_reason == "cancelled":
                 return
@@ -233,7 +236,7 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
             result = yield from runner.in_worker(
                 lambda: decoder.generate(input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
                                          seed=s.seed, eos_token_id=eos, should_stop=budget.should_stop),
-                budget, "timed-run")
+                budget, "timed-run", engine=cpu)
             yield result
             if result.stop_reason == "cancelled" or budget.timed_out:
                 return
@@ -244,7 +247,7 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
                 lambda: se.autoregressive_generate(target.model, input_ids, max_new_tokens=s.max_new_tokens,
                                                    sampling=s.sampling(), seed=s.seed, eos_token_id=eos,
                                                    should_stop=budget.should_stop),
-                budget, "plain-decoding"))
+                budget, "plain-decoding", engine=cpu))
     finally:
         budget.cancel.set()
 

@@ -25,7 +25,7 @@ import pandas as pd
 import spec_engine as se
 
 from ui.playground import coalesce, compute, limits, runner, validate
-from ui.views import plots, render, tree
+from ui.views import metrics, plots, render, tree
 from ui.playground import registry as reg
 from ui.playground.presets import Presets
 from ui.playground.state import HISTORY_COLUMNS, RunSettings, SessionState
@@ -103,13 +103,16 @@ def renewing(handler):
     """`handler` (a generator whose last argument is the session's state) with that state appended to each update,
     for an event that lists the state as its last output. Gradio counts a gr.State's time_to_live from the latest
     time an event output it, and never for a state that is only read, as the runs read theirs; so each update of a
-    run renews its session's. gradio_client leaves State outputs out of an API caller's results."""
+    run renews its session's. gradio_client leaves State outputs out of an API caller's results. The state is the
+    last SessionState argument: a gr.Request, which Gradio adds where the handler's signature asks for it (run's),
+    may follow it."""
     @functools.wraps(handler)
     def renewed(*args):
+        state = next(a for a in reversed(args) if isinstance(a, SessionState))
         updates = handler(*args)
         try:
             for update in updates:
-                yield (*update, args[-1])
+                yield (*update, state)
         finally:        # a cancelled job or a closed tab closes this generator: the handler's `finally` runs now,
             updates.close()     # releasing its models, not whenever a garbage collection finds it
     return renewed
@@ -331,7 +334,8 @@ MEASURING = {"timed": "Measuring the speed without drawing: speculative decoding
              "plain": "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"}
 
 
-def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_baseline: bool):
+def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_baseline: bool,
+           settle: float = SETTLE_SECONDS):
     """The run pipeline as UI updates: load (progress), rounds drawn live (throttled), then the speed measurement
     with nothing drawn (both sides of the speedup, back to back: the run decoded again, then plain decoding), then
     the final view. An identical request in flight (or finished moments ago, by another session) is not computed
@@ -349,8 +353,7 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
     try:
         passes = 3 if auto_baseline else 1          # the live run, then the timed run and plain decoding
         job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, passes * settings.max_new_tokens),
-                             live=True, timed=auto_baseline, plain=auto_baseline,
-                             settle=0.0 if compute.ZEROGPU else SETTLE_SECONDS)   # on ZeroGPU no browser shares the GPU
+                             live=True, timed=auto_baseline, plain=auto_baseline, settle=settle)
         computation, leader = coalesce.COALESCER.join((settings, prep.prompt_ids, auto_baseline), id(state))
         replay = computation.done
         source = (lead(computation, state, job, settings.baseline_key(prep.prompt_ids)) if leader
@@ -400,12 +403,36 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
 
 
 def run(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
-        exit_after, auto_baseline, show_spaces, state: SessionState):
+        exit_after, auto_baseline, show_spaces, state: SessionState, request: gr.Request = None):
     """Run button / api_name="run": streams one update per round (at most every RENDER_INTERVAL s)."""
     settings = parse_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                               skip_layers, exit_after)
     with friendly_errors():
-        yield from decode(settings, state, bool(show_spaces), bool(auto_baseline))
+        yield from decode(settings, state, bool(show_spaces), bool(auto_baseline), settle_seconds(request))
+
+
+def settle_seconds(request: gr.Request | None) -> float:
+    """The pause between the live run and its timing: only a browser on this machine draws on the engine's cores
+    while the last live updates arrive. An API client (gradio_client marks its calls `x-gradio-user: api`) draws
+    nothing, a visitor's browser draws on the visitor's machine, and on ZeroGPU no browser shares the GPU: a class
+    of thirty waits for no pause of another's. No request (a direct call) pauses, as a local browser's run does."""
+    if compute.ZEROGPU:
+        return 0.0
+    if request is None:
+        return SETTLE_SECONDS
+    headers = getattr(request, "headers", None) or {}
+    host = getattr(getattr(request, "client", None), "host", None)
+    if headers.get("x-gradio-user") == "api" or (host is not None and not is_loopback(host)):
+        return 0.0
+    return SETTLE_SECONDS
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 STOP_REASSERT_SECONDS = 2.0
@@ -542,7 +569,12 @@ def mismatch_drafts(target: str) -> list[tuple[str, str, str]]:
 
 
 def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
-    """Same prompt, greedy, k=4, with a naive-id draft, a cross-tokenizer draft and same-tokenizer drafts."""
+    """Same prompt, greedy, k=4, with a naive-id draft, a cross-tokenizer draft and same-tokenizer drafts.
+
+    Every model the demo needs loads first, saying which while it loads (the other-tokenizer draft's first load is
+    the slow part of a cold start), so the time limit counts decoding only. Then the runs decode, the quick
+    same-tokenizer drafts first, each with an equal share of the time still left: what a quick run leaves goes to
+    the other-tokenizer runs, whose every round pays for k forwards of a larger draft."""
     clean, problems = validate.check_mismatch(prompt, target, max_new_tokens, chat)
     if problems:
         field = next(iter(problems))
@@ -550,27 +582,34 @@ def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
     n_tokens = min(clean["max_new_tokens"], MISMATCH_MAX_NEW_TOKENS)
     state.stop_event.clear()
     budget = runner.Budget(state.stop_event)
-    results, views = [], []
     skip = (gr.skip(),) * (len(MISMATCH_OUTPUTS) - 1)
+    preps: dict[str, runner.Prepared] = {}
+    done_runs: dict[str, tuple] = {}
 
     with friendly_errors():
         drafts = mismatch_drafts(clean["target"])
-        for draft, label, receives in drafts:
-            if state.stop_event.is_set() or budget.timed_out:
-                break
-            settings = RunSettings(target=clean["target"], draft=draft, k=4, temperature=0.0, top_p=1.0, top_k=0,
-                                   max_new_tokens=n_tokens, seed=0, rule="exact", chat=clean["chat"],
-                                   prompt=clean["prompt"])
-            # Each draft gets an equal share of the server's time limit: a slow first draft (Gemma's naive ids on a
-            # busy CPU) must not leave the others no time, or the chart would compare one run with nothing.
-            share = budget.seconds / len(drafts)
-            prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, hold=True),
-                                    lambda m: (f"{label}: {m}",) + skip, state.stop_event)
-            if prep is None:
-                break
-            try:
+        try:
+            other = reg.mismatch_draft_model()
+            if reg.REGISTRY.loaded(other) is None:
+                yield (f"Loading {reg.short_name(other)}, the draft with another tokenizer, before the four runs: "
+                       "a first load reads and unpacks its weights, a minute or more on a small CPU; it then stays "
+                       "loaded while in use.",) + skip
+            for draft, label, receives in drafts:
+                settings = RunSettings(target=clean["target"], draft=draft, k=4, temperature=0.0, top_p=1.0, top_k=0,
+                                       max_new_tokens=n_tokens, seed=0, rule="exact", chat=clean["chat"],
+                                       prompt=clean["prompt"])
+                prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, hold=True),
+                                        lambda m: (f"Before the runs: {m}",) + skip, state.stop_event)
+                if prep is None:
+                    return
+                preps[label] = prep
+            runs = sorted(drafts, key=lambda d: ":" in d[0])      # same-tokenizer drafts first (a stable sort)
+            for n, (draft, label, receives) in enumerate(runs):
+                if state.stop_event.is_set() or budget.timed_out:
+                    break
+                prep, share = preps[label], budget.remaining / (len(runs) - n)
                 yield (f"{label}: decoding {n_tokens} tokens…",) + skip
-                job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, settings.max_new_tokens, share))
+                job = compute.RunJob(prep.settings, prep.prompt_ids, compute.call_seconds(budget, n_tokens, share))
                 last = 0.0
                 for item in fold(prep, state, job, budget):
                     now = perf_counter()
@@ -579,17 +618,27 @@ def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
                         yield (progress_line(prep, item, label),) + skip
                     else:
                         yield (gr.skip(),) + skip
+                runner.release(prep, reg.REGISTRY)
                 if prep.record is None:
                     break
                 runner.keep_live_timing(prep.record, state)         # nothing was drawn while it ran
                 state.finish(prep.record)
-            finally:
+                done_runs[label] = (receives, share)
+        finally:
+            for prep in preps.values():
                 runner.release(prep, reg.REGISTRY)
+        results, views = [], []
+        for draft, label, receives in drafts:                         # shown in the lesson's order
+            if label not in done_runs:
+                continue
+            prep, share = preps[label], done_runs[label][1]
             summary = state.summary(prep.record)
             notes = sorted({r.note for r in prep.record.rounds if r.note})
             if prep.record.stop_reason == runner.TIME_LIMIT:
-                notes.append(f"stopped at its share of the time limit ({share:g} s)")
-            results.append(dict(summary, label=label, receives=receives, note="; ".join(notes)))
+                notes.append(f"stopped at its share of the time limit ({share:.0f} s)")
+            low, high = metrics.acceptance_interval(prep.record.rounds)
+            results.append(dict(summary, label=label, receives=receives, note="; ".join(notes), low=low, high=high,
+                                pair=":" in draft))
             views.append((label, receives, summary, prep))
         table = pd.DataFrame([[r["label"] + ": " + r["draft"], r["receives"], round(r["acceptance_rate"], 3),
                                round(r["tokens_per_forward"], 2), round(r["tokens_per_second"], 1), r["rounds"],
@@ -597,8 +646,9 @@ def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
         done = "Done: hover the tokens to see why each draft was accepted or rejected."
         if budget.timed_out:
             done = f"Stopped at this server's time limit ({budget.seconds:g} s). " + done
-        yield (done, table, plots.mismatch_figure(results), mismatch_views_html(views),
-               tokenization_demo(views, clean["target"]), history_frame(state), compare_figure(state))
+        yield (done, table, plots.mismatch_figure(results, reg.short_name(reg.mismatch_draft_model())),
+               mismatch_views_html(views), tokenization_demo(views, clean["target"]), history_frame(state),
+               compare_figure(state))
 
 
 def mismatch_views_html(views) -> str:

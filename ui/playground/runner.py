@@ -13,6 +13,7 @@ held, so a finished, stopped or abandoned run keeps no memory.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Iterator
 
 import spec_engine as se
 
-from ui.playground import coalesce, limits, validate
+from ui.playground import coalesce, engine_thread, limits, validate
 from ui.playground import registry as reg
 from ui.views.render import RenderOptions, round_html
 from ui.playground.state import RunRecord, RunSettings, SessionState, Timing
@@ -284,31 +285,31 @@ def add_label(record: RunRecord, state: SessionState, text: str) -> None:
             record.labels.append(text)
 
 
-def in_worker(work, budget: Budget, label: str) -> Iterator[str]:
+def in_worker(work, budget: Budget, label: str, engine: bool = False) -> Iterator[str]:
     """Run `work()` in a worker thread while yielding "N s" progress lines; returns its result (re-raises its
     error). Nothing else runs on the engine's path meanwhile: the caller only wakes every BASELINE_POLL seconds.
-    If the caller is closed (Stop, a closed tab), `budget.cancel` stops the work within one token or round."""
-    outcome: dict = {}
+    If the caller is closed (Stop, a closed tab), `budget.cancel` stops the work within one token or round.
+    `engine`: the worker is one of the engine's long-lived threads (engine_thread.py: CPU decoding), not a new one."""
+    if engine:
+        future = engine_thread.submit(work)
+    else:
+        future = concurrent.futures.Future()
 
-    def run():
-        try:
-            outcome["result"] = work()
-        except BaseException as exc:   # re-raised in the caller's thread
-            outcome["error"] = exc
+        def run():
+            try:
+                future.set_result(work())
+            except BaseException as exc:   # re-raised in the caller's thread
+                future.set_exception(exc)
 
-    worker = threading.Thread(target=run, name=label, daemon=True)
+        threading.Thread(target=run, name=label, daemon=True).start()
     began = monotonic()
-    worker.start()
     try:
         while True:
-            worker.join(BASELINE_POLL)
-            if not worker.is_alive():
-                break
-            yield f"{monotonic() - began:.0f} s"
+            try:
+                return future.result(timeout=BASELINE_POLL)
+            except concurrent.futures.TimeoutError:
+                yield f"{monotonic() - began:.0f} s"
     finally:
-        if worker.is_alive():
+        if not future.done():
             budget.cancel.set()
-            worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
+            concurrent.futures.wait([future])

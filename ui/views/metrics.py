@@ -27,6 +27,22 @@ def running_acceptance(rounds) -> list[float]:
     return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
 
 
+def acceptance_interval(rounds, level: float = 0.9, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The spread of a run's acceptance (accepted / drafted over its rounds): a percentile bootstrap over rounds,
+    `level` wide. Rounds, not tokens, are resampled: a round's drafts are judged in a chain that stops at its first
+    rejection, so its tokens are not independent draws, and rounds are. Seeded, so a run always shows the same
+    interval. (0, 0) when nothing was drafted."""
+    import numpy as np
+    pairs = np.array([(r.accepted, r.draft_length) for r in rounds if r.draft_length], dtype=float).reshape(-1, 2)
+    if not len(pairs):
+        return 0.0, 0.0
+    picks = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
+    rates = pairs[picks, 0].sum(axis=1) / pairs[picks, 1].sum(axis=1)
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(rates, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def running_judged_acceptance(rounds) -> list[float]:
     """The i.i.d. formula's a after each round: accepted / judged drafts (spec_engine.core.metrics.judged_acceptance)."""
     accepted = running([r.accepted for r in rounds])
