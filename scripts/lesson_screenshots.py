@@ -53,7 +53,7 @@ def take(page, out, name):
         tab(page, "Tokenizer mismatch")
         page.click("#spec-mismatch")
         page.wait_for_function("document.body.innerText.includes('Done: hover the tokens')", timeout=WAIT)
-        shot(page, out, name, "#spec-mismatch")
+        shot(page, out, name, "#spec-mismatch-plot")
     elif name == "5-kv-growth":                       # Run, then the KV cache tab
         page.click("#spec-run")
         run_finished(page)
