@@ -74,3 +74,16 @@ def test_a_run_decodes_only_on_the_engine_thread(playground_registry, monkeypatc
     list(handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=8, auto_baseline=True), SessionState()))
     assert set(where) == {"prefill", "round", "timed", "plain"}, where
     assert all(name.startswith("engine") for names in where.values() for name in names), where
+
+
+@pytest.mark.slow          # the step-through's lesson button on SmolLM2 (a few rounds)
+def test_the_step_through_steps_on_the_engine_thread(playground_registry, monkeypatch):
+    """The step-through decoded on the handler's thread too: after a lesson's step-through every run was throttled."""
+    from spec_engine.core.decoder import SpeculativeDecoder
+    from ui.classroom import tabs as classroom
+
+    where = set()
+    step = SpeculativeDecoder.step
+    monkeypatch.setattr(SpeculativeDecoder, "step", lambda self, *a, **k: where.add(here()) or step(self, *a, **k))
+    list(classroom.step_lesson("smollm2-135m-instruct", False))
+    assert where and all(name.startswith("engine") for name in where), where

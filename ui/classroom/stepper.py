@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import spec_engine as se
 
-from ui.playground import compute, runner
+from ui.playground import compute, engine_thread, runner
 from ui.playground import registry as reg
 from ui.views import plots, render, tree
 from ui.views.render import RenderOptions, esc, fmt_prob, show_text
@@ -278,12 +278,13 @@ def live_engine(job: StepJob) -> LiveEngine:
 @compute.gpu(compute.job_seconds)
 def step_job(job: StepJob, stop: compute.Stop) -> Iterator:
     """Yields Built, then the rounds after the recorded ones until one satisfies `job.until` or the run ends."""
-    entry = live_engine(job)
+    cpu = engine_thread.for_device(compute.loaded(job.settings.target).device)    # CPU work: the engine's thread
+    entry = engine_thread.call(lambda: live_engine(job), cpu)
     yield entry.built
     wanted = None if job.until == NONE else wanted_by(job.until)
     try:
         while wanted is not None and entry.state.stop_reason is None:
-            event = entry.decoder.step(entry.state)
+            event = engine_thread.call(lambda: entry.decoder.step(entry.state), cpu)
             entry.rounds += 1
             yield event
             if wanted(event):

@@ -15,7 +15,7 @@ import pandas as pd
 import spec_engine as se
 from spec_engine.classroom import sweep
 
-from ui.playground import coalesce, compute, handlers, runner, validate
+from ui.playground import coalesce, compute, engine_thread, handlers, runner, validate
 from ui.views import lab_plots
 from ui.classroom import lab as exactness_lab
 from ui.playground import registry as reg
@@ -182,8 +182,10 @@ def sweep_job(job: SweepJob, stop: compute.Stop):
         se.validate_request(target.model, input_ids, p.k, s.max_new_tokens, p.sampling)
     budget = runner.Budget(stop, job.seconds)
     budget.start()
-    yield from sweep.run_sweep(target.model, make_drafter, input_ids, job.axis, list(job.points), s.max_new_tokens,
-                               s.seed, s.rule, reg.eos_ids(target), budget.should_stop, repeats=job.repeats)
+    yield from engine_thread.iterate(         # CPU work runs on the engine's thread (engine_thread.py)
+        sweep.run_sweep(target.model, make_drafter, input_ids, job.axis, list(job.points), s.max_new_tokens,
+                        s.seed, s.rule, reg.eos_ids(target), budget.should_stop, repeats=job.repeats),
+        engine_thread.for_device(target.device))
 
 
 def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progress, repeats: int = 1,
