@@ -228,3 +228,26 @@ def test_the_benchmarks_spine_measure_follows_first_children_while_the_target_ag
     assert spine_accepted(hit) == 2
     gain = tree_gain([event, hit, SimpleNamespace(tree_parents=None)])
     assert gain == {"tree_longer_share": 0.5, "tree_path_per_round": 2.0, "spine_per_round": 1.0, "tree_nodes": 3.5}
+
+
+def test_a_grossly_wrong_curve_pauses_the_tree_which_says_so_and_probes(target, trained):
+    """Issue #36 for the default draft, now a tree: under a curve where every row beyond one costs 17.78 forwards no
+    tree pays, so each round keeps nothing and says "drafting paused: ..." with the numbers; after PROBE_EVERY such
+    rounds one round probes with the head's top-1 spine, so a wrong curve gets timed again. Greedy output stays plain
+    decoding's throughout."""
+    from spec_engine.drafters.sizing import PAUSED, PROBE, PROBE_EVERY, CostView
+    drafter = EagleTreeDrafter(trained, target, REDUCED)
+    wrong = (0.0, 1.0) + (17.78,) * 16
+    decoder = se.SpeculativeDecoder(target, drafter)
+    state = decoder.start(PROMPT, k=8, max_new_tokens=40, sampling=GREEDY)
+    drafter.costs = CostView(wrong, "measured at start-up", PROBE_EVERY)
+    rounds = []
+    while state.stop_reason is None and len(rounds) <= PROBE_EVERY:
+        rounds.append(decoder.step(state))
+    notes = [r.note or "" for r in rounds]
+    assert all(n.startswith(PAUSED) and "17.78" in n for n in notes[:PROBE_EVERY]), notes
+    assert notes[PROBE_EVERY].startswith(PROBE) and rounds[PROBE_EVERY].drafted, notes[PROBE_EVERY]
+    parents = rounds[PROBE_EVERY].tree_parents
+    assert parents == list(range(-1, len(parents) - 1))            # the probe is the spine: a chain of nodes
+    emitted = [t for r in rounds for t in r.emitted]
+    assert emitted == se.autoregressive_generate(target, PROMPT, max_new_tokens=len(emitted), sampling=GREEDY).tokens

@@ -147,10 +147,13 @@ def test_registered_tree_drafts_run_greedy_exactly(target):
 
 
 def test_tree_drafts_refuse_the_chains_wrong_rules():
-    validate.check_rule_for("lookup-tree", "exact")
+    for rule in ("exact", "strict", "typical"):              # the rules that judge trees (issue #37)
+        validate.check_rule_for("lookup-tree", rule)
+        validate.check_rule_for("eagle+lookup-tree", rule)
     validate.check_rule_for("prompt-lookup", "no_residual")
-    with pytest.raises(validate.InputError, match="exact"):
-        validate.check_rule_for("layer-skip-tree", "no_residual")
+    for rule in ("no_residual", "topp_membership", "q_mismatch"):
+        with pytest.raises(validate.InputError, match="takes exact, strict, typical"):
+            validate.check_rule_for("layer-skip-tree", rule)
 
 
 @pytest.mark.slow

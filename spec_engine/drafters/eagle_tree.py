@@ -37,6 +37,7 @@ from spec_engine.core.cache import check_invariant, trim_cache
 from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.drafters.base import Proposal, TokenTree, TreeProposal
 from spec_engine.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, head_dtype, load_head, recommended_settings
+from spec_engine.drafters.sizing import size_draft
 
 EAGLE_TREE_WIDTH = 4       # children per expanded node, and nodes expanded per level (docs/benchmarks.md: 3 and 4 tie at
                            # 4 nodes, 4 gives 2% more tokens per forward at 8; a 5th never helped)
@@ -142,11 +143,31 @@ class EagleTreeDrafter(EagleDrafter):
                 probs = self._confidences(self.lm_head(features), params)                   # [m, N]
         trim_cache(self.cache, self._true_len)           # nothing of the round stays in the head's cache
         check_invariant(self.cache, len(self.cache_ids), f"draft ({self.name})")
-        keep = self._keep(scores, k)
+        keep, note = self._keep(scores, k), None
+        if not keep and scores and self.costs is not None:
+            keep, note = self._paused(scores, parents, k)
         self.last_scores = [scores[i] for i in keep]
         renumber = {old: new for new, old in enumerate(keep)}
         tree = TokenTree.of([tokens[i] for i in keep], [renumber.get(parents[i], -1) for i in keep])
-        return TreeProposal(tree, None)
+        return TreeProposal(tree, None, note=note)
+
+    def _paused(self, scores: list[float], parents: list[int], k: int) -> tuple[list[int], str | None]:
+        """No tree pays on the cost curve: the chain drafters' pause and probe (sizing.CostView.size) on the tree's
+        top-1 spine, whose chances are its nodes' conditional confidences. A paused round keeps nothing and says so
+        with the numbers; every probe_every paused rounds a probe keeps the spine's first nodes, so that a wrong
+        curve is measured again (issue #36). Which nodes are kept depends on the head's scores and the round count
+        only, never on the target, so the round stays exact."""
+        spine, node = [], -1
+        while True:
+            children = [i for i, parent in enumerate(parents) if parent == node]
+            if not children:
+                break
+            node = max(children, key=lambda i: (scores[i], -i))
+            spine.append(node)
+        chances = [scores[spine[0]]] + [scores[b] / scores[a] if scores[a] > 0 else 0.0
+                                         for a, b in zip(spine, spine[1:])]
+        length, note = size_draft(chances[:min(k, self.nodes or k)], self.costs)
+        return spine[:length], note
 
     def _could_keep_deeper(self, scores: list[float], frontier: list[int], level: int, k: int) -> bool:
         """Whether a child of the frontier could be among the nodes `_keep` keeps. At most N = min(k, nodes) are kept

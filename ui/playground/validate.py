@@ -188,12 +188,13 @@ def check_rule(value) -> str:
 
 
 def check_rule_for(draft: str, rule: str) -> None:
-    """The wrong chain rules judge chains only: a tree draft runs the exact rule (the wrong tree rule is the
-    exactness lab's)."""
+    """A tree draft takes the rules that judge trees (exact, strict, typical: core/tree_rule.py); the wrong chain
+    rules judge chains only (the wrong tree rule is the exactness lab's)."""
     kind = reg.kind_by_key(se.parse_draft(draft).mode)
-    if kind is not None and kind.tree and rule != "exact":
-        raise InputError("rule", f"The rule {rule!r} judges chains of drafts; the tree draft {draft!r} runs the exact "
-                                 "rule (the exactness lab shows a wrong rule for trees)")
+    takes = [name for name in se.TREE_RULES if name not in se.WRONG_TREE_RULES]
+    if kind is not None and kind.tree and rule not in takes:
+        raise InputError("rule", f"The rule {rule!r} judges chains of drafts; the tree draft {draft!r} takes "
+                                 f"{', '.join(takes)} (the exactness lab shows a wrong rule for trees)")
 
 
 def check_sampling(temperature: float, top_p: float, top_k: int) -> se.SamplingParams:
