@@ -58,9 +58,7 @@ def _workers() -> int:
 def call(fn: Callable[[], T], enabled: bool = True) -> T:
     """fn() on an engine thread (inline when already on one, or when not `enabled`); its result, or its error raised
     here. Blocks the calling thread, which holds no lock the engine needs."""
-    if not enabled or on_engine_thread():
-        return fn()
-    return pool(_workers()).submit(fn).result()
+    return submit(fn, enabled).result()
 
 
 def submit(fn: Callable[[], T], enabled: bool = True):
