@@ -141,3 +141,19 @@ def test_a_waiter_abandoned_without_being_closed_gives_its_place_up():
         next(next_one)                                 # its turn: the stale place was given up
     assert gate.wait_line() == 0
 
+
+
+def test_only_a_browser_on_this_machine_makes_the_timing_wait_for_its_drawing(monkeypatch):
+    """The 1 s settle before the timed run lets a browser on the server's own cores finish drawing; a class of thirty
+    through the API, or visitors whose browsers draw on their own machines, would wait 30 s for nothing."""
+    from types import SimpleNamespace as NS
+    local_page = NS(headers={"user-agent": "Mozilla/5.0"}, client=NS(host="127.0.0.1"))
+    api = NS(headers={"x-gradio-user": "api"}, client=NS(host="127.0.0.1"))
+    visitor = NS(headers={"user-agent": "Mozilla/5.0"}, client=NS(host="203.0.113.7"))
+    assert handlers.settle_seconds(local_page) == handlers.SETTLE_SECONDS > 0
+    assert handlers.settle_seconds(NS(headers={}, client=NS(host="::1"))) == handlers.SETTLE_SECONDS
+    assert handlers.settle_seconds(NS(headers={}, client=NS(host="localhost"))) == handlers.SETTLE_SECONDS
+    assert handlers.settle_seconds(None) == handlers.SETTLE_SECONDS          # called directly: as a local page
+    assert handlers.settle_seconds(api) == 0.0 and handlers.settle_seconds(visitor) == 0.0
+    monkeypatch.setattr(compute, "ZEROGPU", True)
+    assert handlers.settle_seconds(local_page) == 0.0                        # no browser shares a ZeroGPU's GPU

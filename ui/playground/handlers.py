@@ -334,7 +334,8 @@ MEASURING = {"timed": "Measuring the speed without drawing: speculative decoding
              "plain": "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"}
 
 
-def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_baseline: bool):
+def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_baseline: bool,
+           settle: float = SETTLE_SECONDS):
     """The run pipeline as UI updates: load (progress), rounds drawn live (throttled), then the speed measurement
     with nothing drawn (both sides of the speedup, back to back: the run decoded again, then plain decoding), then
     the final view. An identical request in flight (or finished moments ago, by another session) is not computed
@@ -352,8 +353,7 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
     try:
         passes = 3 if auto_baseline else 1          # the live run, then the timed run and plain decoding
         job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, passes * settings.max_new_tokens),
-                             live=True, timed=auto_baseline, plain=auto_baseline,
-                             settle=0.0 if compute.ZEROGPU else SETTLE_SECONDS)   # on ZeroGPU no browser shares the GPU
+                             live=True, timed=auto_baseline, plain=auto_baseline, settle=settle)
         computation, leader = coalesce.COALESCER.join((settings, prep.prompt_ids, auto_baseline), id(state))
         replay = computation.done
         source = (lead(computation, state, job, settings.baseline_key(prep.prompt_ids)) if leader
@@ -406,12 +406,37 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
 
 
 def run(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
-        exit_after, auto_baseline, show_spaces, state: SessionState):
+        exit_after, auto_baseline, show_spaces, state: SessionState, request: gr.Request = None):
     """Run button / api_name="run": streams one update per round (at most every RENDER_INTERVAL s)."""
     settings = parse_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                               skip_layers, exit_after)
     with friendly_errors():
-        yield from decode(settings, state, bool(show_spaces), bool(auto_baseline))
+        yield from decode(settings, state, bool(show_spaces), bool(auto_baseline), settle_seconds(request))
+
+
+def settle_seconds(request: gr.Request | None) -> float:
+    """The pause between the live run and its timing: only a browser on this machine draws on the engine's cores
+    while the last live updates arrive. An API client (gradio_client marks its calls `x-gradio-user: api`) draws
+    nothing, a visitor's browser draws on the visitor's machine, and on ZeroGPU no browser shares the GPU: a class
+    of thirty waits for no pause of another's. No request (a direct call) pauses, as a local browser's run does.
+    tests/test_speed_browser.py holds a page's figures (paused) against the API's (not paused)."""
+    if compute.ZEROGPU:
+        return 0.0
+    if request is None:
+        return SETTLE_SECONDS
+    headers = getattr(request, "headers", None) or {}
+    host = getattr(getattr(request, "client", None), "host", None)
+    if headers.get("x-gradio-user") == "api" or (host is not None and not is_loopback(host)):
+        return 0.0
+    return SETTLE_SECONDS
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 STOP_REASSERT_SECONDS = 2.0
