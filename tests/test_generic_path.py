@@ -25,6 +25,10 @@ EXACTNESS_SUITES = [
     "tests/test_hf_stock_identity.py",     # greedy identity against stock Hugging Face generate()
 ]
 
+# Left to the parent's pass: the power checks, which show that the chi-square test rejects a wrong rule (its
+# statistics, not the code path; the wrong rules run through the same forwards as the right ones, which stay here).
+WITHOUT_POWER_CHECKS = "not test_the_same_test_rejects and not test_the_wrong_tree_rule_is_rejected"
+
 pytestmark = pytest.mark.slow
 
 
@@ -32,7 +36,8 @@ pytestmark = pytest.mark.slow
 def test_the_exactness_suites_pass_with_the_speed_layer_off(request):
     env = {**os.environ, "SPEC_ENGINE_ACCEL": "0"}
     tier = ["--full"] if request.config.getoption("--full") else []     # the child runs the parent's tier
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier, *EXACTNESS_SUITES],
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier, "-k", WITHOUT_POWER_CHECKS,
+                            *EXACTNESS_SUITES],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
     assert child.returncode == 0, f"with SPEC_ENGINE_ACCEL=0: {summary}\n{child.stdout[-6000:]}\n{child.stderr[-2000:]}"

@@ -118,13 +118,24 @@ def test_stop_ends_the_run_within_one_round_and_records_it_once(playground_regis
     assert state.history[0].tokens and len(state.history[0].tokens) < 200
 
 
-def test_closing_the_run_generator_ends_the_run_at_once_and_frees_it(playground_registry, every_round):
+def releases_here(registry, monkeypatch) -> list[str]:
+    """The names `registry.release` lets go of from this thread from now on. Counted per thread, not read from the
+    registry's total holds: a run another test left finishing in the app (its own thread) may let go meanwhile."""
+    import threading
+    here, released, release = threading.get_ident(), [], registry.release
+
+    def recording(name):
+        if threading.get_ident() == here:
+            released.append(name)
+        release(name)
+    monkeypatch.setattr(registry, "release", recording)
+    return released
+
+
+def test_closing_the_run_generator_ends_the_run_at_once_and_frees_it(playground_registry, every_round, monkeypatch):
     """What Gradio does to the handler on a cancelled job or a closed tab: it closes the generator. No round runs
     after that, and the run's GPU function (its decoder) and its hold on the model are released in the same call."""
-    deadline = time.monotonic() + 60                  # a browser test's run may still be finishing in the app:
-    while playground_registry.holds(TARGET) and time.monotonic() < deadline:    # count from a quiet registry
-        time.sleep(0.2)
-    held = playground_registry.holds(TARGET)          # 0 unless an earlier test's run never let go (see the note)
+    released = releases_here(playground_registry, monkeypatch)
     state = SessionState()
     gen = handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=200), state)
     for out in gen:
@@ -133,35 +144,33 @@ def test_closing_the_run_generator_ends_the_run_at_once_and_frees_it(playground_
     prep = state.active
     rounds = len(prep.record.rounds)
     work = prep.work
-    assert work is not None and work.gi_frame is not None and playground_registry.holds(TARGET) == held + 1
+    assert work is not None and work.gi_frame is not None and prep.held == [TARGET] and released == []
+    assert playground_registry.holds(TARGET) >= 1
     gen.close()
-    assert prep.work is None and work.gi_frame is None and playground_registry.holds(TARGET) == held
+    assert prep.work is None and work.gi_frame is None and prep.held == [] and released == [TARGET]
     assert prep.record.stop_reason == "cancelled"
     time.sleep(0.3)                                  # ~10 rounds' time: an engine left running elsewhere would show
     assert len(prep.record.rounds) == rounds and len(prep.record.tokens) < 200
 
 
-def test_a_run_generator_dropped_without_closing_frees_its_hold_at_once(playground_registry, every_round):
+def test_a_run_generator_dropped_without_closing_frees_its_hold_at_once(playground_registry, every_round, monkeypatch):
     """If a server drops a run's generator without closing it, Python finalizes it when its last reference goes:
     with the garbage collector off, that happens at once only if no reference cycle keeps the generator (or
     what it runs) alive, so the hold cannot wait for a collection that may come late (#25)."""
     import gc
-    deadline = time.monotonic() + 60
-    while playground_registry.holds(TARGET) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    held = playground_registry.holds(TARGET)
+    released = releases_here(playground_registry, monkeypatch)
     state = SessionState()
     gen = handlers.renewing(handlers.run)(*run_args(draft="prompt-lookup", max_new_tokens=200), state)
     for out in gen:
         if is_summary(out[SUMMARY]) and out[SUMMARY]["rounds"] >= 2:
             break
     prep = state.active
-    assert prep.work is not None and playground_registry.holds(TARGET) == held + 1
+    assert prep.work is not None and prep.held == [TARGET] and released == []
     gc.collect()
     gc.disable()
     try:
         del gen, out
-        assert prep.work is None and playground_registry.holds(TARGET) == held
+        assert prep.work is None and prep.held == [] and released == [TARGET]
     finally:
         gc.enable()
     assert prep.record.stop_reason == "cancelled"
