@@ -338,3 +338,23 @@ def test_plans_are_measured_again_when_the_candidate_kernels_change(monkeypatch)
     key = cpu_gemm.machine_key()
     monkeypatch.setattr(cpu_gemm, "fp32_kernels", lambda: ["linear", "mkl"])
     assert cpu_gemm.machine_key() != key
+
+
+def test_a_plan_leaves_the_static_rule_only_for_a_kernel_clearly_faster():
+    """Noise on a shared host had handed single row counts to F.linear or oneDNN at twice the blocked kernel's cost;
+    a challenger now needs to take at most TUNE_MARGIN of the static rule's time."""
+    kernels = ["linear", "mkl", "onednn", "blocked"]
+    noisy = {"linear": 1.0, "mkl": 1.1, "onednn": 0.95, "blocked": 1.0}
+    assert cpu_gemm.pick(kernels, noisy, "blocked") == "blocked"
+    clear = {"linear": 1.0, "mkl": 1.1, "onednn": 0.8, "blocked": 1.0}
+    assert cpu_gemm.pick(kernels, clear, "blocked") == "onednn"
+    tie = {"linear": 0.5, "mkl": 0.5, "onednn": 1.0, "blocked": 1.0}
+    assert cpu_gemm.pick(kernels, tie, "blocked") == "linear"            # F.linear wins a tie among challengers
+    assert cpu_gemm.pick(["linear", "mkl"], {"linear": 1.0, "mkl": 0.9}, "blocked") == "linear"   # not built here
+
+
+def test_plans_measured_under_the_old_rule_are_measured_again(monkeypatch):
+    """The rule is part of the saved plans' key, so a machine's plans from before the margin are not reused."""
+    key = cpu_gemm.machine_key()
+    monkeypatch.setattr(cpu_gemm, "PLAN_RULE", "v1")
+    assert cpu_gemm.machine_key() != key
