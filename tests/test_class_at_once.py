@@ -142,7 +142,6 @@ def test_a_waiter_abandoned_without_being_closed_gives_its_place_up():
     assert gate.wait_line() == 0
 
 
-
 def test_only_a_browser_on_this_machine_makes_the_timing_wait_for_its_drawing(monkeypatch):
     """The 1 s settle before the timed run lets a browser on the server's own cores finish drawing; a class of thirty
     through the API, or visitors whose browsers draw on their own machines, would wait 30 s for nothing."""

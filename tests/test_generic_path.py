@@ -36,8 +36,8 @@ pytestmark = pytest.mark.slow
 def test_the_exactness_suites_pass_with_the_speed_layer_off(request):
     env = {**os.environ, "SPEC_ENGINE_ACCEL": "0"}
     tier = ["--full"] if request.config.getoption("--full") else []     # the child runs the parent's tier
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier, "-k", WITHOUT_POWER_CHECKS,
-                            *EXACTNESS_SUITES],
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier,
+                            "-k", WITHOUT_POWER_CHECKS, *EXACTNESS_SUITES],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
     assert child.returncode == 0, f"with SPEC_ENGINE_ACCEL=0: {summary}\n{child.stdout[-6000:]}\n{child.stderr[-2000:]}"

@@ -8,9 +8,9 @@ the same two cores cannot slow one side only. One run's figure varies on a share
 speedup through the API spread x1.29-x1.82 within minutes in one CI run (a coefficient of variation of 9-12%,
 quiet and in CI), so one page figure against one API figure would fail a 15% bound about a third of the time.
 The page's runs and the API's alternate, sampling the same minutes, with the page open throughout (it first
-finishes drawing, so that its plots do not slow the API's run), and the bound of issue #22 (15%) holds the mean of the page's first and second
-run against the median of the API's four; each page figure must also be within 30% of that median, which the
-page's old fault (x1.0 shown while the API measured x1.4, 29% below) does not pass.
+finishes drawing, so that its plots do not slow the API's run), and the bound of issue #22 (15%) holds the mean of
+the page's first and second run against the median of the API's four; each page figure must also be within 30% of
+that median, which the page's old fault (x1.0 shown while the API measured x1.4, 29% below) does not pass.
 """
 import re
 import statistics
@@ -69,8 +69,10 @@ def measure_both(chromium, url: str, page_seed: int, api_seeds) -> tuple[list[fl
         on_page.append(page_speedup(page, run))
         over_api.append(over_the_api(seed))
     over_api += [over_the_api(seed) for seed in api_seeds[2:]]
-    page.close()            # after the API's runs: an open page costs the two cores a little even when idle, so every
-    return on_page, over_api    # run of the comparison has it open (measured: API x1.12-1.20 with it, x1.49-1.53 without)
+    # Closed after the API's runs: an open page costs the two cores a little even when idle, so every run of the
+    # comparison has it open (measured: API x1.12-1.20 with it, x1.49-1.53 without).
+    page.close()
+    return on_page, over_api
 
 
 def agree(on_page: list[float], over_api: list[float]) -> bool:
