@@ -7,6 +7,7 @@ The chi-square tests reuse test_statistical's enumeration; each fails falsely wi
 """
 import copy
 import json
+import os
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import torch
 import spec_engine as se
 from spec_engine.core.cache import cache_len
 from spec_engine.drafters.eagle import (DEFAULT_WEIGHTS, EagleDrafter, EagleHead, eagle_loss, head_config, load_head,
-                               random_eagle_drafter, save_head, sha256_file)
+                               random_eagle_drafter, save_head, sha256_file, shared_head)
 from test_statistical import ALPHA, exact_joint, chi_square_pvalue, speculative_samples
 from tiny import greedy_identity_runs, tiny_llama
 
@@ -410,3 +411,39 @@ def test_the_topk_benchmarks_recording_drafter_drafts_what_the_plain_drafter_doe
     for (at, chain, second), (at_top, top) in zip(recording.branches, recording.step_one):
         assert at == at_top and second[0] == top[1] and 1 <= len(second) <= 3
         assert second[0] != top[0] and (temperature > 0 or not chain or chain[0] == top[0])
+
+
+def test_drafters_of_one_target_share_the_loaded_head_yet_run_apart(smollm2):
+    """The head is loaded once per target (eagle.shared_head): drafters share its modules and LM-head rows, yet each
+    keeps its own cache, so two runs stepped in turn both give plain decoding's tokens."""
+    eos = smollm2.tokenizer.eos_token_id
+    tree, chain = se.make_drafter("eagle-tree", smollm2), se.make_drafter("eagle", smollm2)
+    assert tree.head is chain.head and tree.lm_head is chain.lm_head
+    prompts = [smollm2.encode_prompt(text) for text in ("Name three colours.", "Count from one to ten.")]
+    expected = [se.autoregressive_generate(smollm2.model, ids, max_new_tokens=24, sampling=GREEDY,
+                                           eos_token_id=eos).tokens for ids in prompts]
+    decoders = [se.SpeculativeDecoder(smollm2.model, drafter) for drafter in (tree, chain)]
+    states = [decoder.start(ids, k=k, max_new_tokens=24, sampling=GREEDY, eos_token_id=eos)
+              for decoder, ids, k in zip(decoders, prompts, (8, 3))]
+    emitted = [[], []]
+    while any(state.stop_reason is None for state in states):
+        for i, (decoder, state) in enumerate(zip(decoders, states)):
+            if state.stop_reason is None:
+                emitted[i] += decoder.step(state).emitted
+    assert emitted == expected
+
+
+def test_a_changed_weights_file_is_loaded_again(smollm2, tmp_path):
+    copy = tmp_path / DEFAULT_WEIGHTS.name
+    copy.write_bytes(DEFAULT_WEIGHTS.read_bytes())
+    copy.with_suffix(".json").write_text(DEFAULT_WEIGHTS.with_suffix(".json").read_text())
+    first = shared_head(smollm2.model, copy)
+    assert shared_head(smollm2.model, copy)[0] is first[0]
+    stat = copy.stat()
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert shared_head(smollm2.model, copy)[0] is not first[0]
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 1
+    copy.write_bytes(bytes(data))            # tampered after it was loaded: checked again, and refused
+    with pytest.raises(ValueError, match="sha256"):
+        shared_head(smollm2.model, copy)

@@ -36,7 +36,7 @@ from spec_engine.core import speed
 from spec_engine.core.cache import check_invariant, trim_cache
 from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.drafters.base import Proposal, TokenTree, TreeProposal
-from spec_engine.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, head_dtype, load_head, recommended_settings
+from spec_engine.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, recommended_settings, shared_head
 from spec_engine.drafters.sizing import size_draft
 
 EAGLE_TREE_WIDTH = 4       # children per expanded node, and nodes expanded per level (docs/benchmarks.md: 3 and 4 tie at
@@ -53,14 +53,14 @@ class EagleTreeDrafter(EagleDrafter):
 
     def __init__(self, head, target_model, vocab_index: torch.Tensor, name: str = "eagle-tree",
                  width: int = EAGLE_TREE_WIDTH, depth: int = EAGLE_TREE_DEPTH, nodes: int | None = None,
-                 size_by_cost: bool = True, min_path_confidence: float = 0.0):
+                 size_by_cost: bool = True, min_path_confidence: float = 0.0, lm_head=None):
         for label, value in (("width", width), ("depth", depth)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
         if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
             raise ValueError(f"nodes must be an integer >= 1, got {nodes!r}")
         super().__init__(head, target_model, vocab_index, name=name, size_by_cost=size_by_cost and nodes is None,
-                         min_path_confidence=min_path_confidence)
+                         min_path_confidence=min_path_confidence, lm_head=lm_head)
         self.width, self.depth, self.nodes = width, depth, nodes
         self.prune_unkeepable = True             # skip growth `_keep` could never keep (`_could_keep_deeper`)
         self.last_scores: list[float] = []       # the kept nodes' path confidences, for benchmarks and displays
@@ -222,7 +222,7 @@ def load_eagle_tree_drafter(target_model, path: Path = DEFAULT_WEIGHTS, nodes: i
     """The shipped head as an EAGLE-2 tree drafter for `target_model` (its device, `head_dtype`). `fixed_length`
     keeps k nodes every round (no cost sizing, no path stop); `nodes` keeps that many (at most k). The expansion
     floor is the head record's measured path stop (`recommended_settings`)."""
-    head, vocab_index = load_head(path, dtype=head_dtype(target_model), device=target_model.device)
+    head, vocab_index, lm_head = shared_head(target_model, path)
     floor = 0.0 if fixed_length else float(recommended_settings(path).get("min_path_confidence", 0.0))
     return EagleTreeDrafter(head, target_model, vocab_index, width=width, depth=depth, nodes=nodes,
-                            size_by_cost=not fixed_length, min_path_confidence=floor)
+                            size_by_cost=not fixed_length, min_path_confidence=floor, lm_head=lm_head)

@@ -6,6 +6,13 @@
 // A block is one contiguous stream of memory that is read once per call, whatever the row count (up to NR_MAX rows
 // share each load), so a product over 1-8 rows costs about what reading the weight costs.
 //
+// Prefetch: each k also asks for the cache lines PREFETCH_BYTES further along the stream (into the next block at a
+// block's end). The hardware prefetcher alone keeps up with the stream at one row, but not while the FMAs of several
+// rows occupy the core: measured on an AMD EPYC (Zen 5) at two threads, SmolLM2-135M's products over 1 / 4 / 8 / 12
+// rows cost 12.3 / 16.4 / 21.4 / 25.0 ms without it and 12.7 / 13.0 / 13.0 / 18.2 ms with 8 KB ahead, so verifying
+// up to 7 draft tokens costs about what decoding one does. Prefetching changes no arithmetic (results are bitwise the
+// same) and never faults past the end.
+//
 // Micro-kernel: for each k, NB/VL vector loads of P, one broadcast of x[r][k] per row, and an FMA per (row, vector):
 // each output is one FMA chain over k = 0..K-1 in order. So a row's result never depends on how many other rows are
 // in the call or which block of rows it lands in (batch-invariant, bitwise): verifying k draft tokens gives
@@ -38,6 +45,9 @@ static const int NR_MAX = 2;                  // 16 vector registers: 2 rows x 4
 
 static const int NV = 4;                      // vectors per column block
 static const int NB = NV * VL;                // outputs per column block: 64 (AVX-512) or 32 (AVX2)
+static const int LINE = 16;                   // floats per 64-byte cache line
+static const int PREFETCH_BYTES = 8192;       // how far ahead of the loads the prefetches run (see above)
+static const int PREFETCH_K = PREFETCH_BYTES / (NB * 4);
 
 // out[r][0..NB) = sum_k x[r][k] * p[k][0..NB), for NR rows of x (row stride K).
 template <int NR>
@@ -48,6 +58,7 @@ static void micro(const float* x, const float* p, int K, float* out) {
   for (int k = 0; k < K; k++) {
     vec w[NV];
     for (int v = 0; v < NV; v++) w[v] = VLOAD(p + (size_t)k * NB + v * VL);
+    for (int c = 0; c < NB; c += LINE) _mm_prefetch((const char*)(p + (size_t)(k + PREFETCH_K) * NB + c), _MM_HINT_T0);
     for (int r = 0; r < NR; r++) {
       vec xb = VSET1(x[(size_t)r * K + k]);
       for (int v = 0; v < NV; v++) acc[r][v] = VFMA(xb, w[v], acc[r][v]);
