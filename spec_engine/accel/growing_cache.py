@@ -33,15 +33,27 @@ class GrowingLayer(DynamicLayer):
                 and self.keys.stride() == self.key_buffer.stride())
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        length, new = self.get_seq_length(), key_states.shape[-2]
-        if not (self._holds_views() and length + new <= self.key_buffer.shape[-2]):
-            capacity = max(2 * (length + new), MIN_CAPACITY)
-            self.key_buffer = grown(self.keys, key_states, length, capacity)                # [B, Hkv, capacity, D]
-            self.value_buffer = grown(self.values, value_states, length, capacity)
+        length, new = self.reserve(key_states, key_states.shape[-2]), key_states.shape[-2]
         self.key_buffer.narrow(-2, length, new).copy_(key_states)
         self.value_buffer.narrow(-2, length, new).copy_(value_states)
+        return self.extend(new)
+
+    def reserve(self, like: torch.Tensor, new: int) -> int:
+        """Room for `new` positions after the cached ones in `key_buffer` / `value_buffer` ([B, Hkv, capacity, D],
+        shaped like `like` [B, Hkv, *, D]); returns the cached length. A writer fills positions length.. of both
+        buffers, then calls `extend(new)` (update does; so do the compiled layers, accel/native_layers.py)."""
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        length = self.get_seq_length()
+        if not (self._holds_views() and length + new <= self.key_buffer.shape[-2]):
+            capacity = max(2 * (length + new), MIN_CAPACITY)
+            self.key_buffer = grown(self.keys, like, length, capacity)                       # [B, Hkv, capacity, D]
+            self.value_buffer = grown(self.values, like, length, capacity)
+        return length
+
+    def extend(self, new: int):
+        """Take the `new` positions written after the cached ones (see reserve) into the cache."""
+        length = self.get_seq_length()
         self.keys = self.key_buffer.narrow(-2, 0, length + new)                              # [B, Hkv, L, D] views
         self.values = self.value_buffer.narrow(-2, 0, length + new)
         return self.keys, self.values

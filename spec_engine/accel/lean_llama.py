@@ -36,6 +36,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel,
                                                       LlamaRMSNorm)
 
+from spec_engine.accel import native_layers
 from spec_engine.accel.cpu_gemm import ENGINE_LINEARS, PackedLinear, product
 
 LEAN_ATTRIBUTE = ENGINE_LINEARS     # cpu_gemm.prepack packs the fused projections stored under it
@@ -217,12 +218,20 @@ def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
     if positions is None:
         positions = torch.arange(start, start + n, device=embeds.device)              # [n]
     cos, sin = inner.rotary_emb(embeds, positions[None])                              # [1, n, D] each
+    if visible is not None:
+        assert visible.shape == (n, start + n) and visible.dtype == torch.bool, (tuple(visible.shape), start, n)
+    compiled = native_layers.run(inner, lean, embeds, cache, start, cos, sin, visible, wanted)
+    if compiled is not None:                    # every layer in one compiled call (fp32, blocked products)
+        hidden, states = compiled
+        hidden = rms_norm(inner.norm, hidden)
+        if last in wanted:
+            states[last] = hidden
+        return hidden, states
     half = sin.shape[-1] // 2
     cos, sin = cos[:, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, :, None]   # [1, n, 1, D]
     # One query attends to every cached key; several need the causal mask, offset by the cache: [n, start + n].
     # A tree brings its own: [n, start + n].
     if visible is not None:
-        assert visible.shape == (n, start + n) and visible.dtype == torch.bool, (tuple(visible.shape), start, n)
         mask = visible
     else:
         mask = None if n == 1 else torch.arange(start + n, device=embeds.device) <= positions[:, None]

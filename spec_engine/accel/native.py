@@ -39,14 +39,16 @@ def isa_flags() -> list[str]:
     return list(ISA_FLAGS.get(cpu_isa(), []))
 
 
-def compile_library(source: Path, stem: str, flags: list[str]) -> Path:
+def compile_library(source: Path, stem: str, flags: list[str], includes: tuple[Path, ...] = ()) -> Path:
     """Compile `source` with `flags` into the cache folder as `stem`-<hash>.so, unless that exact build is there
-    already; returns the library's path. Concurrent builders each write their own temporary file and rename it
-    into place. OSError without a compiler (set CXX to choose one), RuntimeError with the compiler's message."""
+    already; returns the library's path. `includes`: the sources it #includes, hashed with it (a change to either
+    builds again). Concurrent builders each write their own temporary file and rename it into place. OSError without
+    a compiler (set CXX to choose one), RuntimeError with the compiler's message."""
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         raise OSError("no C++ compiler (set CXX, or install g++)")
-    digest = hashlib.sha256(Path(source).read_bytes() + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
+    text = b"".join(Path(path).read_bytes() for path in (source, *includes))
+    digest = hashlib.sha256(text + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     path = cache_root() / "kernels" / f"{stem}-{digest}.so"
     if path.exists():
         return path

@@ -1,0 +1,182 @@
+"""The lean forward's decoder layers in one C++ call (csrc/lean_layers.cpp), for fp32 Llama stacks on the CPU over a
+few rows: the target's plain steps and verify forwards, and the EAGLE head's steps when it runs in fp32.
+
+Why this exists (measured on an AMD EPYC, two threads, SmolLM2-135M in fp32, 200 cached tokens, `python -m
+bench.native_layers`): a lean one-token forward cost 20.6 ms, of which the blocked kernel's 121 products took
+13.2 ms; the other 7.4 ms (a third of the step, 9.5 ms of a 4-row tree verify) were ~30 torch operations a layer
+around the products (norms, the rotary embedding, the cache's writes, attention, the activation, residuals),
+each dispatched from Python on its own. Speculative decoding pays that per round and plain decoding per token, and
+the EAGLE head pays it in each of its steps, where it is most of the step. torch.compile, the maintained remedy,
+measured slower here (lean_llama.py). So, as llama.cpp does, the layers run in compiled code: one call per forward
+does every layer, with the products by blocked_gemm.cpp's kernel.
+
+Scope: the lean path (lean_llama.run_layers) takes it when the stack is fp32 on the CPU, its products are the
+blocked kernel's at this row count (cpu_gemm's plan), every layer's KV cache is a GrowingLayer (it writes into the
+buffer's spare room), at most cpu_gemm.MAX_ROWS rows, and SPEC_ENGINE_NATIVE_LAYERS is not 0; anything else runs
+the lean path's torch operations. Numerics: transformers' arithmetic in fp32 (|d logit| ~1e-5, as the lean path;
+tests/test_lean_llama.py compares both paths with transformers) and batch-invariant: a row's numbers do not depend
+on the other rows of the call (see the .cpp), so a verified token gets a one-token forward's numbers bit for bit.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+
+import torch
+
+from spec_engine.accel import blocked_gemm, cpu_gemm, native
+from spec_engine.accel.growing_cache import GrowingLayer
+
+SOURCE = native.CSRC / "lean_layers.cpp"
+MAX_HEAD_DIM = 512          # the .cpp's rotary scratch row
+
+_LOCK = threading.Lock()
+_BUILT: dict[str, object] = {}          # isa -> the loaded library, or None where it failed
+
+
+class LayerPointers(ctypes.Structure):
+    """lean_layers.cpp's LeanLayer: one layer's packed weights, norms and KV buffers."""
+    _fields_ = [(name, ctypes.c_void_p) for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm",
+                                                      "gate_up", "gate_up_bias", "down", "down_bias", "keys",
+                                                      "values")] + [("capacity", ctypes.c_int), ("capture", ctypes.c_int)]
+
+
+def switched_off() -> bool:
+    return os.environ.get("SPEC_ENGINE_NATIVE_LAYERS", "1") == "0" or blocked_gemm.switched_off()
+
+
+def library():
+    """The built library for the blocked kernel's instruction set (its weights are packed for that kernel's block
+    width), or None where either is unavailable."""
+    kernel = blocked_gemm.kernel()
+    if kernel is None or switched_off():
+        return None
+    isa = kernel.isa
+    if isa not in _BUILT:
+        with _LOCK:
+            if isa not in _BUILT:
+                try:
+                    flags = [*native.BASE_FLAGS, "-fopenmp", *native.ISA_FLAGS[isa]]
+                    built = native.load_library(native.compile_library(SOURCE, f"lean_layers-{isa}", flags,
+                                                                       includes=(blocked_gemm.SOURCE,)))
+                    pointer, integer, number = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+                    built.lean_layers.argtypes = [pointer, *[integer] * 8, number, number, pointer, pointer, pointer,
+                                                  pointer, pointer, integer]
+                    built.lean_layers.restype = None
+                    _BUILT[isa] = built
+                except native.ERRORS as error:
+                    _BUILT[isa] = None
+                    warnings.warn(f"spec_engine: the compiled decoder layers are unavailable ({type(error).__name__}: "
+                                  f"{error}); the lean path's torch operations run instead", RuntimeWarning, stacklevel=2)
+    return _BUILT[isa]
+
+
+class Stack:
+    """What lean_layers needs of one decoder stack, worked out once: its layers' pointers (the packed weights held
+    here so they stay alive), shapes and cache indices; None from `of` where the stack does not qualify."""
+
+    def __init__(self, inner, lean):
+        self.layers = list(inner.layers)
+        first = self.layers[0]
+        attn, mlp = first.self_attn, first.mlp
+        self.first_linears = (lean.fused[first].qkv_proj, attn.o_proj, lean.fused[first].gate_up_proj, mlp.down_proj)
+        self.heads, self.kv_heads, self.head_dim = attn.config.num_attention_heads, lean.fused[first].kv_heads, attn.head_dim
+        self.hidden, self.intermediate = inner.config.hidden_size, mlp.down_proj.in_features
+        self.eps, self.scale = float(first.input_layernorm.variance_epsilon), float(attn.scaling)
+        self.cache_indices = [layer.self_attn.layer_idx for layer in self.layers]
+        self.array = (LayerPointers * len(self.layers))()
+        self.held = []
+        for slot, layer in zip(self.array, self.layers):
+            fused = lean.fused[layer]
+            linears = (fused.qkv_proj, layer.self_attn.o_proj, fused.gate_up_proj, layer.mlp.down_proj)
+            packed = [linear.packed_weight("blocked") for linear in linears]
+            biases = [linear.bias.detach().float().contiguous() if linear.bias is not None else None
+                      for linear in linears]
+            norms = [layer.input_layernorm.weight.detach().contiguous(),
+                     layer.post_attention_layernorm.weight.detach().contiguous()]
+            self.held += packed + [b for b in biases if b is not None] + norms
+            slot.qkv, slot.o, slot.gate_up, slot.down = (p.data_ptr() for p in packed)
+            slot.qkv_bias, slot.o_bias, slot.gate_up_bias, slot.down_bias = (
+                b.data_ptr() if b is not None else None for b in biases)
+            slot.input_norm, slot.post_norm = (w.data_ptr() for w in norms)
+        self.packed_first = self.held[0]
+
+    @staticmethod
+    def qualifies(inner, lean) -> bool:
+        layers = list(inner.layers)
+        if not layers:
+            return False
+        first = layers[0]
+        eps = first.input_layernorm.variance_epsilon
+        for layer in layers:
+            fused = lean.fused[layer]
+            linears = (fused.qkv_proj, layer.self_attn.o_proj, fused.gate_up_proj, layer.mlp.down_proj)
+            if not all(isinstance(linear, cpu_gemm.PackedLinear) and linear.weight.dtype == torch.float32
+                       for linear in linears):
+                return False
+            if (fused.act is not torch.nn.functional.silu or layer.self_attn.head_dim > MAX_HEAD_DIM
+                    or layer.self_attn.head_dim % 16):              # whole vectors of AVX-512 (and of AVX2)
+                return False
+            if {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon} != {eps}:
+                return False
+            if layer.input_layernorm.weight.dtype != torch.float32:
+                return False
+        return first.self_attn.config.num_attention_heads % lean.fused[first].kv_heads == 0
+
+    def fresh(self) -> bool:
+        """The packed weights are still the ones pointed at (a changed weight is packed again: cpu_gemm)."""
+        return self.first_linears[0].packed_weight("blocked") is self.packed_first
+
+
+def stack_for(inner, lean) -> Stack | None:
+    """The Stack of `inner` (cached on its fused projections' holder `lean`), or None where it does not qualify."""
+    stacks = lean.__dict__.setdefault("native_stacks", {})          # layers -> Stack, or False: does not qualify
+    key = tuple(id(layer) for layer in inner.layers)
+    stack = stacks.get(key)
+    if stack is False or (stack is not None and stack.fresh()):
+        return stack or None
+    stack = stacks[key] = Stack(inner, lean) if Stack.qualifies(inner, lean) else False
+    return stack or None
+
+
+def run(inner, lean, embeds: torch.Tensor, cache, start: int, cos: torch.Tensor, sin: torch.Tensor,
+        visible: torch.Tensor | None, wanted: set[int]) -> tuple[torch.Tensor, dict] | None:
+    """lean_llama.run_layers' work before the final norm, in one call: embeds [1, n, H] placed after the `start`
+    cached positions -> (the last layer's output [1, n, H], {index: state [1, n, H]} for the wanted indices below
+    the layer count); None where this path does not apply (the caller runs the torch operations)."""
+    n = embeds.shape[1]
+    built = library()
+    if (built is None or embeds.dtype != torch.float32 or embeds.device.type != "cpu" or n > cpu_gemm.MAX_ROWS
+            or not cpu_gemm.enabled() or cache is None):
+        return None
+    stack = stack_for(inner, lean)
+    if stack is None:
+        return None
+    if not all(cpu_gemm.kernel_for(linear, n) == "blocked" for linear in stack.first_linears):
+        return None
+    layers = [cache.layers[index] if index < len(cache.layers) else None for index in stack.cache_indices]
+    if not all(type(layer) is GrowingLayer for layer in layers):
+        return None
+    like = embeds.new_empty((1, stack.kv_heads, 0, stack.head_dim))
+    slots = sorted(index for index in wanted if index < len(stack.layers))
+    array = type(stack.array).from_buffer_copy(stack.array)       # this call's own: runs on other threads share the stack
+    for i, (slot, layer) in enumerate(zip(array, layers)):
+        if layer.reserve(like, n) != start:
+            return None                     # layers out of step: let the torch path's checks speak
+        slot.keys, slot.values = layer.key_buffer.data_ptr(), layer.value_buffer.data_ptr()
+        slot.capacity = layer.key_buffer.shape[-2]
+        slot.capture = slots.index(i) if i in wanted else -1
+    hidden = embeds.to(torch.float32, copy=True).contiguous()                        # [1, n, H], written in place
+    captured = embeds.new_empty((len(slots), n, stack.hidden)) if slots else None
+    mask = visible.contiguous().view(torch.uint8) if visible is not None else None   # [n, start + n]
+    cos, sin = cos.reshape(n, -1).float().contiguous(), sin.reshape(n, -1).float().contiguous()   # [n, D]
+    built.lean_layers(ctypes.addressof(array), len(stack.layers), n, start, stack.hidden, stack.heads,
+                      stack.kv_heads, stack.head_dim, stack.intermediate, stack.eps, stack.scale, cos.data_ptr(),
+                      sin.data_ptr(), mask.data_ptr() if mask is not None else None, hidden.data_ptr(),
+                      captured.data_ptr() if captured is not None else None, torch.get_num_threads())
+    for layer in layers:
+        layer.extend(n)
+    states = {index: captured[j][None] for j, index in enumerate(slots)}
+    return hidden, states
