@@ -98,8 +98,12 @@ class EagleHead(nn.Module):
             return features
         assert features.shape[-1] == len(self.feature_layers) * hidden, (features.shape, self.feature_layers)
         lower = features[..., :-hidden].unflatten(-1, (-1, hidden))                   # [..., layers - 1, H]
-        normed = [norm(lower[..., i, :]) for i, norm in enumerate(self.fuse_norms)]
-        return self.fuse(torch.cat([*normed, features[..., -hidden:]], dim=-1))       # [..., H]
+        # Every lower layer's LlamaRMSNorm at once (their arithmetic, one fused op instead of ~7 per layer: this runs
+        # in each round's catch-up), each with its own weight.
+        weights = torch.stack([norm.weight for norm in self.fuse_norms])             # [layers - 1, H]
+        eps = self.fuse_norms[0].variance_epsilon
+        normed = weights * F.rms_norm(lower.float(), (hidden,), eps=eps).to(lower.dtype)
+        return self.fuse(torch.cat([normed.flatten(-2), features[..., -hidden:]], dim=-1))   # [..., H]
 
     def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, position_ids: torch.Tensor | None = None,
                 cache=None, attention_mask: torch.Tensor | None = None,
