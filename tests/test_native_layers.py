@@ -144,9 +144,28 @@ def test_where_they_do_not_apply_the_torch_path_runs(monkeypatch, compiled_runs)
     plain.layers = [DynamicLayer() for _ in plain.layers]
     forward_logits(model, ids[:3], plain, 1)
     assert compiled_runs == [1]
-    half = llama(dtype=torch.bfloat16)                             # bf16: the torch path (oneDNN's products)
-    forward_logits(half, ids[:3], new_cache(half), 1)
+    double = llama(dtype=torch.float64)                            # float64: the torch path
+    forward_logits(double, ids[:3], new_cache(double), 1)
     assert compiled_runs == [1]
+
+
+def test_bf16_stacks_run_compiled_within_bf16_rounding(monkeypatch, compiled_runs):
+    """bf16 weights (the EAGLE head beside an fp32 target) multiply by AVX-512 BF16 dot products with fp32 rows in
+    between; a prefill block of the torch path leaves bf16 keys, which the first compiled forward converts."""
+    if not native_layers.library().bf16:
+        pytest.skip("this CPU has no AVX-512 BF16")
+    model = llama(dtype=torch.bfloat16)
+    ids = list(range(3, 60))
+    caches = new_cache(model), new_cache(model)
+    for run, cache in zip((lambda fn: fn(), lambda fn: transformers_path(monkeypatch, fn)), caches):
+        run(lambda: forward_logits(model, ids[:30], cache, 1))                # 30 rows: the torch path, bf16 keys
+        results = [run(lambda: forward_logits(model, ids[30 + i:31 + i], cache, 1)) for i in range(3)]
+        results.append(run(lambda: forward_logits(model, ids[33:38], cache, 5)))
+        cache.results = results
+    for compiled, stock in zip(*(cache.results for cache in caches)):
+        assert compiled.dtype == torch.bfloat16
+        torch.testing.assert_close(compiled.float(), stock.float(), rtol=0.02, atol=0.05)
+    assert compiled_runs == [1, 1, 1, 5] and caches[0].layers[0].keys.dtype == torch.float32
 
 
 def test_the_offline_default_and_its_head_run_compiled(smollm2, compiled_runs):
@@ -162,3 +181,21 @@ def test_the_offline_default_and_its_head_run_compiled(smollm2, compiled_runs):
         ids, k=12, max_new_tokens=16, sampling=greedy, eos_token_id=eos)
     assert result.tokens == expected.tokens
     assert any(rows > 1 for rows in compiled_runs)
+
+
+@pytest.mark.parametrize("in_features", [95, 96])
+def test_the_bf16_product_equals_bf16_linear_and_pads_odd_inputs(in_features):
+    if not native_layers.library().bf16:
+        pytest.skip("this CPU has no AVX-512 BF16")
+    from torch import nn
+    from spec_engine.accel.cpu_gemm import PackedLinear, batched_gemm
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, 130).to(torch.bfloat16).requires_grad_(False)
+    PackedLinear.wrap(linear)
+    x = torch.randn(16, in_features, dtype=torch.bfloat16)
+    with torch.no_grad(), batched_gemm():
+        whole = native_layers.bf16_product(linear, x)
+        rows = torch.cat([native_layers.bf16_product(linear, x[i:i + 1]) for i in range(16)])
+    assert torch.equal(whole, rows)                                   # a row's numbers do not depend on the others
+    torch.testing.assert_close(whole.float(), torch.nn.functional.linear(x, linear.weight, linear.bias).float(),
+                               rtol=0.01, atol=0.01)

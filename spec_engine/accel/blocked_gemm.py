@@ -142,6 +142,15 @@ def pack(weight: torch.Tensor, built: Kernel | None = None) -> torch.Tensor:
     return padded.reshape(-1, width, in_features).transpose(1, 2).contiguous()
 
 
+def pack_bf16(weight: torch.Tensor, width: int) -> torch.Tensor:
+    """weight [out, in] -> bf16 [ceil(out / width), ceil(in / 2), width, 2]: each block of `width` outputs, and for
+    each pair of inputs each output's two weights side by side (csrc/blocked_gemm.cpp's blocked_gemm_bf16, which
+    the compiled layers call: native_layers.py); zero-padded to whole blocks and pairs."""
+    out_features, in_features = weight.shape
+    padded = F.pad(weight.to(torch.bfloat16), (0, in_features % 2, 0, (-out_features) % width))
+    return padded.reshape(-1, width, padded.shape[1] // 2, 2).transpose(1, 2).contiguous()
+
+
 def product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
             built: Kernel | None = None) -> torch.Tensor:
     """x [..., in] @ weight.T + bias, the weight packed by `pack` (fp32, CPU)."""

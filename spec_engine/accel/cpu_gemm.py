@@ -199,6 +199,8 @@ def pack_weight(weight: torch.Tensor, kernel: str) -> torch.Tensor:
         return torch.ops.mkl._mkl_reorder_linear_weight(weight, MIN_ROWS)
     if kernel == "blocked":
         return blocked_gemm.pack(weight)
+    if kernel == "blocked_bf16":            # for the compiled layers only (native_layers.py)
+        return blocked_gemm.pack_bf16(weight, blocked_gemm.kernel().block_width)
     assert kernel == "onednn", kernel
     return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
 
@@ -210,6 +212,11 @@ def product(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
             and x.dtype == linear.weight.dtype):
         if x.dtype == torch.bfloat16:
             if bf16_hardware():          # else F.linear below: an AVX2-only CPU has no oneDNN bf16 product
+                if x.numel() // x.shape[-1] <= MAX_ROWS:
+                    from spec_engine.accel import native_layers          # (imports this module)
+                    found = native_layers.bf16_product(linear, x)       # AVX-512 BF16: the blocked kernel's twin
+                    if found is not None:
+                        return found
                 return onednn_product(x, linear.packed_weight("onednn"), linear.bias, linear.out_features)
         elif x.dtype == torch.float32:
             rows = x.numel() // x.shape[-1]

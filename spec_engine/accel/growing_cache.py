@@ -40,12 +40,13 @@ class GrowingLayer(DynamicLayer):
 
     def reserve(self, like: torch.Tensor, new: int) -> int:
         """Room for `new` positions after the cached ones in `key_buffer` / `value_buffer` ([B, Hkv, capacity, D],
-        shaped like `like` [B, Hkv, *, D]); returns the cached length. A writer fills positions length.. of both
+        shaped like `like` [B, Hkv, *, D] and of its dtype); returns the cached length. A writer fills positions length.. of both
         buffers, then calls `extend(new)` (update does; so do the compiled layers, accel/native_layers.py)."""
         if not self.is_initialized:
             self.lazy_initialization(like, like)
         length = self.get_seq_length()
-        if not (self._holds_views() and length + new <= self.key_buffer.shape[-2]):
+        if not (self._holds_views() and length + new <= self.key_buffer.shape[-2]
+                and self.key_buffer.dtype == like.dtype):           # a writer of another dtype: converted, once
             capacity = max(2 * (length + new), MIN_CAPACITY)
             self.key_buffer = grown(self.keys, like, length, capacity)                       # [B, Hkv, capacity, D]
             self.value_buffer = grown(self.values, like, length, capacity)

@@ -40,7 +40,8 @@ class LayerPointers(ctypes.Structure):
     """lean_layers.cpp's LeanLayer: one layer's packed weights, norms and KV buffers."""
     _fields_ = [(name, ctypes.c_void_p) for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm",
                                                       "gate_up", "gate_up_bias", "down", "down_bias", "keys",
-                                                      "values")] + [("capacity", ctypes.c_int), ("capture", ctypes.c_int)]
+                                                      "values")] + [("capacity", ctypes.c_int), ("capture", ctypes.c_int),
+                                                                    ("bf16", ctypes.c_int)]
 
 
 def switched_off() -> bool:
@@ -54,17 +55,25 @@ def library():
     if kernel is None or switched_off():
         return None
     isa = kernel.isa
+    if isa == "avx512" and torch.cpu._is_avx512_bf16_supported():
+        isa = "avx512bf16"                  # bf16 products too: the EAGLE head beside an fp32 target
     if isa not in _BUILT:
         with _LOCK:
             if isa not in _BUILT:
                 try:
-                    flags = [*native.BASE_FLAGS, "-fopenmp", *native.ISA_FLAGS[isa]]
+                    extra = ["-mavx512bf16"] if isa == "avx512bf16" else []
+                    flags = [*native.BASE_FLAGS, "-fopenmp", *native.ISA_FLAGS[kernel.isa], *extra]
                     built = native.load_library(native.compile_library(SOURCE, f"lean_layers-{isa}", flags,
                                                                        includes=(blocked_gemm.SOURCE,)))
                     pointer, integer, number = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
                     built.lean_layers.argtypes = [pointer, *[integer] * 8, number, number, pointer, pointer, pointer,
                                                   pointer, pointer, integer]
                     built.lean_layers.restype = None
+                    built.lean_layers_bf16.restype = ctypes.c_int
+                    built.bf16 = bool(built.lean_layers_bf16())
+                    if built.bf16:
+                        built.blocked_gemm_bf16.argtypes = [pointer] * 4 + [integer] * 4
+                        built.blocked_gemm_bf16.restype = None
                     _BUILT[isa] = built
                 except native.ERRORS as error:
                     _BUILT[isa] = None
@@ -80,6 +89,8 @@ class Stack:
     def __init__(self, inner, lean):
         self.layers = list(inner.layers)
         first = self.layers[0]
+        self.dtype = first.self_attn.o_proj.weight.dtype            # fp32, or bf16 (a library built with bf16)
+        kind = "blocked_bf16" if self.dtype == torch.bfloat16 else "blocked"
         attn, mlp = first.self_attn, first.mlp
         self.first_linears = (lean.fused[first].qkv_proj, attn.o_proj, lean.fused[first].gate_up_proj, mlp.down_proj)
         self.heads, self.kv_heads, self.head_dim = attn.config.num_attention_heads, lean.fused[first].kv_heads, attn.head_dim
@@ -91,29 +102,33 @@ class Stack:
         for slot, layer in zip(self.array, self.layers):
             fused = lean.fused[layer]
             linears = (fused.qkv_proj, layer.self_attn.o_proj, fused.gate_up_proj, layer.mlp.down_proj)
-            packed = [linear.packed_weight("blocked") for linear in linears]
+            packed = [linear.packed_weight(kind) for linear in linears]
             biases = [linear.bias.detach().float().contiguous() if linear.bias is not None else None
                       for linear in linears]
-            norms = [layer.input_layernorm.weight.detach().contiguous(),
-                     layer.post_attention_layernorm.weight.detach().contiguous()]
+            norms = [layer.input_layernorm.weight.detach().float().contiguous(),
+                     layer.post_attention_layernorm.weight.detach().float().contiguous()]
             self.held += packed + [b for b in biases if b is not None] + norms
             slot.qkv, slot.o, slot.gate_up, slot.down = (p.data_ptr() for p in packed)
             slot.qkv_bias, slot.o_bias, slot.gate_up_bias, slot.down_bias = (
                 b.data_ptr() if b is not None else None for b in biases)
             slot.input_norm, slot.post_norm = (w.data_ptr() for w in norms)
-        self.packed_first = self.held[0]
+            slot.bf16 = int(self.dtype == torch.bfloat16)
+        self.kind, self.packed_first = kind, self.held[0]
 
     @staticmethod
-    def qualifies(inner, lean) -> bool:
+    def qualifies(inner, lean, built) -> bool:
         layers = list(inner.layers)
         if not layers:
             return False
         first = layers[0]
         eps = first.input_layernorm.variance_epsilon
+        dtype = first.self_attn.o_proj.weight.dtype
+        if not (dtype == torch.float32 or dtype == torch.bfloat16 and built.bf16):
+            return False
         for layer in layers:
             fused = lean.fused[layer]
             linears = (fused.qkv_proj, layer.self_attn.o_proj, fused.gate_up_proj, layer.mlp.down_proj)
-            if not all(isinstance(linear, cpu_gemm.PackedLinear) and linear.weight.dtype == torch.float32
+            if not all(isinstance(linear, cpu_gemm.PackedLinear) and linear.weight.dtype == dtype
                        for linear in linears):
                 return False
             if (fused.act is not torch.nn.functional.silu or layer.self_attn.head_dim > MAX_HEAD_DIM
@@ -121,23 +136,21 @@ class Stack:
                 return False
             if {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon} != {eps}:
                 return False
-            if layer.input_layernorm.weight.dtype != torch.float32:
-                return False
         return first.self_attn.config.num_attention_heads % lean.fused[first].kv_heads == 0
 
     def fresh(self) -> bool:
         """The packed weights are still the ones pointed at (a changed weight is packed again: cpu_gemm)."""
-        return self.first_linears[0].packed_weight("blocked") is self.packed_first
+        return self.first_linears[0].packed_weight(self.kind) is self.packed_first
 
 
-def stack_for(inner, lean) -> Stack | None:
+def stack_for(inner, lean, built) -> Stack | None:
     """The Stack of `inner` (cached on its fused projections' holder `lean`), or None where it does not qualify."""
     stacks = lean.__dict__.setdefault("native_stacks", {})          # layers -> Stack, or False: does not qualify
     key = tuple(id(layer) for layer in inner.layers)
     stack = stacks.get(key)
     if stack is False or (stack is not None and stack.fresh()):
         return stack or None
-    stack = stacks[key] = Stack(inner, lean) if Stack.qualifies(inner, lean) else False
+    stack = stacks[key] = Stack(inner, lean) if Stack.qualifies(inner, lean, built) else False
     return stack or None
 
 
@@ -148,18 +161,20 @@ def run(inner, lean, embeds: torch.Tensor, cache, start: int, cos: torch.Tensor,
     the layer count); None where this path does not apply (the caller runs the torch operations)."""
     n = embeds.shape[1]
     built = library()
-    if (built is None or embeds.dtype != torch.float32 or embeds.device.type != "cpu" or n > cpu_gemm.MAX_ROWS
-            or not cpu_gemm.enabled() or cache is None):
+    if built is None or embeds.device.type != "cpu" or not cpu_gemm.enabled() or cache is None:
         return None
-    stack = stack_for(inner, lean)
-    if stack is None:
+    stack = stack_for(inner, lean, built)
+    if stack is None or embeds.dtype != stack.dtype:
         return None
-    if not all(cpu_gemm.kernel_for(linear, n) == "blocked" for linear in stack.first_linears):
-        return None
+    if n > cpu_gemm.MAX_ROWS or stack.dtype == torch.float32 and not all(
+            cpu_gemm.kernel_for(linear, n) == "blocked" for linear in stack.first_linears):
+        return None                         # prefill blocks: the torch operations (MKL / oneDNN products)
     layers = [cache.layers[index] if index < len(cache.layers) else None for index in stack.cache_indices]
     if not all(type(layer) is GrowingLayer for layer in layers):
         return None
-    like = embeds.new_empty((1, stack.kv_heads, 0, stack.head_dim))
+    # The compiled layers keep fp32 keys and values, a bf16 stack's too (its rows are fp32 between the products);
+    # reserve converts a layer that a torch forward filled in bf16, once.
+    like = torch.empty((1, stack.kv_heads, 0, stack.head_dim), dtype=torch.float32)
     slots = sorted(index for index in wanted if index < len(stack.layers))
     array = type(stack.array).from_buffer_copy(stack.array)       # this call's own: runs on other threads share the stack
     for i, (slot, layer) in enumerate(zip(array, layers)):
@@ -169,7 +184,7 @@ def run(inner, lean, embeds: torch.Tensor, cache, start: int, cos: torch.Tensor,
         slot.capacity = layer.key_buffer.shape[-2]
         slot.capture = slots.index(i) if i in wanted else -1
     hidden = embeds.to(torch.float32, copy=True).contiguous()                        # [1, n, H], written in place
-    captured = embeds.new_empty((len(slots), n, stack.hidden)) if slots else None
+    captured = torch.empty((len(slots), n, stack.hidden)) if slots else None
     mask = visible.contiguous().view(torch.uint8) if visible is not None else None   # [n, start + n]
     cos, sin = cos.reshape(n, -1).float().contiguous(), sin.reshape(n, -1).float().contiguous()   # [n, D]
     built.lean_layers(ctypes.addressof(array), len(stack.layers), n, start, stack.hidden, stack.heads,
@@ -178,5 +193,23 @@ def run(inner, lean, embeds: torch.Tensor, cache, start: int, cos: torch.Tensor,
                       captured.data_ptr() if captured is not None else None, torch.get_num_threads())
     for layer in layers:
         layer.extend(n)
-    states = {index: captured[j][None] for j, index in enumerate(slots)}
-    return hidden, states
+    states = {index: captured[j][None].to(embeds.dtype) for j, index in enumerate(slots)}
+    return hidden.to(embeds.dtype), states
+
+
+def bf16_product(linear, x: torch.Tensor) -> torch.Tensor | None:
+    """linear(x) for a bf16 PackedLinear by the blocked kernel's bf16 twin (fp32 accumulation, x rounded to bf16 as
+    oneDNN rounds it), or None where it is unavailable. Why not oneDNN's: the EAGLE head multiplies one to a few rows
+    by weights that the target's forward has just evicted from the caches, and there oneDNN's bf16 product read them
+    at ~20 GB/s where the blocked kernel streams at ~40 (an LM head of 8,192 rows: 0.46-0.78 ms cold)."""
+    built = library()
+    if built is None or not built.bf16:
+        return None
+    in_features, out_features = x.shape[-1], linear.out_features
+    rows = x.reshape(-1, in_features).float().contiguous()
+    bias = linear.bias.detach().float().contiguous() if linear.bias is not None else None
+    packed = linear.packed_weight("blocked_bf16")
+    y = torch.empty(rows.shape[0], out_features)
+    built.blocked_gemm_bf16(rows.data_ptr(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
+                            y.data_ptr(), rows.shape[0], in_features, out_features, torch.get_num_threads())
+    return y.reshape(*x.shape[:-1], out_features).to(x.dtype)

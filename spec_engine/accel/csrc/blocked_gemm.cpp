@@ -20,6 +20,7 @@
 #include <immintrin.h>
 #include <cstddef>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX512F__)
 typedef __m512 vec;
@@ -101,3 +102,72 @@ extern "C" void blocked_gemm(const float* x, const float* packed, const float* b
     }
   }
 }
+
+#if defined(__AVX512BF16__)
+// bf16 weights, fp32 rows and outputs (the EAGLE head beside an fp32 target: half the bytes to stream). The weight is
+// packed as P [ceil(N / NB)][ceil(K / 2)][NB][2] (bf16, zero-padded): for each pair of inputs, each output's two
+// weights side by side, as AVX-512 BF16's dot product reads them. Each row of x is rounded to bf16 once (to nearest
+// even), then every output is one chain of pairwise dot products over k in order (fp32 accumulation), so a row's
+// result does not depend on the other rows of the call either.
+static const int PAIR_PREFETCH_K = PREFETCH_BYTES / (NB * 4);   // pairs: NB outputs x 2 inputs x 2 bytes each
+
+template <int NR>
+static void micro_bf16(const unsigned int* x, const unsigned short* p, int K2, float* out) {
+  __m512 acc[NR][NV];
+  for (int r = 0; r < NR; r++)
+    for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+  for (int k = 0; k < K2; k++) {
+    __m512i w[NV];
+    for (int v = 0; v < NV; v++) w[v] = _mm512_loadu_si512((const void*)(p + ((size_t)k * NB + v * VL) * 2));
+    for (int c = 0; c < NB * 2; c += 32)
+      _mm_prefetch((const char*)(p + (size_t)(k + PAIR_PREFETCH_K) * NB * 2 + c), _MM_HINT_T0);
+    for (int r = 0; r < NR; r++) {
+      const __m512i xb = _mm512_set1_epi32((int)x[(size_t)r * K2 + k]);
+      for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)xb, (__m512bh)w[v]);
+    }
+  }
+  for (int r = 0; r < NR; r++)
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(out + r * NB + v * VL, acc[r][v]);
+}
+
+typedef void (*micro_bf16_fn)(const unsigned int*, const unsigned short*, int, float*);
+static const micro_bf16_fn MICRO_BF16[9] = {nullptr, micro_bf16<1>, micro_bf16<2>, micro_bf16<3>, micro_bf16<4>,
+                                            micro_bf16<5>, micro_bf16<6>, micro_bf16<7>, micro_bf16<8>};
+
+static inline unsigned short to_bf16(float value) {          // round to nearest even (inputs are finite)
+  unsigned int bits;
+  std::memcpy(&bits, &value, 4);
+  return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+extern "C" void blocked_gemm_bf16(const float* x, const unsigned short* packed, const float* bias, float* y, int M,
+                                  int K, int N, int threads) {
+  if (M <= 0 || N <= 0) return;
+  const int K2 = (K + 1) / 2, blocks = (N + NB - 1) / NB;
+  std::vector<unsigned int> pairs((size_t)M * K2);            // x in bf16, two inputs per 32-bit lane
+  for (int r = 0; r < M; r++)
+    for (int k = 0; k < K2; k++) {
+      const unsigned int lo = to_bf16(x[(size_t)r * K + 2 * k]);
+      const unsigned int hi = 2 * k + 1 < K ? to_bf16(x[(size_t)r * K + 2 * k + 1]) : 0u;
+      pairs[(size_t)r * K2 + k] = lo | (hi << 16);
+    }
+  const int row_blocks = (M + NR_MAX - 1) / NR_MAX, nr = (M + row_blocks - 1) / row_blocks;
+  #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int b = 0; b < blocks; b++) {
+    const int j0 = b * NB, width = N - j0 < NB ? N - j0 : NB;
+    float tile[NR_MAX * NB];
+    for (int r0 = 0; r0 < M; r0 += nr) {
+      const int rows = M - r0 < nr ? M - r0 : nr;
+      MICRO_BF16[rows](pairs.data() + (size_t)r0 * K2, packed + (size_t)b * K2 * NB * 2, K2, tile);
+      for (int r = 0; r < rows; r++) {
+        float* dst = y + (size_t)(r0 + r) * N + j0;
+        const float* src = tile + r * NB;
+        if (bias)
+          for (int j = 0; j < width; j++) dst[j] = src[j] + bias[j0 + j];
+        else
+          std::memcpy(dst, src, width * sizeof(float));
+      }
+    }
+  }
+}
+#endif

@@ -40,7 +40,27 @@ struct LeanLayer {
   float* values;
   int capacity;
   int capture;  // the slot of `captured` that receives this layer's input rows, or -1
+  int bf16;     // the four products' weights are bf16 (blocked_gemm_bf16's layout), else fp32
 };
+
+extern "C" int lean_layers_bf16() {  // whether this build multiplies bf16 weights (AVX-512 BF16)
+#if defined(__AVX512BF16__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+static void product(const LeanLayer& layer, const float* x, const float* packed, const float* bias, float* y, int M,
+                    int K, int N, int threads) {
+#if defined(__AVX512BF16__)
+  if (layer.bf16) {
+    blocked_gemm_bf16(x, (const unsigned short*)packed, bias, y, M, K, N, threads);
+    return;
+  }
+#endif
+  blocked_gemm(x, packed, bias, y, M, K, N, threads);
+}
 
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, per row (LlamaRMSNorm's arithmetic in fp32).
 static void rms_norm(const float* x, const float* weight, float* out, int n, int H, float eps) {
@@ -144,7 +164,7 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
     const LeanLayer& layer = layers[l];
     if (layer.capture >= 0) std::memcpy(captured + (size_t)layer.capture * n * H, hidden, (size_t)n * H * sizeof(float));
     rms_norm(hidden, layer.input_norm, normed.data(), n, H, eps);
-    blocked_gemm(normed.data(), layer.qkv, layer.qkv_bias, qkv.data(), n, H, qkv_width, threads);
+    product(layer, normed.data(), layer.qkv, layer.qkv_bias, qkv.data(), n, H, qkv_width, threads);
     for (int r = 0; r < n; r++) {  // rotate queries and keys; append keys and values to the cache
       float* row = qkv.data() + (size_t)r * qkv_width;
       for (int h = 0; h < Hq + Hkv; h++) rotate(row + h * D, cos + (size_t)r * D, sin + (size_t)r * D, D);
@@ -162,10 +182,10 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
              layer.values + (size_t)kv * layer.capacity * D, L, visible ? visible + (size_t)r * L : nullptr,
              start + r, D, scale, own, attended.data() + ((size_t)r * Hq + h) * D);
     }
-    blocked_gemm(attended.data(), layer.o, layer.o_bias, delta.data(), n, Hq * D, H, threads);
+    product(layer, attended.data(), layer.o, layer.o_bias, delta.data(), n, Hq * D, H, threads);
     for (size_t i = 0; i < (size_t)n * H; i++) hidden[i] += delta[i];
     rms_norm(hidden, layer.post_norm, normed.data(), n, H, eps);
-    blocked_gemm(normed.data(), layer.gate_up, layer.gate_up_bias, gate_up.data(), n, H, 2 * I, threads);
+    product(layer, normed.data(), layer.gate_up, layer.gate_up_bias, gate_up.data(), n, H, 2 * I, threads);
     for (int r = 0; r < n; r++) {
       const float* gate = gate_up.data() + (size_t)r * 2 * I;
       const float* up = gate + I;
@@ -173,7 +193,7 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
 #pragma omp simd
       for (int i = 0; i < I; i++) dst[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
     }
-    blocked_gemm(act.data(), layer.down, layer.down_bias, delta.data(), n, I, H, threads);
+    product(layer, act.data(), layer.down, layer.down_bias, delta.data(), n, I, H, threads);
     for (size_t i = 0; i < (size_t)n * H; i++) hidden[i] += delta[i];
   }
 }
