@@ -1,5 +1,5 @@
-"""The lean forward's decoder layers in one C++ call (csrc/lean_layers.cpp), for fp32 Llama stacks on the CPU over a
-few rows: the target's plain steps and verify forwards, and the EAGLE head's steps when it runs in fp32.
+"""The lean forward's decoder layers in one C++ call (csrc/lean_layers.cpp), for Llama stacks on the CPU over a few
+rows: the fp32 target's plain steps and verify forwards, and the EAGLE head's bf16 steps (on CPUs with AVX-512 BF16).
 
 Why this exists (measured on an AMD EPYC, two threads, SmolLM2-135M in fp32, 200 cached tokens, `python -m
 bench.native_layers`): a lean one-token forward cost 20.6 ms, of which the blocked kernel's 121 products took
@@ -10,10 +10,11 @@ the EAGLE head pays it in each of its steps, where it is most of the step. torch
 measured slower here (lean_llama.py). So, as llama.cpp does, the layers run in compiled code: one call per forward
 does every layer, with the products by blocked_gemm.cpp's kernel.
 
-Scope: the lean path (lean_llama.run_layers) takes it when the stack is fp32 on the CPU, its products are the
-blocked kernel's at this row count (cpu_gemm's plan), every layer's KV cache is a GrowingLayer (it writes into the
-buffer's spare room), at most cpu_gemm.MAX_ROWS rows, and SPEC_ENGINE_NATIVE_LAYERS is not 0; anything else runs
-the lean path's torch operations. Numerics: transformers' arithmetic in fp32 (|d logit| ~1e-5, as the lean path;
+Scope: the lean path (lean_llama.run_layers) takes it when the stack is on the CPU, fp32 with the blocked kernel's
+products at this row count (cpu_gemm's plan) or bf16 where the library multiplies bf16 (the blocked kernel's twin,
+fp32 rows between the products), every layer's KV cache is a GrowingLayer (it writes into the buffer's spare room;
+fp32 keys and values), at most cpu_gemm.MAX_ROWS rows, and SPEC_ENGINE_NATIVE_LAYERS is not 0; anything else, prefill
+blocks included, runs the lean path's torch operations. Numerics: transformers' arithmetic in fp32 (|d logit| ~1e-5, as the lean path;
 tests/test_lean_llama.py compares both paths with transformers) and batch-invariant: a row's numbers do not depend
 on the other rows of the call (see the .cpp), so a verified token gets a one-token forward's numbers bit for bit.
 """
