@@ -78,24 +78,28 @@ def test_run_hover_stop_in_a_browser(page, tmp_path):
     assert abs(box["x"] - anchor["x"]) < 500 and box["width"] > 100
     page.screenshot(path=str(tmp_path / "playground-running.png"), full_page=True)
 
-    # Stop ends the run within about one round and says so. A fast machine may have decoded all 600 tokens during
-    # the hover checks (then the page says "finished", or "Measuring the speed" while its speed is measured): then,
-    # once that run is over, a fresh run of the same prompt is stopped as soon as it streams.
-    if "Decoding" not in page.evaluate("document.querySelector('#spec-stats').innerText"):
-        page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')",
-                               timeout=240_000)
-        page.click("#spec-run")
-        page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Decoding')",
-                               timeout=120_000)
-    page.click("#spec-stop")
-    page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Stopped after')", timeout=30_000)
-    # The stopped view is sent again STOP_REASSERT_SECONDS later (a live update computed before the click may land
-    # after the first one); from then on nothing changes.
-    time.sleep(handlers.STOP_REASSERT_SECONDS + 0.5)
-    assert "Stopped after" in page.evaluate("document.querySelector('#spec-stats').innerText")
-    shown_at_stop, committed_at_stop = token_count(page), committed_count(page)
-    time.sleep(2.0)
-    assert (token_count(page), committed_count(page)) == (shown_at_stop, committed_at_stop)
+    # Stop ends the run within about one round and says so. A fast machine may decode all 600 tokens during the hover
+    # checks (the page then says "finished", or "Measuring the speed" while its speed is measured), or between the
+    # check below and the click (the compiled layers decode this prompt at ~100 tok/s): then, once that run is over,
+    # a fresh run of the same prompt is stopped as soon as it streams.
+    stats = "document.querySelector('#spec-stats').innerText"
+    for attempt in range(3):
+        if attempt or "Decoding" not in page.evaluate(stats):
+            page.wait_for_function(f"{stats}.includes('finished') || {stats}.includes('Stopped after')",
+                                   timeout=240_000)
+            page.click("#spec-run")
+            page.wait_for_function(f"{stats}.includes('Decoding')", timeout=120_000)
+        page.click("#spec-stop")
+        page.wait_for_function(f"{stats}.includes('Stopped after')", timeout=30_000)
+        # The stopped view is sent again STOP_REASSERT_SECONDS later (a live update computed before the click may
+        # land after the first one); from then on nothing changes.
+        time.sleep(handlers.STOP_REASSERT_SECONDS + 0.5)
+        assert "Stopped after" in page.evaluate(stats)
+        shown_at_stop, committed_at_stop = token_count(page), committed_count(page)
+        time.sleep(2.0)
+        assert (token_count(page), committed_count(page)) == (shown_at_stop, committed_at_stop)
+        if committed_at_stop < 600:
+            break                           # else the run had reached its budget before the click landed: again
     # Stopped before its token budget (rejected drafts are shown too, so the spans alone may pass it).
     assert 0 < committed_at_stop < 600
     page.screenshot(path=str(tmp_path / "playground-stopped.png"), full_page=True)
