@@ -83,7 +83,8 @@ def main(argv=None) -> None:
              "|---|---|---|---|---|---|"]
     for name in runs:
         c, t = median[("compiled", name)], median[("torch", name)]
-        lines.append(f"| {name} | {1e3 * c:.2f} | {1e3 * t:.2f} | {c / t:.2f} | {c / median[('compiled', 'step')]:.2f} | "
+        c_steps = c / median[("compiled", "step")]
+        lines.append(f"| {name} | {1e3 * c:.2f} | {1e3 * t:.2f} | {c / t:.2f} | {c_steps:.2f} | "
                      f"{t / median[('torch', 'step')]:.2f} |")
     report = "\n".join(lines)
     print(report)

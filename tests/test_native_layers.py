@@ -156,13 +156,12 @@ def test_bf16_stacks_run_compiled_within_bf16_rounding(monkeypatch, compiled_run
         pytest.skip("this CPU has no AVX-512 BF16")
     model = llama(dtype=torch.bfloat16)
     ids = list(range(3, 60))
-    caches = new_cache(model), new_cache(model)
+    caches, results = (new_cache(model), new_cache(model)), []
     for run, cache in zip((lambda fn: fn(), lambda fn: transformers_path(monkeypatch, fn)), caches):
         run(lambda: forward_logits(model, ids[:30], cache, 1))                # 30 rows: the torch path, bf16 keys
-        results = [run(lambda: forward_logits(model, ids[30 + i:31 + i], cache, 1)) for i in range(3)]
-        results.append(run(lambda: forward_logits(model, ids[33:38], cache, 5)))
-        cache.results = results
-    for compiled, stock in zip(*(cache.results for cache in caches)):
+        results.append([run(lambda: forward_logits(model, ids[30 + i:31 + i], cache, 1)) for i in range(3)]
+                       + [run(lambda: forward_logits(model, ids[33:38], cache, 5))])
+    for compiled, stock in zip(*results):
         assert compiled.dtype == torch.bfloat16
         torch.testing.assert_close(compiled.float(), stock.float(), rtol=0.02, atol=0.05)
     assert compiled_runs == [1, 1, 1, 5] and caches[0].layers[0].keys.dtype == torch.float32

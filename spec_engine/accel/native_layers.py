@@ -13,10 +13,11 @@ does every layer, with the products by blocked_gemm.cpp's kernel.
 Scope: the lean path (lean_llama.run_layers) takes it when the stack is on the CPU, fp32 with the blocked kernel's
 products at this row count (cpu_gemm's plan) or bf16 where the library multiplies bf16 (the blocked kernel's twin,
 fp32 rows between the products), every layer's KV cache is a GrowingLayer (it writes into the buffer's spare room;
-fp32 keys and values), at most cpu_gemm.MAX_ROWS rows, and SPEC_ENGINE_NATIVE_LAYERS is not 0; anything else, prefill
-blocks included, runs the lean path's torch operations. Numerics: transformers' arithmetic in fp32 (|d logit| ~1e-5, as the lean path;
-tests/test_lean_llama.py compares both paths with transformers) and batch-invariant: a row's numbers do not depend
-on the other rows of the call (see the .cpp), so a verified token gets a one-token forward's numbers bit for bit.
+fp32 keys and values), at most cpu_gemm.MAX_ROWS rows, and SPEC_ENGINE_NATIVE_LAYERS is not 0; anything else,
+prefill blocks included, runs the lean path's torch operations. Numerics: transformers' arithmetic in fp32
+(|d logit| ~1e-5, as the lean path; tests/test_native_layers.py compares both paths with transformers) and
+batch-invariant: a row's numbers do not depend on the other rows of the call (see the .cpp), so a verified token
+gets a one-token forward's numbers bit for bit.
 """
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ class LayerPointers(ctypes.Structure):
     """lean_layers.cpp's LeanLayer: one layer's packed weights, norms and KV buffers."""
     _fields_ = [(name, ctypes.c_void_p) for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm",
                                                       "gate_up", "gate_up_bias", "down", "down_bias", "keys",
-                                                      "values")] + [("capacity", ctypes.c_int), ("capture", ctypes.c_int),
-                                                                    ("bf16", ctypes.c_int)]
+                                                      "values")] + [(name, ctypes.c_int) for name in ("capacity",
+                                                                                                     "capture", "bf16")]
 
 
 def switched_off() -> bool:
@@ -56,15 +57,15 @@ def library():
     if kernel is None or switched_off():
         return None
     isa = kernel.isa
-    if isa == "avx512" and torch.cpu._is_avx512_bf16_supported():
-        isa = "avx512bf16"                  # bf16 products too: the EAGLE head beside an fp32 target
     if isa not in _BUILT:
         with _LOCK:
             if isa not in _BUILT:
                 try:
-                    extra = ["-mavx512bf16"] if isa == "avx512bf16" else []
-                    flags = [*native.BASE_FLAGS, "-fopenmp", *native.ISA_FLAGS[kernel.isa], *extra]
-                    built = native.load_library(native.compile_library(SOURCE, f"lean_layers-{isa}", flags,
+                    bf16 = isa == "avx512" and torch.cpu._is_avx512_bf16_supported()   # the EAGLE head's products
+                    flags = [*native.BASE_FLAGS, "-fopenmp", *native.ISA_FLAGS[isa],
+                             *(["-mavx512bf16"] if bf16 else [])]
+                    name = f"lean_layers-{isa}{'bf16' if bf16 else ''}"
+                    built = native.load_library(native.compile_library(SOURCE, name, flags,
                                                                        includes=(blocked_gemm.SOURCE,)))
                     pointer, integer, number = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
                     built.lean_layers.argtypes = [pointer, *[integer] * 8, number, number, pointer, pointer, pointer,
@@ -79,8 +80,15 @@ def library():
                 except native.ERRORS as error:
                     _BUILT[isa] = None
                     warnings.warn(f"spec_engine: the compiled decoder layers are unavailable ({type(error).__name__}: "
-                                  f"{error}); the lean path's torch operations run instead", RuntimeWarning, stacklevel=2)
+                                  f"{error}); the lean path's torch operations run instead", RuntimeWarning,
+                                  stacklevel=2)
     return _BUILT[isa]
+
+
+def products(lean, layer) -> tuple:
+    """A decoder layer's four products, in the order lean_layers.cpp takes them: q|k|v, o, gate|up, down."""
+    fused = lean.fused[layer]
+    return fused.qkv_proj, layer.self_attn.o_proj, fused.gate_up_proj, layer.mlp.down_proj
 
 
 class Stack:
@@ -93,16 +101,16 @@ class Stack:
         self.dtype = first.self_attn.o_proj.weight.dtype            # fp32, or bf16 (a library built with bf16)
         kind = "blocked_bf16" if self.dtype == torch.bfloat16 else "blocked"
         attn, mlp = first.self_attn, first.mlp
-        self.first_linears = (lean.fused[first].qkv_proj, attn.o_proj, lean.fused[first].gate_up_proj, mlp.down_proj)
-        self.heads, self.kv_heads, self.head_dim = attn.config.num_attention_heads, lean.fused[first].kv_heads, attn.head_dim
+        self.first_linears = products(lean, first)
+        self.heads, self.kv_heads = attn.config.num_attention_heads, lean.fused[first].kv_heads
+        self.head_dim = attn.head_dim
         self.hidden, self.intermediate = inner.config.hidden_size, mlp.down_proj.in_features
         self.eps, self.scale = float(first.input_layernorm.variance_epsilon), float(attn.scaling)
         self.cache_indices = [layer.self_attn.layer_idx for layer in self.layers]
         self.array = (LayerPointers * len(self.layers))()
         self.held = []
         for slot, layer in zip(self.array, self.layers):
-            fused = lean.fused[layer]
-            linears = (fused.qkv_proj, layer.self_attn.o_proj, fused.gate_up_proj, layer.mlp.down_proj)
+            linears = products(lean, layer)
             packed = [linear.packed_weight(kind) for linear in linears]
             biases = [linear.bias.detach().float().contiguous() if linear.bias is not None else None
                       for linear in linears]
@@ -127,12 +135,10 @@ class Stack:
         if not (dtype == torch.float32 or dtype == torch.bfloat16 and built.bf16):
             return False
         for layer in layers:
-            fused = lean.fused[layer]
-            linears = (fused.qkv_proj, layer.self_attn.o_proj, fused.gate_up_proj, layer.mlp.down_proj)
             if not all(isinstance(linear, cpu_gemm.PackedLinear) and linear.weight.dtype == dtype
-                       for linear in linears):
+                       for linear in products(lean, layer)):
                 return False
-            if (fused.act is not torch.nn.functional.silu or layer.self_attn.head_dim > MAX_HEAD_DIM
+            if (lean.fused[layer].act is not torch.nn.functional.silu or layer.self_attn.head_dim > MAX_HEAD_DIM
                     or layer.self_attn.head_dim % 16):              # whole vectors of AVX-512 (and of AVX2)
                 return False
             if {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon} != {eps}:
@@ -177,7 +183,7 @@ def run(inner, lean, embeds: torch.Tensor, cache, start: int, cos: torch.Tensor,
     # reserve converts a layer that a torch forward filled in bf16, once.
     like = torch.empty((1, stack.kv_heads, 0, stack.head_dim), dtype=torch.float32)
     slots = sorted(index for index in wanted if index < len(stack.layers))
-    array = type(stack.array).from_buffer_copy(stack.array)       # this call's own: runs on other threads share the stack
+    array = type(stack.array).from_buffer_copy(stack.array)       # this call's own: other threads share the stack
     for i, (slot, layer) in enumerate(zip(array, layers)):
         if layer.reserve(like, n) != start:
             return None                     # layers out of step: let the torch path's checks speak

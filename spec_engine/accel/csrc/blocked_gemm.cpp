@@ -78,9 +78,10 @@ static const micro_fn MICRO[9] = {nullptr, micro<1>, micro<2>, micro<NR_MAX < 3 
 
 extern "C" int blocked_gemm_block_width() { return NB; }
 
-// y [M, N] = x [M, K] @ W^T (+ bias [N]), W packed as above; threads share the column blocks.
-extern "C" void blocked_gemm(const float* x, const float* packed, const float* bias, float* y, int M, int K, int N,
-                             int threads) {
+// y [M, N] = micro products of M rows by the packed blocks (+ bias [N]): threads share the column blocks, and each
+// block's rows go through `micro` (rows, row offset, the block's index, tile) NR_MAX or fewer at a time, split evenly.
+template <typename Micro>
+static void over_blocks(const float* bias, float* y, int M, int N, int threads, Micro micro) {
   if (M <= 0 || N <= 0) return;
   const int blocks = (N + NB - 1) / NB;
   const int row_blocks = (M + NR_MAX - 1) / NR_MAX, nr = (M + row_blocks - 1) / row_blocks;  // rows split evenly
@@ -90,7 +91,7 @@ extern "C" void blocked_gemm(const float* x, const float* packed, const float* b
     float tile[NR_MAX * NB];
     for (int r0 = 0; r0 < M; r0 += nr) {
       const int rows = M - r0 < nr ? M - r0 : nr;
-      MICRO[rows](x + (size_t)r0 * K, packed + (size_t)b * K * NB, K, tile);
+      micro(rows, r0, b, tile);
       for (int r = 0; r < rows; r++) {
         float* dst = y + (size_t)(r0 + r) * N + j0;
         const float* src = tile + r * NB;
@@ -101,6 +102,14 @@ extern "C" void blocked_gemm(const float* x, const float* packed, const float* b
       }
     }
   }
+}
+
+// y [M, N] = x [M, K] @ W^T (+ bias [N]), W packed as above.
+extern "C" void blocked_gemm(const float* x, const float* packed, const float* bias, float* y, int M, int K, int N,
+                             int threads) {
+  over_blocks(bias, y, M, N, threads, [=](int rows, int r0, int b, float* tile) {
+    MICRO[rows](x + (size_t)r0 * K, packed + (size_t)b * K * NB, K, tile);
+  });
 }
 
 #if defined(__AVX512BF16__)
@@ -143,7 +152,7 @@ static inline unsigned short to_bf16(float value) {          // round to nearest
 extern "C" void blocked_gemm_bf16(const float* x, const unsigned short* packed, const float* bias, float* y, int M,
                                   int K, int N, int threads) {
   if (M <= 0 || N <= 0) return;
-  const int K2 = (K + 1) / 2, blocks = (N + NB - 1) / NB;
+  const int K2 = (K + 1) / 2;
   std::vector<unsigned int> pairs((size_t)M * K2);            // x in bf16, two inputs per 32-bit lane
   for (int r = 0; r < M; r++)
     for (int k = 0; k < K2; k++) {
@@ -151,23 +160,9 @@ extern "C" void blocked_gemm_bf16(const float* x, const unsigned short* packed, 
       const unsigned int hi = 2 * k + 1 < K ? to_bf16(x[(size_t)r * K + 2 * k + 1]) : 0u;
       pairs[(size_t)r * K2 + k] = lo | (hi << 16);
     }
-  const int row_blocks = (M + NR_MAX - 1) / NR_MAX, nr = (M + row_blocks - 1) / row_blocks;
-  #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (int b = 0; b < blocks; b++) {
-    const int j0 = b * NB, width = N - j0 < NB ? N - j0 : NB;
-    float tile[NR_MAX * NB];
-    for (int r0 = 0; r0 < M; r0 += nr) {
-      const int rows = M - r0 < nr ? M - r0 : nr;
-      MICRO_BF16[rows](pairs.data() + (size_t)r0 * K2, packed + (size_t)b * K2 * NB * 2, K2, tile);
-      for (int r = 0; r < rows; r++) {
-        float* dst = y + (size_t)(r0 + r) * N + j0;
-        const float* src = tile + r * NB;
-        if (bias)
-          for (int j = 0; j < width; j++) dst[j] = src[j] + bias[j0 + j];
-        else
-          std::memcpy(dst, src, width * sizeof(float));
-      }
-    }
-  }
+  const unsigned int* rows_bf16 = pairs.data();
+  over_blocks(bias, y, M, N, threads, [=](int rows, int r0, int b, float* tile) {
+    MICRO_BF16[rows](rows_bf16 + (size_t)r0 * K2, packed + (size_t)b * K2 * NB * 2, K2, tile);
+  });
 }
 #endif

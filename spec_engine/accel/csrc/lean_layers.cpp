@@ -162,7 +162,8 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
       scores((size_t)(threads > 0 ? threads : 1) * ((L + 15) / 16 * 16));
   for (int l = 0; l < n_layers; l++) {
     const LeanLayer& layer = layers[l];
-    if (layer.capture >= 0) std::memcpy(captured + (size_t)layer.capture * n * H, hidden, (size_t)n * H * sizeof(float));
+    if (layer.capture >= 0)
+      std::memcpy(captured + (size_t)layer.capture * n * H, hidden, (size_t)n * H * sizeof(float));
     rms_norm(hidden, layer.input_norm, normed.data(), n, H, eps);
     product(layer, normed.data(), layer.qkv, layer.qkv_bias, qkv.data(), n, H, qkv_width, threads);
     for (int r = 0; r < n; r++) {  // rotate queries and keys; append keys and values to the cache
