@@ -34,7 +34,7 @@ from ui.playground.handlers import RUN_OUTPUTS
 from ui.playground.state import SessionState
 from test_app_faults import free_port
 from test_ui_handlers import run_args
-from conftest import app_sessions, start_endless_run
+from conftest import ENDLESS, app_sessions, start_endless_run
 
 TARGET = "smollm2-135m-instruct"
 PROMPT = "Write one sentence about the sea."
@@ -419,7 +419,9 @@ def test_a_job_cancelled_while_queued_never_runs_and_gives_its_place_back(playgr
         # Runs wait at the engine's gate (ui/playground/coalesce.py); distinct seeds, so that none is shared.
         gate = coalesce.GATE
         assert wait_until(lambda: gate.busy == 0 and gate.wait_line() == 0, timeout=180, poll=0.5)
-        running = clients[0].submit(*args(max_new_tokens=300, seed=0), api_name="/run")
+        # The running job holds the gate throughout: a prompt that does not reach EOS (a one-sentence answer ended in
+        # about a second on the compiled layers, and the first waiting job took its place before its cancel).
+        running = clients[0].submit(*args(prompt=ENDLESS, max_new_tokens=1000, seed=0), api_name="/run")
         assert wait_until(lambda: gate.busy == 1, timeout=60)
         waiting = []
         for i, client in enumerate(clients[1:3], start=1):
