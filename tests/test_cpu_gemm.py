@@ -255,7 +255,7 @@ def test_every_fp32_kernel_equals_linear_for_every_row_count(bias, monkeypatch):
     reference = copy.deepcopy(linear)
     PackedLinear.wrap(linear)
     for kernel in cpu_gemm.fp32_kernels():
-        cpu_gemm._PLANS[cpu_gemm.plan_key(linear)] = (kernel,) * (cpu_gemm.MAX_ROWS + 1)
+        cpu_gemm._PLANS[cpu_gemm.plan_key(linear)] = (kernel,) * cpu_gemm.PLAN_LENGTH
         calls.clear()
         with torch.no_grad(), batched_gemm():
             for rows in range(1, cpu_gemm.MAX_ROWS + 1):
@@ -263,6 +263,30 @@ def test_every_fp32_kernel_equals_linear_for_every_row_count(bias, monkeypatch):
                 torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
         expected = {"linear": [], "mkl": ["packed_product"], "onednn": ["onednn_product"], "blocked": ["product"]}[kernel]
         assert calls == expected * cpu_gemm.MAX_ROWS, kernel
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_every_block_kernel_equals_linear_and_the_plan_picks_it(bias, monkeypatch):
+    """Blocks of more than MAX_ROWS rows (a prefill's) take the plan's last entry: F.linear, or oneDNN on the
+    module's own weight, which gives F.linear's numbers (float rounding) and keeps no copy of the weight."""
+    calls = []
+    real = cpu_gemm.onednn_product
+    monkeypatch.setattr(cpu_gemm, "onednn_product", lambda *a: calls.append(a[1]) or real(*a))
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=bias).requires_grad_(False)
+    reference = copy.deepcopy(linear)
+    PackedLinear.wrap(linear)
+    for kernel in cpu_gemm.block_kernels():
+        cpu_gemm._PLANS[cpu_gemm.plan_key(linear)] = ("linear",) * (cpu_gemm.PLAN_LENGTH - 1) + (kernel,)
+        calls.clear()
+        with torch.no_grad(), batched_gemm():
+            for rows in (cpu_gemm.MAX_ROWS + 1, 40, cpu_gemm.BLOCK_ROWS, 300):
+                x = torch.randn(1, rows, 96)
+                torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
+            linear(torch.randn(1, cpu_gemm.MAX_ROWS, 96))           # a row count's entry, not the block's
+        assert len(calls) == (4 if kernel == "onednn_direct" else 0), kernel
+        assert all(weight is linear.weight for weight in calls)
+        assert not linear.packed                                   # nothing packed for it
 
 
 def test_tune_measures_a_plan_per_shape_keeps_it_and_prepack_follows_it(monkeypatch, tmp_path):
@@ -274,11 +298,12 @@ def test_tune_measures_a_plan_per_shape_keeps_it_and_prepack_follows_it(monkeypa
     plans = dict(cpu_gemm._PLANS)
     assert set(plans) == shapes
     for plan in plans.values():
-        assert len(plan) == cpu_gemm.MAX_ROWS + 1 and set(plan) <= set(cpu_gemm.fp32_kernels())
+        assert len(plan) == cpu_gemm.PLAN_LENGTH and set(plan[1:-1]) <= set(cpu_gemm.fp32_kernels())
+        assert plan[-1] in cpu_gemm.block_kernels()
     # the kernels a plan picks are packed now, the others never
     for m in model.modules():
         if isinstance(m, PackedLinear):
-            assert set(m.packed or {}) == set(plans[cpu_gemm.plan_key(m)][1:]) - {"linear"}
+            assert set(m.packed or {}) == set(plans[cpu_gemm.plan_key(m)][1:-1]) - {"linear"}
     # kept in the cache folder: a new process (no plans in memory) reads them back without measuring
     saved = json.loads((tmp_path / "cache" / cpu_gemm.PLANS_FILE).read_text())
     assert list(saved) == [cpu_gemm.machine_key()] and len(saved[cpu_gemm.machine_key()]) == len(shapes)
@@ -312,16 +337,19 @@ def test_without_tuning_prepack_keeps_the_static_rule(monkeypatch, static_rule):
 @pytest.mark.skipif(not cpu_gemm.onednn_available(), reason="this torch has no oneDNN")
 def test_the_offline_default_is_greedy_identical_under_a_mixed_plan(smollm2, monkeypatch):
     """Plain decoding and the engine (eagle+lookup, k = 3 and 6) give the same greedy tokens on SmolLM2-135M when
-    one row takes MKL's packed product and 2+ rows oneDNN's (the plan measured on an AMD EPYC), so the kernels' float
-    rounding stays within what greedy identity tolerates here."""
+    one row takes MKL's packed product, 2+ rows oneDNN's (the plan measured on an AMD EPYC) and the prompt's prefill
+    oneDNN on the plain weights, so the kernels' float rounding stays within what greedy identity tolerates here."""
     import spec_engine as se
-    mixed = ("linear", "mkl") + ("onednn",) * (cpu_gemm.MAX_ROWS - 1)
+    mixed = ("linear", "mkl") + ("onednn",) * (cpu_gemm.MAX_ROWS - 1) + ("onednn_direct",)
     for m in list(smollm2.model.modules()) + smollm2.model._spec_engine_lean.linears():
         if isinstance(m, PackedLinear):
             cpu_gemm._PLANS[cpu_gemm.plan_key(m)] = mixed
     greedy = se.SamplingParams(temperature=0.0)
     ids = smollm2.encode_prompt("Write a Python function that returns the n-th Fibonacci number.")
+    blocks, real = [], cpu_gemm.onednn_product
+    monkeypatch.setattr(cpu_gemm, "onednn_product", lambda x, *a: blocks.append(x.numel() // x.shape[-1]) or real(x, *a))
     plain = se.autoregressive_generate(smollm2.model, ids, 40, greedy).tokens
+    assert ids.shape[1] > cpu_gemm.MAX_ROWS and set(blocks) == {ids.shape[1]}     # its prefill took the block kernel
     decoder = se.SpeculativeDecoder(smollm2.model, se.make_drafter("eagle+lookup", smollm2))
     for k in (3, 6):
         assert decoder.generate(ids, k=k, max_new_tokens=40, sampling=greedy).tokens == plain

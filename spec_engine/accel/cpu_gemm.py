@@ -40,6 +40,12 @@ modules at run time (inductor's freezing passes choose by fixed rules at compile
 model was not prepacked, or SPEC_ENGINE_GEMM_TUNE=0) takes the static rule: the blocked kernel where it is built,
 else MKL packed for 4-16 rows. The kernels differ by float rounding
 only (tests compare each with F.linear at every row count).
+
+Blocks of more than 16 rows (a prompt's prefill) are compute-bound, and there the vendor matters: MKL's sgemm reaches
+~190 GFLOP/s on the two EPYC cores (it takes its AVX2 path on an AMD CPU), oneDNN ~400 on the same products with
+AVX-512. So a plan also holds a kernel for blocks, measured at BLOCK_ROWS rows: F.linear, or oneDNN on the module's
+own weight ("onednn_direct", which reorders inside each call and keeps no second copy of the model: a reordered
+copy measured no faster at prefill sizes). SmolLM2-135M's prefill of 80 tokens: ~170 ms by F.linear, ~95 ms by it.
 """
 from __future__ import annotations
 
@@ -62,12 +68,17 @@ from spec_engine.paths import cache_root
 MIN_ROWS, MAX_ROWS = 4, 16            # rows the engine's kernels serve (1..16); MKL's static rule: 4-16 rows
 KERNELS = ("linear", "mkl", "onednn", "blocked")  # the fp32 candidates: F.linear, MKL's packed sgemm, oneDNN on
                                                  # reordered weights, the engine's own (blocked_gemm.py)
+BLOCK_KERNELS = ("linear", "onednn_direct")    # for blocks of more rows (prefill): F.linear, or oneDNN on the module's
+                                               # own weight (reordered inside each call: no copy kept)
+BLOCK_ROWS = 64                       # the rows a plan's block entry is measured at
+PLAN_LENGTH = MAX_ROWS + 2            # [0] unused, [1..MAX_ROWS] per row count, [-1] blocks of more rows
 TUNE_BYTES = 48 << 20                 # time each shape over at most this many bytes of its layers (beyond a 32 MB L3)
 TUNE_PASSES = 3                       # passes per shape; the fastest pass of each kernel decides
 TUNE_MARGIN = 0.85                    # another kernel displaces the static rule's only when this much faster or more:
                                       # on a shared host, noise alone had put F.linear and oneDNN at some row counts
                                       # (6 and 8 rows of SmolLM2 cost 2x 5 and 11 rows: a jagged verify-cost curve)
-PLAN_RULE = "v2: the static rule's kernel unless another is TUNE_MARGIN faster"   # in the key: older plans re-measured
+PLAN_RULE = "v3: the static rule's kernel unless another is TUNE_MARGIN faster; blocks planned too"   # in the key:
+                                      # plans saved under an older rule are measured again
 PLANS_FILE = "gemm-plans.json"        # measured plans kept in the cache folder, by machine (paths.cache_root)
 MAX_PACKED_BYTES = 2 << 30            # packed copies (one per kernel a plan picks): skip models above 2 GiB
 ENGINE_LINEARS = "_spec_engine_lean"  # an attribute whose `.linears()` the engine also multiplies by (lean_llama.py)
@@ -105,6 +116,11 @@ def fp32_kernels() -> list[str]:
     return [kernel for kernel in KERNELS if have[kernel]]
 
 
+def block_kernels() -> list[str]:
+    """The kernels of BLOCK_KERNELS that this torch has, for blocks of more than MAX_ROWS rows."""
+    return [kernel for kernel in BLOCK_KERNELS if kernel == "linear" or onednn_available()]
+
+
 def packs(dtype: torch.dtype) -> bool:
     """Whether PackedLinear serves weights of `dtype` here: fp32 (the blocked kernel or MKL; oneDNN where tuned) or
     bf16 (oneDNN)."""
@@ -120,7 +136,7 @@ def static_kernel(rows: int) -> str:
     return "mkl" if MIN_ROWS <= rows and available() else "linear"
 
 
-_PLANS: dict[tuple, tuple[str, ...]] = {}   # (out, in, bias, threads) -> fp32 kernel for 0..MAX_ROWS rows ([0] unused)
+_PLANS: dict[tuple, tuple[str, ...]] = {}   # (out, in, bias, threads) -> fp32 kernel by rows (PLAN_LENGTH entries)
 
 
 def plan_key(linear: nn.Linear) -> tuple:
@@ -128,10 +144,11 @@ def plan_key(linear: nn.Linear) -> tuple:
 
 
 def kernel_for(linear: nn.Linear, rows: int) -> str:
-    """The fp32 kernel that multiplies `rows` rows by `linear`'s weight: its shape's measured plan, else the static rule."""
-    if rows > MAX_ROWS:
-        return "linear"                 # prefill blocks: F.linear (measured fastest from 32 rows on the Xeon)
+    """The fp32 kernel that multiplies `rows` rows by `linear`'s weight: its shape's measured plan, else the static
+    rule (F.linear for blocks of more than MAX_ROWS rows)."""
     plan = _PLANS.get(plan_key(linear))
+    if rows > MAX_ROWS:
+        return plan[-1] if plan is not None else "linear"
     return plan[rows] if plan is not None else static_kernel(rows)
 
 
@@ -227,6 +244,8 @@ def product(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
                 return packed_product(x.contiguous(), linear.packed_weight("mkl"), linear.weight, linear.bias, rows)
             if kernel == "onednn":
                 return onednn_product(x, linear.packed_weight("onednn"), linear.bias, linear.out_features)
+            if kernel == "onednn_direct":
+                return onednn_product(x, linear.weight, linear.bias, linear.out_features)
     return F.linear(x, linear.weight, linear.bias)
 
 
@@ -239,7 +258,8 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, 
 
 def onednn_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [..., in] @ weight.T + bias via oneDNN's reordered weight (fp32, or bf16 with fp32 accumulation: the same
-    numbers as F.linear in bf16, measured equal, at ~0.7 of its time for one row on the Xeon)."""
+    numbers as F.linear in bf16, measured equal, at ~0.7 of its time for one row on the Xeon). Given the plain
+    weight [out, in] instead, oneDNN reorders it inside the call ("onednn_direct")."""
     rows = x.reshape(-1, x.shape[-1])
     return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "").reshape(*x.shape[:-1], out_features)
 
@@ -287,10 +307,10 @@ def prepack(model: nn.Module) -> int:
 def tune(layers: list[nn.Linear], save: bool = True) -> dict[tuple, tuple[str, ...]]:
     """Give every fp32 weight shape among `layers` a plan (see the module docstring): the one this machine measured
     before (kept in the cache folder, keyed by CPU, torch version, candidate kernels and thread count), else measured
-    now: for 1..MAX_ROWS rows each candidate kernel multiplies by that shape's layers in turn (up to TUNE_BYTES), the
-    kernels interleaved per row count, the fastest of TUNE_PASSES passes counting, the static rule's kernel kept
-    unless another beats it by the margin (`pick`). Measuring
-    takes ~6 s for SmolLM2-135M on one thread, once per machine. Returns the plans it set."""
+    now: for 1..MAX_ROWS rows, and a block of BLOCK_ROWS, each candidate kernel multiplies by that shape's layers
+    in turn (up to TUNE_BYTES), the kernels interleaved per row count, the fastest of TUNE_PASSES passes counting,
+    the static rule's kernel kept unless another beats it by the margin (`pick`). Measuring takes ~6 s for
+    SmolLM2-135M on one thread, once per machine. Returns the plans it set."""
     groups: dict[tuple, list[nn.Linear]] = {}
     for layer in layers:
         if layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu" and plan_key(layer) not in _PLANS:
@@ -302,9 +322,9 @@ def tune(layers: list[nn.Linear], save: bool = True) -> dict[tuple, tuple[str, .
     made, measured = {}, False
     for key, group in groups.items():
         plan = saved.get(plan_name(key))
-        if plan is None or len(plan) != MAX_ROWS + 1 or not set(plan) <= set(kernels):
+        if plan is None or len(plan) != PLAN_LENGTH or not set(plan) <= set(kernels) | set(block_kernels()):
             group = group[:max(1, TUNE_BYTES // (group[0].weight.numel() * 4))]
-            plan = measure_plan(group, kernels) if len(kernels) > 1 else ("linear",) * (MAX_ROWS + 1)
+            plan = measure_plan(group, kernels)
             measured = True
         made[key] = _PLANS[key] = tuple(plan)
     if save and measured:
@@ -314,12 +334,17 @@ def tune(layers: list[nn.Linear], save: bool = True) -> dict[tuple, tuple[str, .
 
 @torch.inference_mode()
 def measure_plan(group: list[nn.Linear], kernels: list[str]) -> tuple[str, ...]:
-    """The fastest of `kernels` for each row count 1..MAX_ROWS over the layers of `group` (one shape); [0] unused."""
+    """The fastest of `kernels` for each row count 1..MAX_ROWS over the layers of `group` (one shape), then the
+    fastest of `block_kernels()` for a block of BLOCK_ROWS rows (a prefill's); PLAN_LENGTH entries, [0] unused."""
+    blocks = block_kernels()
+    if len(kernels) == 1 and len(blocks) == 1:
+        return ("linear",) * PLAN_LENGTH
     weights = [layer.weight.detach() for layer in group]
     copies = {kernel: [pack_weight(w, kernel) for w in weights] for kernel in kernels if kernel != "linear"}
     bias = group[0].bias.detach() if group[0].bias is not None else None
     generator = torch.Generator().manual_seed(0)
-    inputs = {rows: torch.randn(rows, weights[0].shape[1], generator=generator) for rows in range(1, MAX_ROWS + 1)}
+    inputs = {rows: torch.randn(rows, weights[0].shape[1], generator=generator)
+              for rows in (*range(1, MAX_ROWS + 1), BLOCK_ROWS)}
 
     def run(kernel: str, rows: int) -> float:
         x, start = inputs[rows], time.perf_counter()
@@ -331,15 +356,17 @@ def measure_plan(group: list[nn.Linear], kernels: list[str]) -> tuple[str, ...]:
             elif kernel == "blocked":
                 blocked_gemm.product(x, copies["blocked"][i], bias, weight.shape[0])
             else:
-                onednn_product(x, copies["onednn"][i], bias, weight.shape[0])
+                onednn_product(x, weight if kernel == "onednn_direct" else copies["onednn"][i], bias, weight.shape[0])
         return time.perf_counter() - start
 
-    fastest = {(kernel, rows): float("inf") for kernel in kernels for rows in inputs}
+    candidates = {rows: kernels if rows <= MAX_ROWS else blocks for rows in inputs}
+    fastest = {(kernel, rows): float("inf") for rows in inputs for kernel in candidates[rows]}
     for _ in range(TUNE_PASSES):
         for rows in inputs:
-            for kernel in kernels:
+            for kernel in candidates[rows]:
                 fastest[kernel, rows] = min(fastest[kernel, rows], run(kernel, rows))
-    return ("linear", *(pick(kernels, {kernel: fastest[kernel, rows] for kernel in kernels}, static_kernel(rows))
+    return ("linear", *(pick(candidates[rows], {kernel: fastest[kernel, rows] for kernel in candidates[rows]},
+                             static_kernel(rows) if rows <= MAX_ROWS else "linear")
                         for rows in inputs))
 
 
@@ -363,7 +390,7 @@ def machine_key() -> str:
             lines = [line for line in f if line.startswith(("model name", "flags"))]
         cpu = "".join(sorted(set(lines)))
     text = "|".join([platform.machine(), cpu or platform.processor(), torch.__version__, torch.__config__.show(),
-                     ",".join(fp32_kernels()), PLAN_RULE])
+                     ",".join(fp32_kernels() + block_kernels()), PLAN_RULE])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
