@@ -1,10 +1,12 @@
 """What each fp32 product kernel costs on this CPU for a forward's worth of layer products: SmolLM2-135M's 30 layers
 as the lean forward multiplies them (q|k|v 960 x 576, o 576 x 576, gate|up 3072 x 576, down 576 x 1536), random
 weights of those shapes (their values do not change the time), streamed from memory as a forward streams them.
-Every kernel cpu_gemm can pick (F.linear, MKL packed, oneDNN on reordered weights, the blocked kernel), at each row
-count, interleaved, the fastest of `--passes` passes; milliseconds per forward's worth.
+Every kernel cpu_gemm can pick (F.linear, MKL packed, oneDNN on reordered weights, the blocked kernel, and for
+a prefill's blocks oneDNN on the plain weights), at each row count, interleaved, the fastest of `--passes` passes;
+milliseconds per forward's worth.
 
     python -m bench.kernel_cost --threads 1 --out bench/results/kernel-cost-fp32-epyc
+    python -m bench.kernel_cost --threads 2 --rows 16 32 64 128 --out bench/results/kernel-cost-blocks-2threads-epyc
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, packed: torch.Te
         return cpu_gemm.packed_product(x, packed, weight, None, x.shape[0])
     if kernel == "onednn":
         return cpu_gemm.onednn_product(x, packed, None, weight.shape[0])
+    if kernel == "onednn_direct":
+        return cpu_gemm.onednn_product(x, weight, None, weight.shape[0])
     return blocked_gemm.product(x, packed, None, weight.shape[0])
 
 
@@ -35,7 +39,7 @@ def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, packed: torch.Te
 def measure(kernels: list[str], rows: list[int], layers: int, passes: int) -> dict[str, dict[int, float]]:
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(out, inp, generator=generator) * 0.05 for _ in range(layers) for out, inp in LAYER_SHAPES]
-    packed = {kernel: [None if kernel == "linear" else cpu_gemm.pack_weight(w, kernel) for w in weights]
+    packed = {kernel: [None if kernel in ("linear", "onednn_direct") else cpu_gemm.pack_weight(w, kernel) for w in weights]
               for kernel in kernels}
     fastest = {kernel: {n: float("inf") for n in rows} for kernel in kernels}
     for _ in range(passes):
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    kernels = cpu_gemm.fp32_kernels()
+    kernels = cpu_gemm.fp32_kernels() + [k for k in cpu_gemm.block_kernels() if k not in cpu_gemm.fp32_kernels()]
     ms = measure(kernels, args.rows, args.layers, args.passes)
     lines = [f"| kernel | {' | '.join(str(n) for n in args.rows)} |", "|---" * (len(args.rows) + 1) + "|"]
     lines += [f"| {kernel} | {' | '.join(f'{ms[kernel][n]:.1f}' for n in args.rows)} |" for kernel in kernels]

@@ -267,11 +267,12 @@ def test_every_fp32_kernel_equals_linear_for_every_row_count(bias, monkeypatch):
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_every_block_kernel_equals_linear_and_the_plan_picks_it(bias, monkeypatch):
-    """Blocks of more than MAX_ROWS rows (a prefill's) take the plan's last entry: F.linear, or oneDNN on the
-    module's own weight, which gives F.linear's numbers (float rounding) and keeps no copy of the weight."""
+    """Blocks of more than MAX_ROWS rows (a prefill's) take the plan's last entry: F.linear, oneDNN on the module's
+    own weight (no copy kept) or the blocked kernel, each giving F.linear's numbers (float rounding)."""
     calls = []
-    real = cpu_gemm.onednn_product
-    monkeypatch.setattr(cpu_gemm, "onednn_product", lambda *a: calls.append(a[1]) or real(*a))
+    for module, name in ((cpu_gemm, "onednn_product"), (blocked_gemm, "product")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: calls.append((_name, a[1])) or _real(*a))
     torch.manual_seed(0)
     linear = nn.Linear(96, 200, bias=bias).requires_grad_(False)
     reference = copy.deepcopy(linear)
@@ -283,10 +284,12 @@ def test_every_block_kernel_equals_linear_and_the_plan_picks_it(bias, monkeypatc
             for rows in (cpu_gemm.MAX_ROWS + 1, 40, cpu_gemm.BLOCK_ROWS, 300):
                 x = torch.randn(1, rows, 96)
                 torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
-            linear(torch.randn(1, cpu_gemm.MAX_ROWS, 96))           # a row count's entry, not the block's
-        assert len(calls) == (4 if kernel == "onednn_direct" else 0), kernel
-        assert all(weight is linear.weight for weight in calls)
-        assert not linear.packed                                   # nothing packed for it
+            linear(torch.randn(1, cpu_gemm.MAX_ROWS, 96))           # a row count's entry (F.linear), not the block's
+        expected = {"linear": [], "onednn_direct": ["onednn_product"], "blocked": ["product"]}[kernel]
+        assert [name for name, _ in calls] == expected * 4, kernel
+        if kernel == "onednn_direct":
+            assert all(weight is linear.weight for _, weight in calls)      # the module's own weight: no copy
+            assert "onednn" not in (linear.packed or {})
 
 
 def test_tune_measures_a_plan_per_shape_keeps_it_and_prepack_follows_it(monkeypatch, tmp_path):
@@ -303,7 +306,7 @@ def test_tune_measures_a_plan_per_shape_keeps_it_and_prepack_follows_it(monkeypa
     # the kernels a plan picks are packed now, the others never
     for m in model.modules():
         if isinstance(m, PackedLinear):
-            assert set(m.packed or {}) == set(plans[cpu_gemm.plan_key(m)][1:-1]) - {"linear"}
+            assert set(m.packed or {}) == set(plans[cpu_gemm.plan_key(m)][1:]) - {"linear", "onednn_direct"}
     # kept in the cache folder: a new process (no plans in memory) reads them back without measuring
     saved = json.loads((tmp_path / "cache" / cpu_gemm.PLANS_FILE).read_text())
     assert list(saved) == [cpu_gemm.machine_key()] and len(saved[cpu_gemm.machine_key()]) == len(shapes)
@@ -359,7 +362,7 @@ def test_kernel_cost_benchmark_writes_its_table(tmp_path):
     """bench/kernel_cost.py runs end to end over every kernel this machine has (timings never asserted)."""
     from bench import kernel_cost
     result = kernel_cost.main(["--layers", "1", "--rows", "1", "3", "--passes", "1", "--out", str(tmp_path / "k")])
-    assert set(result["ms"]) == set(cpu_gemm.fp32_kernels())
+    assert set(result["ms"]) == set(cpu_gemm.fp32_kernels()) | set(cpu_gemm.block_kernels())
     assert "| linear |" in (tmp_path / "k.md").read_text()
 
 

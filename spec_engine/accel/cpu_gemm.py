@@ -42,10 +42,12 @@ else MKL packed for 4-16 rows. The kernels differ by float rounding
 only (tests compare each with F.linear at every row count).
 
 Blocks of more than 16 rows (a prompt's prefill) are compute-bound, and there the vendor matters: MKL's sgemm reaches
-~190 GFLOP/s on the two EPYC cores (it takes its AVX2 path on an AMD CPU), oneDNN ~400 on the same products with
-AVX-512. So a plan also holds a kernel for blocks, measured at BLOCK_ROWS rows: F.linear, or oneDNN on the module's
-own weight ("onednn_direct", which reorders inside each call and keeps no second copy of the model: a reordered
-copy measured no faster at prefill sizes). SmolLM2-135M's prefill of 80 tokens: ~170 ms by F.linear, ~95 ms by it.
+~190 GFLOP/s on the two EPYC cores (it takes its AVX2 path on an AMD CPU). So a plan also holds a kernel for blocks,
+measured at BLOCK_ROWS rows among F.linear, oneDNN on the module's own weight ("onednn_direct": it reorders inside
+each call and keeps no second copy) and the blocked kernel, which serves any row count on its copy (each column
+block stays in the caches while groups of 8 rows pass over it) and gives a row the same numbers whatever the other
+rows. `python -m bench.kernel_cost --threads 2 --rows 16 32 64 128`: 120 layer products over 64 rows cost 129 ms by
+F.linear, 61 by onednn_direct, 37 by the blocked kernel; SmolLM2-135M's prefill of 80 tokens 168 / 92 / 76 ms.
 """
 from __future__ import annotations
 
@@ -68,8 +70,8 @@ from spec_engine.paths import cache_root
 MIN_ROWS, MAX_ROWS = 4, 16            # rows the engine's kernels serve (1..16); MKL's static rule: 4-16 rows
 KERNELS = ("linear", "mkl", "onednn", "blocked")  # the fp32 candidates: F.linear, MKL's packed sgemm, oneDNN on
                                                  # reordered weights, the engine's own (blocked_gemm.py)
-BLOCK_KERNELS = ("linear", "onednn_direct")    # for blocks of more rows (prefill): F.linear, or oneDNN on the module's
-                                               # own weight (reordered inside each call: no copy kept)
+BLOCK_KERNELS = ("linear", "onednn_direct", "blocked")   # for blocks of more rows (prefill): F.linear, oneDNN on
+                                      # the module's own weight (reordered inside each call: no copy kept), the blocked kernel
 BLOCK_ROWS = 64                       # the rows a plan's block entry is measured at
 PLAN_LENGTH = MAX_ROWS + 2            # [0] unused, [1..MAX_ROWS] per row count, [-1] blocks of more rows
 TUNE_BYTES = 48 << 20                 # time each shape over at most this many bytes of its layers (beyond a 32 MB L3)
@@ -118,7 +120,8 @@ def fp32_kernels() -> list[str]:
 
 def block_kernels() -> list[str]:
     """The kernels of BLOCK_KERNELS that this torch has, for blocks of more than MAX_ROWS rows."""
-    return [kernel for kernel in BLOCK_KERNELS if kernel == "linear" or onednn_available()]
+    have = {"linear": True, "onednn_direct": onednn_available(), "blocked": blocked_gemm.available()}
+    return [kernel for kernel in BLOCK_KERNELS if have[kernel]]
 
 
 def packs(dtype: torch.dtype) -> bool:
@@ -299,7 +302,7 @@ def prepack(model: nn.Module) -> int:
         if layer.weight.dtype == torch.bfloat16:
             layer.packed_weight("onednn")
         else:
-            for kernel in {kernel_for(layer, rows) for rows in range(1, MAX_ROWS + 1)} - {"linear"}:
+            for kernel in {kernel_for(layer, rows) for rows in range(1, MAX_ROWS + 2)} - {"linear", "onednn_direct"}:
                 layer.packed_weight(kernel)
     return len(layers)
 
