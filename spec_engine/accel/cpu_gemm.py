@@ -46,8 +46,9 @@ Blocks of more than 16 rows (a prompt's prefill) are compute-bound, and there th
 measured at BLOCK_ROWS rows among F.linear, oneDNN on the module's own weight ("onednn_direct": it reorders inside
 each call and keeps no second copy) and the blocked kernel, which serves any row count on its copy (each column
 block stays in the caches while groups of 8 rows pass over it) and gives a row the same numbers whatever the other
-rows. `python -m bench.kernel_cost --threads 2 --rows 16 32 64 128`: 120 layer products over 64 rows cost 129 ms by
-F.linear, 61 by onednn_direct, 37 by the blocked kernel; SmolLM2-135M's prefill of 80 tokens 168 / 92 / 76 ms.
+rows. `python -m bench.kernel_cost --threads 2 --rows 16 32 64 128` (bench/results/kernel-cost-blocks-2threads-epyc.md):
+120 layer products over 64 rows cost 129 ms by F.linear, 61 by onednn_direct, 37 by the blocked kernel; SmolLM2-135M's
+prefill of 80 tokens 168 / 92 / 76 ms.
 """
 from __future__ import annotations
 
@@ -70,8 +71,9 @@ from spec_engine.paths import cache_root
 MIN_ROWS, MAX_ROWS = 4, 16            # rows the engine's kernels serve (1..16); MKL's static rule: 4-16 rows
 KERNELS = ("linear", "mkl", "onednn", "blocked")  # the fp32 candidates: F.linear, MKL's packed sgemm, oneDNN on
                                                  # reordered weights, the engine's own (blocked_gemm.py)
-BLOCK_KERNELS = ("linear", "onednn_direct", "blocked")   # for blocks of more rows (prefill): F.linear, oneDNN on
-                                      # the module's own weight (reordered inside each call: no copy kept), the blocked kernel
+BLOCK_KERNELS = ("linear", "onednn_direct", "blocked")   # for blocks of more rows (prefill): F.linear, oneDNN
+                                      # on the module's own weight (reordered inside each call: no copy kept), and
+                                      # the blocked kernel on its copy
 BLOCK_ROWS = 64                       # the rows a plan's block entry is measured at
 PLAN_LENGTH = MAX_ROWS + 2            # [0] unused, [1..MAX_ROWS] per row count, [-1] blocks of more rows
 TUNE_BYTES = 48 << 20                 # time each shape over at most this many bytes of its layers (beyond a 32 MB L3)
