@@ -39,7 +39,7 @@ def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, packed: torch.Te
 def measure(kernels: list[str], rows: list[int], layers: int, passes: int) -> dict[str, dict[int, float]]:
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(out, inp, generator=generator) * 0.05 for _ in range(layers) for out, inp in LAYER_SHAPES]
-    packed = {kernel: [None if kernel in ("linear", "onednn_direct") else cpu_gemm.pack_weight(w, kernel) for w in weights]
+    packed = {kernel: [None if kernel in cpu_gemm.COPYLESS else cpu_gemm.pack_weight(w, kernel) for w in weights]
               for kernel in kernels}
     fastest = {kernel: {n: float("inf") for n in rows} for kernel in kernels}
     for _ in range(passes):

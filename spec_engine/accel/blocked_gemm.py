@@ -1,5 +1,6 @@
 """A small fp32 matrix product for the engine's CPU forwards: a few rows (1-16) times a weight packed in column
-blocks, built from `csrc/blocked_gemm.cpp` with the machine's C++ compiler on first use.
+blocks, built from `csrc/blocked_gemm.cpp` with the machine's C++ compiler on first use. It serves any row count;
+where the kernel plans measure it fastest it also takes a prompt's prefill blocks (cpu_gemm.BLOCK_KERNELS).
 
 Why this exists (measured here: AMD EPYC with AVX-512, torch 2.13, SmolLM2-135M's 120 layer products per forward,
 weights streamed from memory; `python -m bench.kernel_cost`, bench/results/kernel-cost-fp32*-epyc.md): a forward's

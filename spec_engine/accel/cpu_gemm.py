@@ -74,6 +74,7 @@ KERNELS = ("linear", "mkl", "onednn", "blocked")  # the fp32 candidates: F.linea
 BLOCK_KERNELS = ("linear", "onednn_direct", "blocked")   # for blocks of more rows (prefill): F.linear, oneDNN
                                       # on the module's own weight (reordered inside each call: no copy kept), and
                                       # the blocked kernel on its copy
+COPYLESS = ("linear", "onednn_direct")  # kernels that multiply by the module's own weight: nothing to pack
 BLOCK_ROWS = 64                       # the rows a plan's block entry is measured at
 PLAN_LENGTH = MAX_ROWS + 2            # [0] unused, [1..MAX_ROWS] per row count, [-1] blocks of more rows
 TUNE_BYTES = 48 << 20                 # time each shape over at most this many bytes of its layers (beyond a 32 MB L3)
@@ -304,7 +305,8 @@ def prepack(model: nn.Module) -> int:
         if layer.weight.dtype == torch.bfloat16:
             layer.packed_weight("onednn")
         else:
-            for kernel in {kernel_for(layer, rows) for rows in range(1, MAX_ROWS + 2)} - {"linear", "onednn_direct"}:
+            needed = {kernel_for(layer, rows) for rows in range(1, MAX_ROWS + 2)}    # each row count's, and blocks'
+            for kernel in needed - set(COPYLESS):
                 layer.packed_weight(kernel)
     return len(layers)
 
