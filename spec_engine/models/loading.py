@@ -16,8 +16,10 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -411,19 +413,54 @@ def _dequantize(gguf: Path, report):
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    # Measured on two shared cores: 0.2-0.3 s per MB of GGUF (SmolLM2's 100 MB in 20-40 s, Gemma's 250 MB in
-    # 50-75 s): a range, since a busy machine takes the longer end.
+    # Measured on two shared cores, the file parsed once (_one_parse_per_file): 0.15 s per MB of GGUF on a busy
+    # host (SmolLM2's 105 MB in 16 s, Gemma's 253 MB in 38 s; 19 s and 66 s when transformers parsed it three
+    # times); a range, since a busier machine takes the longer end.
     megabytes = gguf.stat().st_size / 1e6
-    low, high = (max(10, round(megabytes * rate / 5) * 5) for rate in (0.2, 0.35))
+    low, high = (max(10, round(megabytes * rate / 5) * 5) for rate in (0.12, 0.25))
     report(f"dequantizing GGUF {gguf.name} (first start only, {low}-{high} s on two cores; later starts read a cache)")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent,
-        gguf_file=gguf.name,
-        dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True),
-    )
+    with _one_parse_per_file():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+        )
     return model, tokenizer
+
+
+_PARSE_LOCK = threading.Lock()
+
+
+@contextmanager
+def _one_parse_per_file():
+    """Within: every `gguf.GGUFReader(path)` for the same file returns one reader, parsed once.
+
+    Why: transformers parses the whole file (`gguf.GGUFReader`, pure Python over every metadata entry) each time it
+    reads a config, a tokenizer or the tensors: three times per model here. Gemma-3-270M's 262k-token vocabulary
+    makes one parse cost 12-16 s on two cores (42 s of a 66 s first load, measured). Neither library offers a
+    shared reader, so this seam hands transformers the same one; the reader is read-only (a memory map), and the
+    loaded model is checked equal to its cached copy (tests/test_models.py). Dequantizations run one at a time."""
+    try:
+        import gguf as gguf_package
+    except ImportError:         # transformers then says what to install
+        yield
+        return
+    with _PARSE_LOCK:
+        real, readers = gguf_package.GGUFReader, {}
+
+        def shared_reader(path, *args, **kwargs):
+            key = (os.path.realpath(path), args, tuple(sorted(kwargs.items())))
+            if key not in readers:
+                readers[key] = real(path, *args, **kwargs)
+            return readers[key]
+
+        gguf_package.GGUFReader = shared_reader
+        try:
+            yield
+        finally:
+            gguf_package.GGUFReader = real
 
 
 def _write_cache(model, tokenizer, cache: Path, info: dict, report) -> bool:
