@@ -14,15 +14,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The exactness core, once more on the device-generic code (the other suites run once, with the layer the
 # environment selects): the rules enumerated, the chi-square tests (the trees' included), the engine's KV invariants
-# and identities on tiny models, and greedy identity against stock Hugging Face generate() on SmolLM2.
+# and identities on tiny models, and greedy identity against stock Hugging Face generate() on SmolLM2. Two children
+# run at once, each on one core (the suite runs torch on one thread, conftest.py): the pass is single-threaded
+# Python over tiny models, so one child left the second core idle (343 s alone on a busy host). The halves are
+# balanced by their measured times (the chi-square tests dominate both).
 EXACTNESS_SUITES = [
-    "tests/test_verify_enumeration.py",    # the rule, reference and engine, enumerated
-    "tests/test_tree_rule.py",             # the tree rule, enumerated; verify_tree replayed into it
-    "tests/test_engine.py",                # KV invariants every round, forced outcomes, greedy identity on tiny models
-    "tests/test_statistical.py",           # chi-square for every drafter kind and rule
-    "tests/test_tree_statistical.py",      # chi-square for every tree drafter, siblings drawn as labelled
-    "tests/test_eagle.py::test_sampled_output_follows_the_target_distribution",   # chi-square for the EAGLE drafts
-    "tests/test_hf_stock_identity.py",     # greedy identity against stock Hugging Face generate()
+    [
+        "tests/test_tree_statistical.py",      # chi-square for every tree drafter, siblings drawn as labelled
+        "tests/test_eagle.py::test_sampled_output_follows_the_target_distribution",   # chi-square, EAGLE drafts
+        "tests/test_verify_enumeration.py",    # the rule, reference and engine, enumerated
+        "tests/test_tree_rule.py",             # the tree rule, enumerated; verify_tree replayed into it
+        "tests/test_engine.py",                # KV invariants every round, forced outcomes, greedy identity (tiny)
+    ],
+    [
+        "tests/test_statistical.py",           # chi-square for every drafter kind and rule
+        "tests/test_hf_stock_identity.py",     # greedy identity against stock Hugging Face generate()
+    ],
 ]
 
 # Left to the parent's pass: the power checks, which show that the chi-square test rejects a wrong rule (its
@@ -33,15 +40,29 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.skipif(os.environ.get("SPEC_ENGINE_ACCEL") == "0", reason="this run already has the speed layer off")
-def test_the_exactness_suites_pass_with_the_speed_layer_off(request):
+def test_the_exactness_suites_pass_with_the_speed_layer_off(request, tmp_path):
     env = {**os.environ, "SPEC_ENGINE_ACCEL": "0"}
-    tier = ["--full"] if request.config.getoption("--full") else []     # the child runs the parent's tier
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier,
-                            "-k", WITHOUT_POWER_CHECKS, *EXACTNESS_SUITES],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
-    summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
-    assert child.returncode == 0, f"with SPEC_ENGINE_ACCEL=0: {summary}\n{child.stdout[-6000:]}\n{child.stderr[-2000:]}"
-    assert " passed" in summary and " failed" not in summary, summary
+    tier = ["--full"] if request.config.getoption("--full") else []     # the children run the parent's tier
+    children = []
+    for i, suites in enumerate(EXACTNESS_SUITES):
+        out, err = (open(tmp_path / f"child{i}.{name}", "w+") for name in ("out", "err"))
+        children.append((subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier,
+                                           "-k", WITHOUT_POWER_CHECKS, *suites],
+                                          cwd=ROOT, env=env, stdout=out, stderr=err, text=True), out, err))
+    try:
+        for child, out, err in children:
+            child.wait(timeout=3000)
+            out.seek(0), err.seek(0)
+            stdout, stderr = out.read(), err.read()
+            summary = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+            assert child.returncode == 0, f"with SPEC_ENGINE_ACCEL=0: {summary}\n{stdout[-6000:]}\n{stderr[-2000:]}"
+            assert " passed" in summary and " failed" not in summary, summary
+    finally:
+        for child, out, err in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            out.close(), err.close()
 
 
 def test_the_child_really_runs_without_the_speed_layer():
