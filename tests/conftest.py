@@ -33,7 +33,12 @@ os.environ.setdefault("SPEC_ENGINE_GEMM_TUNE", "0")
 # A test is `slow` (out of the fast tier) when marked so, when it is browser / e2e / full, or when it asks for a
 # real model, the app or the browser: the fast tier's rule reads from what a test uses, not from a list.
 HEAVY_FIXTURES = {"smollm2", "gemma", "playground", "playground_registry", "chromium"}
-SUITE_BUDGET_S = float(os.environ.get("SPEC_SUITE_BUDGET_S", 30 * 60))    # the default tier fails past this (CI)
+# The default tier fails past this (CI): twice its 20 min budget on a quiet machine. 30 min was too close to what a busy
+# host alone does to the same suite: a fresh clone took 29 min 32 s of tests at 07:29-07:59 UTC on 2026-12-03, when
+# stock plain decoding ran a third slower than on the quiet runs (docs/testing.md); creep shows in the printed time
+# against the budget and in docs/testing.md long before it reaches this.
+SUITE_LIMIT_S = float(os.environ.get("SPEC_SUITE_BUDGET_S", 40 * 60))
+SUITE_BUDGET_S = 20 * 60        # what the default tier should take on a quiet 2-core machine (printed, not enforced)
 FAST_BUDGET_S = 3 * 60
 
 
@@ -78,15 +83,18 @@ def whole_suite(config) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    """Print the run's time; the default tier fails when it passes SUITE_BUDGET_S (a guard against creep)."""
+    """Print the run's time against its tier's budget; the default tier fails when it passes SUITE_LIMIT_S (a guard
+    against creep)."""
     config = session.config
     elapsed = time.monotonic() - config._spec_started
     tier = whole_suite(config)
     budget = {"default": SUITE_BUDGET_S, "fast": FAST_BUDGET_S}.get(tier)
     line = f"suite time: {elapsed:.0f} s" + (f" ({tier} tier, budget {budget:.0f} s)" if budget else "")
+    if tier == "default":
+        line += f" (fails past {SUITE_LIMIT_S:.0f} s)" + (" -- over the budget" if elapsed > budget else "")
     config._spec_time_line = line
-    if tier == "default" and elapsed > budget and session.exitstatus == 0:
-        config._spec_time_line += " -- OVER BUDGET: the suite fails (docs/testing.md says how to cut it)"
+    if tier == "default" and elapsed > SUITE_LIMIT_S and session.exitstatus == 0:
+        config._spec_time_line += " -- OVER THE LIMIT: the suite fails (docs/testing.md says how to cut it)"
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
