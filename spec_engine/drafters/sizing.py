@@ -109,14 +109,12 @@ def sane(costs: Sequence[float]) -> tuple[float, ...]:
     The last is enforced from the right: r rows cost no more than r + 1 rows do (a running minimum from the largest
     row count down), not "at least what r - 1 rows cost". On a shared machine noise only adds time, so a wrong
     measurement is almost always one too high; a running maximum carried one such outlier to every larger row count
-    (measured here: 4 rows at 1.35 where 4-8 rows cost 1.04-1.12 in four other passes made every tree of 3-7 nodes
+    (measured here: 4 rows at 1.35 where 4-8 rows cost 1.04-1.18 in four other passes made every tree of 3-7 nodes
     look a third dearer, and the trees shrank), while a running minimum drops it."""
     out = [0.0] + [min(max(float(c), 1.0), float(r)) for r, c in enumerate(costs[1:], 1)]
-    for r in range(len(out) - 2, 1, -1):
+    for r in range(len(out) - 2, 1, -1):        # costs[1] is already 1: the clamp above leaves it nothing else
         out[r] = min(out[r], out[r + 1])
-    if len(out) > 1:
-        out[1] = 1.0
-    return tuple(out[:len(costs)])
+    return tuple(out)
 
 
 def check_curve(costs: Sequence[float]) -> tuple[tuple[float, ...], str | None]:
