@@ -114,7 +114,7 @@ def sane(costs: Sequence[float]) -> tuple[float, ...]:
     out = [0.0] + [min(max(float(c), 1.0), float(r)) for r, c in enumerate(costs[1:], 1)]
     for r in range(len(out) - 2, 1, -1):        # costs[1] is already 1: the clamp above leaves it nothing else
         out[r] = min(out[r], out[r + 1])
-    return tuple(out)
+    return tuple(out[:len(costs)])                 # an empty curve stays empty
 
 
 def check_curve(costs: Sequence[float]) -> tuple[tuple[float, ...], str | None]:
