@@ -42,12 +42,19 @@ from gradio.server_messages import ProcessCompletedMessage
 from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
 from ui.playground import coalesce, compute, limits
 from ui.playground import registry
+from ui import page_head
 from ui.layout import LAYOUT_CSS, THEME, build_demo
 
-# Uploads are traces (spec_engine.classroom.trace caps them at 20 MiB): Gradio refuses larger files before they are stored.
-# Everything launch() takes besides the address: the tests' server (tests/conftest.py) launches with the same, so the
-# browser tests see the page's own theme and layout CSS (they ran without them, and missed the narrow-screen rules).
-LAUNCH_OPTIONS = {"max_file_size": MAX_TRACE_BYTES, "theme": THEME, "css": LAYOUT_CSS}
+
+def launch_options() -> dict:
+    """Everything launch() takes besides the address: the tests' server (tests/conftest.py) launches with the same,
+    so the browser tests see the page's own theme, layout CSS and early script (ui/page_head.py). Uploads are traces
+    (spec_engine.classroom.trace caps them at 20 MiB): Gradio refuses larger files before they are stored. A new
+    dict each time: Gradio adds its own entries to `app_kwargs`."""
+    return {"max_file_size": MAX_TRACE_BYTES, "theme": THEME, "css": LAYOUT_CSS,
+            "app_kwargs": {"middleware": page_head.middleware()}}
+
+
 HIDDEN_ERROR = ("The server could not handle this request: an input it cannot use (a file must be one uploaded "
                 "to this server) or an error on its side, which it logged.")
 
@@ -139,4 +146,4 @@ configure(sys.argv[1:] if __name__ == "__main__" else [])
 demo = queue(build_demo())
 
 if __name__ == "__main__":
-    demo.launch(**LAUNCH_OPTIONS)
+    demo.launch(**launch_options())

@@ -166,3 +166,29 @@ def test_closing_the_tab_ends_its_run_on_the_server(page, playground):
     assert running[0].active.work is None                          # released: GPU function closed, caches dropped
     assert record.stop_reason == "cancelled" and len(record.tokens) < 600   # ended by the closed tab, not by itself
     assert reg.REGISTRY.holds("smollm2-135m-instruct") == 0
+
+
+def animation_frames(page, seconds: float) -> int:
+    """Animation frames the page ran in `seconds` (Chromium's timeline: every requestAnimationFrame callback fired,
+    whoever asked for it)."""
+    import json
+    browser = page.context.browser
+    browser.start_tracing(page=page, categories=["devtools.timeline"])
+    time.sleep(seconds)
+    trace = json.loads(browser.stop_tracing())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return sum(event.get("name") == "FireAnimationFrame" for event in events)
+
+
+def test_an_idle_page_asks_for_no_frames(page):
+    """ui/page_head.py. Without its script, Gradio's status tracker of the page's loading screen keeps asking for a
+    frame 60 times a second after the page has loaded (Gradio 6.31: 140 frames in 2 s on an idle page), which cost
+    the engine beside it about a tenth of its speedup. With it, the page settles to no frames at all."""
+    page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.startsWith('Models:') && "
+                           "!document.querySelector('[data-testid=status-tracker]:not(.hide)')", timeout=300_000)
+    counts = page.evaluate("() => window.__specFrames")
+    assert counts is not None and counts["timer"] >= 1       # it ran before Gradio's modules: their timers went through it
+    frames = []
+    while len(frames) < 8 and (not frames or frames[-1] > 2):   # a finished run's last redraws settle within seconds
+        frames.append(animation_frames(page, 1.0))
+    assert frames[-1] <= 2, f"an idle page keeps drawing: animation frames in each second {frames}"
