@@ -69,8 +69,9 @@ def measure_both(chromium, url: str, page_seed: int, api_seeds) -> tuple[list[fl
         on_page.append(page_speedup(page, run))
         over_api.append(over_the_api(seed))
     over_api += [over_the_api(seed) for seed in api_seeds[2:]]
-    # Closed after the API's runs: an open page costs the two cores a little even when idle, so every run of the
-    # comparison has it open (measured: API x1.12-1.20 with it, x1.49-1.53 without).
+    # Closed after the API's runs, so every run of the comparison has it open. An idle page once cost the engine a
+    # tenth of its speedup (API x1.12-1.20 with it, x1.49-1.53 without): Gradio's leaked frame loop, which
+    # ui/page_head.py ends (tests/test_app_browser.py::test_an_idle_page_asks_for_no_frames).
     page.close()
     return on_page, over_api
 
