@@ -235,6 +235,14 @@ def open_playground(browser, url: str, **options):
     return page
 
 
+@pytest.fixture(scope="module")
+def page(playground, chromium):
+    """One playground page shared by a browser test module's tests (open_playground), closed after the module."""
+    page = open_playground(chromium, playground)
+    yield page
+    page.close()
+
+
 PLOT_DATA = "document.querySelector('{} .js-plotly-plot')?.data"    # a Plotly figure's traces, by its elem_id
 
 

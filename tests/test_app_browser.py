@@ -7,16 +7,10 @@ import time
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from conftest import ENDLESS, open_playground
+from conftest import ENDLESS
 from ui.playground import handlers
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
-
-@pytest.fixture(scope="module")
-def page(playground, chromium):
-    page = open_playground(chromium, playground)
-    yield page
-    page.close()
 
 
 def token_count(page) -> int:

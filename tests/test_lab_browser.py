@@ -7,17 +7,11 @@ Skips (with the reason) only when /usr/bin/chromium is absent (the `chromium` fi
 import pytest
 
 import spec_engine as se
-from conftest import PLOT_DATA, open_playground, set_number
+from conftest import PLOT_DATA, set_number
 from spec_engine.classroom import lab, toy
 from ui.views import lab_plots
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
-
-@pytest.fixture(scope="module")
-def page(playground, chromium):
-    page = open_playground(chromium, playground)
-    yield page
-    page.close()
 
 
 def test_exactness_lab_draws_both_histograms(page, tmp_path):

@@ -8,8 +8,6 @@ Skips (with the reason) only when /usr/bin/chromium is absent (the `chromium` fi
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from conftest import open_playground
-
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
 # Each lower tab, in order, and something only that tab shows.
@@ -30,13 +28,6 @@ LABELS_JS = """() => {
         .filter(bar => [...bar.querySelectorAll('[role=tab]')].some(tab => tab.innerText.trim() === 'Compare runs'));
     return bars.map(bar => [...bar.querySelectorAll('[role=tab]')].map(tab => tab.innerText.trim()));
 }"""
-
-
-@pytest.fixture(scope="module")
-def page(playground, chromium):
-    page = open_playground(chromium, playground)
-    yield page
-    page.close()
 
 
 def lower_labels(page) -> list[str]:

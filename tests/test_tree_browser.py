@@ -6,15 +6,9 @@ Skips (with the reason) only when /usr/bin/chromium is absent (the `chromium` fi
 """
 import pytest
 
-from conftest import PLOT_DATA, open_playground, set_number
+from conftest import PLOT_DATA, set_number
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
-
-@pytest.fixture(scope="module")
-def page(playground, chromium):
-    page = open_playground(chromium, playground)
-    yield page
-    page.close()
 
 
 def test_a_tree_draft_runs_steps_and_goes_through_the_lab(page, tmp_path):
