@@ -385,6 +385,31 @@ def test_greedy_identity_on_the_offline_default(smollm2, draft, k):
     assert notes == ({None, se.drafters.LOOKUP_NOTE} if draft == "eagle+lookup" else {None})
 
 
+@pytest.mark.slow
+def test_the_head_cost_benchmark_times_the_engines_own_head(smollm2):
+    """bench/eagle_head_cost.py builds its head as the engine builds the shipped one (so it times the engine's
+    kernels): the same predictions and LM-head logits, bitwise, as the drafter the engine makes; its catch-up timing
+    reports four positive medians and leaves the head's cache as it found it."""
+    from bench.eagle_head_cost import engine_drafter, time_catch_up
+    from spec_engine.core import speed
+    from spec_engine.drafters.eagle import head_dtype, load_eagle_drafter
+    engine = load_eagle_drafter(smollm2.model, fixed_length=True)
+    bench = engine_drafter(smollm2.model, head_dtype(smollm2.model))
+    kinds = lambda drafter: [type(m).__name__ for part in (drafter.head, drafter.lm_head) for m in part.modules()]  # noqa: E731
+    assert kinds(bench) == kinds(engine)           # the speed layer's modules (packed products) where it has them
+    width = len(engine.feature_layers) * engine.head.config.hidden_size
+    features = torch.randn(3, width, generator=torch.Generator().manual_seed(0))              # [3, F]
+    for drafter in (engine, bench):
+        drafter.begin([1, 2, 3, 4], features)
+    assert torch.equal(engine._predicted, bench._predicted)
+    with speed.active().products():
+        assert torch.equal(engine.lm_head(engine._predicted), bench.lm_head(bench._predicted))
+    times = time_catch_up(bench, smollm2.model, rows=2, repeats=3)
+    assert set(times) == {"cold step", "cold LM head", "warm step", "warm LM head"}
+    assert all(value > 0 for value in times.values()), times
+    assert bench.cache.get_seq_length() == 1 and bench.cache_ids == [1]
+
+
 def test_eagle_draft_names():
     assert se.parse_draft("eagle") == se.DraftSpec("eagle")
     assert se.parse_draft("eagle:30").arg == 30

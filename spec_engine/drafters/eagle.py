@@ -166,7 +166,8 @@ def head_dtype(target_model) -> torch.dtype:
 
     Why: a draft step reads the head's weights and its LM-head rows (~22 MB in fp32) from memory, and bf16 halves
     that. Measured on an AMD EPYC, one thread, beside the fp32 SmolLM2-135M (`python -m bench.eagle_head_cost
-    --threads 1 --rounds 5`): the reduced LM head 1.61 -> 0.85 ms, a head step 1.59 -> 1.04 ms; in the benchmark, draft
+    --threads 1 --rounds 5`): the reduced LM head 1.61 -> 0.85 ms, a head step 1.59 -> 1.04 ms (again with the
+    engine's kernels for both, 2026-12-03, a busy host: 1.95 -> 1.34 ms and 1.48 -> 0.86 ms); in the benchmark, draft
     time per draft token 0.11 -> 0.08 of a plain step on chat, acceptance at k = 3 on chat / code 0.73 / 0.66 with the
     fp32 head and 0.72 / 0.65 with bf16 (`SPEC_ENGINE_EAGLE_DTYPE=float32` or `bfloat16` forces one, for such an A/B
     run). The draft's numerics cannot change the output (the target verifies every token and q is what the head
