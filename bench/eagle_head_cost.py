@@ -21,18 +21,13 @@ import torch
 from spec_engine import prepare
 from spec_engine.core import speed
 from spec_engine.core.cache import forward_logits, new_cache, trim_cache
-from spec_engine.drafters.eagle import EagleDrafter, ReducedLMHead, load_head, reduced_rows
+from spec_engine.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, head_parts
 from spec_engine.models import DEFAULT_MODEL, load_model, resolve_dtype
 
 
 def engine_drafter(target_model, dtype: torch.dtype) -> EagleDrafter:
-    """The shipped head in `dtype`, prepared as the engine prepares its own (eagle.shared_head: the speed layer adopts
-    and packs the head and its reduced LM head), with no sizing."""
-    head, vocab_index = load_head(dtype=dtype, device=target_model.device)
-    lm_head = ReducedLMHead(reduced_rows(target_model, vocab_index).to(dtype))
-    for module in (head, lm_head):
-        speed.active().adopt(module)
-        speed.active().warm(module)
+    """The shipped head in `dtype`, built as the engine builds its own (eagle.head_parts), with no sizing."""
+    head, vocab_index, lm_head = head_parts(target_model, DEFAULT_WEIGHTS, dtype)
     return EagleDrafter(head, target_model, vocab_index, size_by_cost=False, lm_head=lm_head)
 
 

@@ -443,15 +443,22 @@ def shared_head(target_model, path: Path = DEFAULT_WEIGHTS) -> tuple[EagleHead, 
     with _SHARED_LOCK:
         parts = _SHARED.setdefault(target_model, {})
         if key not in parts:
-            head, vocab_index = load_head(path, dtype=dtype, device=target_model.device)
-            lm_head = ReducedLMHead(reduced_rows(target_model, vocab_index).to(dtype))       # [N, H] rows
-            layer = speed.active()
-            for module in (head, lm_head):
-                layer.adopt(module)
-                layer.warm(module)
             parts.clear()                   # another file or dtype for this target: keep one set of parts
-            parts[key] = (head, vocab_index, lm_head)
+            parts[key] = head_parts(target_model, path, dtype)
         return parts[key]
+
+
+def head_parts(target_model, path: Path, dtype: torch.dtype) -> tuple[EagleHead, torch.Tensor, ReducedLMHead]:
+    """(head, vocab_index, reduced LM head) from the weights at `path`, in `dtype` on `target_model`'s device, handed
+    to the speed layer (its modules, packed weights): what `shared_head` keeps once per target, and what
+    bench/eagle_head_cost.py builds in each dtype it compares."""
+    head, vocab_index = load_head(path, dtype=dtype, device=target_model.device)
+    lm_head = ReducedLMHead(reduced_rows(target_model, vocab_index).to(dtype))               # [N, H] rows
+    layer = speed.active()
+    for module in (head, lm_head):
+        layer.adopt(module)
+        layer.warm(module)
+    return head, vocab_index, lm_head
 
 
 def recommended_settings(path: Path = DEFAULT_WEIGHTS) -> dict:
