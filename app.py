@@ -39,21 +39,9 @@ except ImportError:
 from gradio import queueing
 from gradio.server_messages import ProcessCompletedMessage
 
-from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
 from ui.playground import coalesce, compute, limits
 from ui.playground import registry
-from ui import page_head
-from ui.layout import LAYOUT_CSS, THEME, build_demo
-
-
-def launch_options() -> dict:
-    """Everything launch() takes besides the address: the tests' server (tests/conftest.py) launches with the same,
-    so the browser tests see the page's own theme, layout CSS and early script (ui/page_head.py). Uploads are traces
-    (spec_engine.classroom.trace caps them at 20 MiB): Gradio refuses larger files before they are stored. A new
-    dict each time: Gradio adds its own entries to `app_kwargs`."""
-    return {"max_file_size": MAX_TRACE_BYTES, "theme": THEME, "css": LAYOUT_CSS,
-            "app_kwargs": {"middleware": page_head.middleware()}}
-
+from ui.layout import build_demo, launch_options
 
 HIDDEN_ERROR = ("The server could not handle this request: an input it cannot use (a file must be one uploaded "
                 "to this server) or an error on its side, which it logged.")

@@ -60,7 +60,7 @@ def test_a_post_passes_untouched():
 
 
 def test_each_launch_gets_its_own_options():
-    import app
-    first, second = app.launch_options(), app.launch_options()
+    from ui import layout                # not app.py: importing it starts loading the default model
+    first, second = layout.launch_options(), layout.launch_options()
     assert first["app_kwargs"] is not second["app_kwargs"]       # Gradio writes into the dict it is given
     assert [m.cls for m in first["app_kwargs"]["middleware"]] == [page_head.EarlyScript]

@@ -11,8 +11,10 @@ import math
 import gradio as gr
 
 import spec_engine as se
+from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
 from spec_engine.drafters.registry import EARLY_EXIT_AFTER
 
+from ui import page_head
 from ui.classroom import tabs as classroom, sweeps
 from ui.playground import handlers, limits, share
 from ui.views import plots, render
@@ -72,6 +74,16 @@ LAYOUT_CSS = """
   #spec-run-row ~ * { order: 2; }
 }
 """
+
+
+def launch_options() -> dict:
+    """Everything launch() takes besides the address: app.py launches with it, and so does the tests' server
+    (tests/conftest.py), so the browser tests see the page's own theme, layout CSS and early script (ui/page_head.py).
+    Uploads are traces (spec_engine.classroom.trace caps them at 20 MiB): Gradio refuses larger files before they are
+    stored. A new dict each time: Gradio adds its own entries to `app_kwargs`. Here, not in app.py, because importing
+    app.py starts loading the default model."""
+    return {"max_file_size": MAX_TRACE_BYTES, "theme": THEME, "css": LAYOUT_CSS,
+            "app_kwargs": {"middleware": page_head.middleware()}}
 
 
 def build_demo(default_target: str | None = None, presets: Presets | None = None, preload: bool = True) -> gr.Blocks:
