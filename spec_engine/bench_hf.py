@@ -50,6 +50,7 @@ from spec_engine.bench import tree_gain
 from spec_engine.core import speed
 from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate
 from spec_engine.core.sampling import SamplingParams
+from spec_engine.drafters import sizing
 from spec_engine.drafters.registry import make_drafter
 from spec_engine.models import DEFAULT_MODEL, load_model
 from spec_engine.round_profile import PARTS as PARTS_ORDER
@@ -547,6 +548,32 @@ def profile_write(args, argv, engine, prompts, load_before, sections: list[str])
     return text
 
 
+def cost_curves(model, thread_counts: list[int]) -> dict[str, dict]:
+    """The verify-cost curve the draft arms sized their trees and drafts by, per thread count: as measured at start-up
+    (the warm-up before the first prompt) and as corrected since by the run's timed forwards. Runs of the same code
+    differ in tree size mostly by this curve (docs/benchmarks.md, "Runs g to j"), so the report keeps it."""
+    threads_now, curves = torch.get_num_threads(), {}
+    try:
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            curve = sizing.kept_curve(model)
+            if curve is not None:
+                curves[str(threads)] = {"start-up": [round(c, 3) for c in curve.measured[1:]],
+                                        "now": [round(c, 3) for c in curve[1:]], "source": curve.source()}
+    finally:
+        torch.set_num_threads(threads_now)
+    return curves
+
+
+def curves_text(curves: dict[str, dict]) -> str:
+    """The curves as report lines: the cost of 1..17 rows in one-row forwards."""
+    lines = [f"Verify-cost curve, {threads} thread{'s' if threads != '1' else ''} (cost of 1, 2, ... rows in one-row "
+             f"forwards; trees and drafts are sized by it): at start-up {' '.join(f'{c:.2f}' for c in c_['start-up'])}; "
+             f"at the end {' '.join(f'{c:.2f}' for c in c_['now'])} ({c_['source']})."
+             for threads, c_ in curves.items()]
+    return "\n\n".join(lines) if lines else "No verify-cost curve was measured (no arm sized by cost)."
+
+
 def write_report(args, argv, engine, results: list[dict], lookups: list[str], arms: list[str], load_before,
                  planned: int) -> str:
     """The tables of the prompts measured so far, written to OUT.md / OUT.json after every prompt (a long run on a
@@ -559,7 +586,8 @@ def write_report(args, argv, engine, results: list[dict], lookups: list[str], ar
             "prompts measured": done, "prompts planned": planned,
             "hf": f"generate(prompt_lookup_num_tokens={args.k}, max_matching_ngram_size={HF_NGRAM}) on a stock model",
             "load average before (1, 5, 15 min)": load_before, "load average after": load_after,
-            "torch": torch.__version__, "transformers": transformers.__version__}
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "verify-cost curves": cost_curves(engine.model, args.threads)}
     partial = "" if done == planned else f" **Partial: {done} of {planned} prompts measured.**"
     text = "\n\n".join([f"`{meta['command']}`: {meta['cpu']}, threads {args.threads}, {engine.name} {engine.dtype}, "
                         f"greedy, k = {args.k}, up to {args.tokens} new tokens (EOS stops), {args.repeats} interleaved "
@@ -569,7 +597,7 @@ def write_report(args, argv, engine, results: list[dict], lookups: list[str], ar
                         "Per kind: speedup over plain decoding, tokens per target forward, acceptance:",
                         kind_table(results, lookups), tree_table(results, lookups),
                         "Where the time goes (medians over prompts and repeats):",
-                        time_split(results, arms), json.dumps(meta)])
+                        time_split(results, arms), curves_text(meta["verify-cost curves"]), json.dumps(meta)])
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

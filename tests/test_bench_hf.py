@@ -134,6 +134,35 @@ def test_the_verify_cost_curve_is_the_thread_counts_in_use(monkeypatch):
     assert measured == [1, 2] and one == again == (0.0, 1.0, 1.0) and two == (0.0, 1.0, 2.0)
 
 
+
+@pytest.mark.measured_costs          # the real verify_costs, over a stand-in for the measurement: no timing
+def test_the_report_keeps_each_thread_counts_curve_at_start_up_and_as_corrected(monkeypatch):
+    """Runs of the same code differ in tree size by the curve their process measured: the report says which."""
+    from spec_engine.drafters import sizing
+    monkeypatch.setattr(sizing, "measure_verify_costs",
+                        lambda model: (0.0, 1.0, 1.0 + 0.5 * torch.get_num_threads(), 3.0))
+    model = SimpleNamespace(device=torch.device("cpu"))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert bench_hf.cost_curves(model, [1, 2]) == {}              # nothing measured: nothing reported
+        sizing.verify_costs(model)
+        torch.set_num_threads(2)
+        sizing.verify_costs(model)
+        for rows, seconds in [(1, 0.010)] * sizing.ONE_ROW_MIN + [(2, 0.012)]:
+            sizing.observe(model, rows, seconds)                        # at 2 threads, 2 rows cost 1.2 one-row forwards, and
+                                                                        # 3 rows, never timed, scale with them: 3.0 * 1.2 / 2.0
+        curves = bench_hf.cost_curves(model, [1, 2])
+        assert torch.get_num_threads() == 2                             # the caller's count is restored
+    finally:
+        torch.set_num_threads(before)
+    assert curves["1"] == {"start-up": [1.0, 1.5, 3.0], "now": [1.0, 1.5, 3.0], "source": "measured at start-up"}
+    assert curves["2"]["start-up"] == [1.0, 2.0, 3.0] and curves["2"]["now"] == [1.0, 1.2, 1.8]
+    assert curves["2"]["source"] == "corrected from 4 timed forwards"
+    text = bench_hf.curves_text(curves)
+    assert "2 threads" in text and "at start-up 1.00 2.00 3.00; at the end 1.00 1.20 1.80" in text
+    assert bench_hf.curves_text({}).startswith("No verify-cost curve")
+
 def test_the_six_kinds_are_eight_held_out_prompts_each_and_multi_turn_chats_encode_every_turn():
     """Issue #26's benchmark prompts: six kinds of 8, none a prompt of the EAGLE head's training set (nor sharing a
     long passage with one), the chats' turns ending with the user's text; a chat is encoded with all its turns."""

@@ -334,10 +334,17 @@ def verify_costs(model) -> CostCurve:
         return curves[key]
 
 
+def kept_curve(model) -> CostCurve | None:
+    """The curve `verify_costs` keeps on `model` at the thread count in use, or None if none was measured yet (it
+    measures nothing)."""
+    curve = getattr(model, _ATTRIBUTE, {}).get(curve_key(model))
+    return curve if isinstance(curve, CostCurve) else None
+
+
 def observe(model, rows: int, seconds: float) -> None:
     """A timed forward of `model` over `rows` rows, for its curve at the thread count in use (if measured)."""
-    curve = getattr(model, _ATTRIBUTE, {}).get(curve_key(model))
-    if isinstance(curve, CostCurve):
+    curve = kept_curve(model)
+    if curve is not None:
         curve.observe(rows, seconds)
 
 
