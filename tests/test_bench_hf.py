@@ -134,7 +134,6 @@ def test_the_verify_cost_curve_is_the_thread_counts_in_use(monkeypatch):
     assert measured == [1, 2] and one == again == (0.0, 1.0, 1.0) and two == (0.0, 1.0, 2.0)
 
 
-
 @pytest.mark.measured_costs          # the real verify_costs, over a stand-in for the measurement: no timing
 def test_the_report_keeps_each_thread_counts_curve_at_start_up_and_as_corrected(monkeypatch):
     """Runs of the same code differ in tree size by the curve their process measured: the report says which."""
@@ -149,9 +148,9 @@ def test_the_report_keeps_each_thread_counts_curve_at_start_up_and_as_corrected(
         sizing.verify_costs(model)
         torch.set_num_threads(2)
         sizing.verify_costs(model)
+        # at 2 threads, 2 rows cost 1.2 one-row forwards; 3 rows, never timed, scale with them: 3.0 * 1.2 / 2.0
         for rows, seconds in [(1, 0.010)] * sizing.ONE_ROW_MIN + [(2, 0.012)]:
-            sizing.observe(model, rows, seconds)                        # at 2 threads, 2 rows cost 1.2 one-row forwards, and
-                                                                        # 3 rows, never timed, scale with them: 3.0 * 1.2 / 2.0
+            sizing.observe(model, rows, seconds)
         curves = bench_hf.cost_curves(model, [1, 2])
         assert torch.get_num_threads() == 2                             # the caller's count is restored
     finally:
@@ -162,6 +161,7 @@ def test_the_report_keeps_each_thread_counts_curve_at_start_up_and_as_corrected(
     text = bench_hf.curves_text(curves)
     assert "2 threads" in text and "at start-up 1.00 2.00 3.00; at the end 1.00 1.20 1.80" in text
     assert bench_hf.curves_text({}).startswith("No verify-cost curve")
+
 
 def test_the_six_kinds_are_eight_held_out_prompts_each_and_multi_turn_chats_encode_every_turn():
     """Issue #26's benchmark prompts: six kinds of 8, none a prompt of the EAGLE head's training set (nor sharing a
