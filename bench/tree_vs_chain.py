@@ -60,7 +60,7 @@ def main(argv=None) -> None:
                     ids, k=k, max_new_tokens=args.tokens, sampling=GREEDY, eos_token_id=eos)
                 s = result.stats
                 row = {"prompt": prompt.name, "draft": draft, "k": k, "tokens_per_forward": s.tokens_per_round,
-                       "acceptance": s.acceptance_rate, "identical": result.tokens == plain, **tree_gain(result.rounds)}
+                       "acceptance": s.acceptance_rate, "identical": result.tokens == plain, **tree_gain(result.rounds, result.tokens)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     lines = ["| draft | k | prompts | tokens per forward (mean) | acceptance | tree rounds whose path beat the top-1 "

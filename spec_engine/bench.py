@@ -200,7 +200,7 @@ def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assis
     clock = ForwardClock([target.model] + drafter.model_modules())
     try:
         result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed,
-                                  eos_token_id=eos_id)
+                                  eos_token_id=eos_id, display=False)
     finally:
         clock.close()
     hf = None
@@ -216,30 +216,35 @@ def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assis
             "plain_tok_s": plain.tokens_per_second, "hf_tok_s": hf,
             "speedup_vs_plain": s.tokens_per_second / plain.tokens_per_second,
             "speedup_vs_hf": None if hf is None else s.tokens_per_second / hf, "new_tokens": s.new_tokens,
-            **cost_model(result, plain), **(tree_gain(result.rounds) if sampling.greedy else tree_gain([]))}
+            **cost_model(result, plain), **(tree_gain(result.rounds, result.tokens) if sampling.greedy else tree_gain([], []))}
 
 
-def spine_accepted(event) -> int:
+def spine_accepted(event, continuation: list[int]) -> int:
     """Greedy tree round: how many nodes of its top-1 spine (the first child of the root, then of that node, ...)
     match the target's argmax, i.e. what a chain of the drafter's first choices, as deep as the spine, would have had
-    accepted. The target's argmax after each node is the first of its `target_top` row."""
-    parents, argmax = event.tree_parents, [row[0][0] for row in event.target_top]
+    accepted. `continuation`: the run's tokens from this round on, which under greedy decoding are the target's
+    argmax after each matched node (so the measure needs no display part of the event: `display=False` runs too)."""
+    parents = event.tree_parents
     node, accepted = -1, 0
     while True:
         child = next((i for i, parent in enumerate(parents) if parent == node), None)
-        if child is None or event.drafted[child] != argmax[node + 1]:
+        if child is None or accepted >= len(continuation) or event.drafted[child] != continuation[accepted]:
             return accepted
         node, accepted = child, accepted + 1
 
 
-def tree_gain(rounds) -> dict:
-    """Over a run's greedy tree rounds: the share whose accepted path was longer than its top-1 spine's accepted
-    prefix (a second choice somewhere paid off), the accepted tokens per round of the path and of the spine, and
-    the mean node count; Nones when the run had no tree rounds."""
-    trees = [r for r in rounds if r.tree_parents]
+def tree_gain(rounds, tokens: list[int]) -> dict:
+    """Over a greedy run's tree rounds (`rounds`, and the run's new `tokens`): the share whose accepted path was
+    longer than its top-1 spine's accepted prefix (a second choice somewhere paid off), the accepted tokens per round
+    of the path and of the spine, and the mean node count; Nones when the run had no tree rounds."""
+    trees, spines, offset = [], [], 0
+    for r in rounds:
+        if r.tree_parents:
+            trees.append(r)
+            spines.append(spine_accepted(r, tokens[offset:]))
+        offset += len(r.emitted)
     if not trees:
         return {"tree_longer_share": None, "tree_path_per_round": None, "spine_per_round": None, "tree_nodes": None}
-    spines = [spine_accepted(r) for r in trees]
     return {"tree_longer_share": statistics.fmean(len(r.tree_path) > s for r, s in zip(trees, spines)),
             "tree_path_per_round": statistics.fmean(len(r.tree_path) for r in trees),
             "spine_per_round": statistics.fmean(spines), "tree_nodes": statistics.fmean(len(r.drafted) for r in trees)}

@@ -229,14 +229,14 @@ def run_arm(arm: str, engine, stock, prompt_ids, k: int, tokens: int, eos_id: in
             name, _, full = name.partition("/")
             drafter = make_drafter(name, engine, None, fixed_length=full == "full")
             result = SpeculativeDecoder(engine.model, drafter).generate(
-                prompt_ids, k=k, max_new_tokens=tokens, sampling=GREEDY, eos_token_id=eos_id)
+                prompt_ids, k=k, max_new_tokens=tokens, sampling=GREEDY, eos_token_id=eos_id, display=False)
             new = result.tokens
         seconds = time.perf_counter() - start
     finally:
         tally.close()
     stats = {}
     if arm not in (HF_PLAIN, HF_LOOKUP, ENGINE_PLAIN):
-        gain = tree_gain(result.rounds)
+        gain = tree_gain(result.rounds, result.tokens)
         stats = {"rounds": result.stats.rounds, "drafted": result.stats.drafted, "accepted": result.stats.accepted,
                  "tree": gain if gain["tree_nodes"] is not None else None}
     return Run(arm, seconds, list(new), tally.calls, tally.rows, tally.seconds, tally.prefill_rows,

@@ -218,15 +218,14 @@ def test_the_benchmarks_spine_measure_follows_first_children_while_the_target_ag
     from types import SimpleNamespace
 
     from spec_engine.bench import spine_accepted, tree_gain
-    # root -> a(5), b(6); a -> c(7); b -> d(8). The target's argmax: 6 after the root, then 8 after b.
-    top = lambda token: [(token, 0.9)]
-    event = SimpleNamespace(drafted=[5, 6, 7, 8], tree_parents=[-1, -1, 0, 1], tree_path=[1, 3],
-                            target_top=[top(6), top(7), top(8), top(0), top(0)])
-    assert spine_accepted(event) == 0                       # the spine's first node (5) is refused
-    hit = SimpleNamespace(drafted=[6, 5, 8], tree_parents=[-1, -1, 0], tree_path=[0, 2],
-                          target_top=[top(6), top(8), top(0), top(0)])
-    assert spine_accepted(hit) == 2
-    gain = tree_gain([event, hit, SimpleNamespace(tree_parents=None)])
+    # root -> a(5), b(6); a -> c(7); b -> d(8). The target's (greedy) tokens from the round on: 6, 8, then 0.
+    event = SimpleNamespace(drafted=[5, 6, 7, 8], tree_parents=[-1, -1, 0, 1], tree_path=[1, 3], emitted=[6, 8, 0])
+    assert spine_accepted(event, [6, 8, 0]) == 0               # the spine's first node (5) is refused
+    hit = SimpleNamespace(drafted=[6, 5, 8], tree_parents=[-1, -1, 0], tree_path=[0, 2], emitted=[6, 8, 0])
+    assert spine_accepted(hit, [6, 8, 0]) == 2
+    assert spine_accepted(hit, [6]) == 1                       # the run ended after one token: no further argmax
+    chain = SimpleNamespace(tree_parents=None, emitted=[4])
+    gain = tree_gain([event, chain, hit], [6, 8, 0, 4, 6, 8, 0])    # each round's spine read from its own offset
     assert gain == {"tree_longer_share": 0.5, "tree_path_per_round": 2.0, "spine_per_round": 1.0, "tree_nodes": 3.5}
 
 

@@ -445,3 +445,40 @@ def test_wrong_rules_run_and_are_labelled(target, draft):
             result = se.SpeculativeDecoder(target, se.ModelDrafter(draft), rule=rule).generate(
                 PROMPT, k=3, max_new_tokens=10, sampling=params)
             assert len(result.tokens) == 10 and all(math.isfinite(p) for r in result.rounds for p in r.target_probs)
+
+
+DECISIONS = ("drafted", "accepted", "emitted", "correction", "bonus", "accept_probs", "uniforms", "next_top",
+             "target_cache_len_before", "target_cache_len", "draft_cache_len_before", "draft_cache_len",
+             "committed_len", "tree_parents", "tree_path", "tree_tried", "drafter", "stop_reason")
+
+
+def check_display_off_is_the_same_run(decoder_of, prompt, k, params, monkeypatch, tokens=24):
+    """The run with display=False (what a timed run and the benchmarks decode) against the same run drawn: the same
+    tokens and every decision, with the display parts (p, q and the target's top entries) left out and never
+    computed: the top-entries search is made to fail while the lean run decodes."""
+    import spec_engine.core.decoder as decoder_module
+    drawn = decoder_of().generate(prompt, k=k, max_new_tokens=tokens, sampling=params, seed=7)
+    assert all(len(r.target_top) == len(r.drafted) + 1 and len(r.target_probs) == len(r.drafted)
+               for r in drawn.rounds if r.drafted)
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a display=False run computed the target's top entries")
+    with monkeypatch.context() as patched:
+        patched.setattr(decoder_module, "top_entries", refuse)
+        lean = decoder_of().generate(prompt, k=k, max_new_tokens=tokens, sampling=params, seed=7, display=False)
+    assert lean.tokens == drawn.tokens and len(lean.rounds) == len(drawn.rounds)
+    for a, b in zip(lean.rounds, drawn.rounds):
+        assert [getattr(a, f) for f in DECISIONS] == [getattr(b, f) for f in DECISIONS]
+        assert a.target_probs == a.draft_probs == a.target_top == []
+    assert lean.stats.accepted == drawn.stats.accepted and lean.stats.judged_acceptance == drawn.stats.judged_acceptance
+    return drawn
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_run_nobody_draws_makes_the_same_decisions_without_the_display_parts(target, draft, kind, params,
+                                                                                monkeypatch):
+    make = drafters(target, draft)[kind]
+    drawn = check_display_off_is_the_same_run(lambda: se.SpeculativeDecoder(target, make()), PROMPT, 4, params,
+                                              monkeypatch)
+    assert drawn.stats.drafted > 0

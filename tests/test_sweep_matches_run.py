@@ -3,6 +3,7 @@ current settings must be the Run at those settings: the same rounds, and timed t
 `decoder.generate` in a worker thread while the handler waits, nothing drawn)."""
 import pytest
 
+import spec_engine as se
 from ui.playground import handlers, runner
 from ui.playground.state import SessionState
 
@@ -15,6 +16,10 @@ def test_the_sweep_point_for_the_current_settings_is_the_run(playground_registry
     in_worker = runner.in_worker
     monkeypatch.setattr(runner, "in_worker", lambda work, budget, label, **kw: timed.append(label) or
                         in_worker(work, budget, label, **kw))
+    displays = []                                    # what each timed run builds of its events (display=...)
+    generate = se.SpeculativeDecoder.generate
+    monkeypatch.setattr(se.SpeculativeDecoder, "generate", lambda self, *a, **kw: displays.append(kw.get("display"))
+                        or generate(self, *a, **kw))
     monkeypatch.setattr(handlers, "SWEEP_K", (3, 1))
     monkeypatch.setattr(handlers, "SETTLE_SECONDS", 0.0)
     args = run_args(draft="prompt-lookup", k=3, max_new_tokens=8, auto_baseline=True)
@@ -32,5 +37,11 @@ def test_the_sweep_point_for_the_current_settings_is_the_run(playground_registry
     assert run_labels == ["timed-run", "plain-decoding"]
     assert timed == ["timed-run", "timed-run"]               # the baseline measured by the run serves the sweep
     assert "without drawing" in point.timing.how and "without drawing" in run.timing.how
+    # Run's timed run decodes as plain decoding does, nothing for a view (its rounds keep the live run's display
+    # parts, with the timed clocks); a sweep point's timed run is the one shown, so it builds them
+    assert displays == [False, True, True]
+    for record in (run, point):
+        assert all(r.target_top and len(r.target_probs) == len(r.drafted) for r in record.timing.rounds if r.drafted)
+    assert [r.verify_seconds for r in run.timing.rounds] != [r.verify_seconds for r in run.rounds]
     summary = state.summary(point)
     assert summary["speedup"] is not None and summary["timed"] is not False

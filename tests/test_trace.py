@@ -68,7 +68,7 @@ def live_tiny_run(target, draft, show_spaces=False, with_baseline=True, **kw):
     if with_baseline:
         s = settings                 # the speed measured without drawing, as compute.run_job does
         runner.keep_timing(prep.record, state, decoder.generate(ids, k=s.k, max_new_tokens=s.max_new_tokens,
-                                                                sampling=s.sampling(), seed=s.seed))
+                                                                sampling=s.sampling(), seed=s.seed, display=False))
         state.baselines[prep.record.baseline_key] = se.autoregressive_generate(
             target, ids, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling(), seed=settings.seed)
     state.finish(prep.record)
@@ -87,6 +87,11 @@ def test_round_trip_keeps_every_event_exactly(tiny_run, tmp_path):
     loaded = tr.load(path)
     assert loaded.rounds == list(prep.record.timing.rounds)        # floats survive JSON bit for bit
     assert [r.emitted for r in loaded.rounds] == [r.emitted for r in prep.record.rounds]   # the live run's rounds
+    # ...with the timed run's clocks, and the display parts of the live run (the timed one, display=False, has none)
+    assert [(r.target_top, r.target_probs) for r in loaded.rounds] == [(r.target_top, r.target_probs)
+                                                                      for r in prep.record.rounds]
+    assert all(r.target_top for r in loaded.rounds)
+    assert [r.round_seconds for r in loaded.rounds] != [r.round_seconds for r in prep.record.rounds]
     assert loaded.to_dict() == trace.to_dict()
     assert loaded.baseline == state.baselines[prep.record.baseline_key]
     assert loaded.settings["seed"] == 4 and loaded.models == {"target": "tiny", "draft": "tiny-draft"}

@@ -230,3 +230,37 @@ def test_strict_is_the_exact_rule_draw_for_draw_on_chosen_trees(target, draft, m
                 prompt, k=4, max_new_tokens=12, sampling=params, seed=seed) for rule in ("exact", "strict")}
             assert runs["exact"].tokens == runs["strict"].tokens, (seed, params)
             assert [r.accepted for r in runs["exact"].rounds] == [r.accepted for r in runs["strict"].rounds]
+
+
+@pytest.mark.parametrize("params", [GREEDY, se.SamplingParams(0.8, top_p=0.9)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("speed", list(SPEED))
+def test_a_tree_run_nobody_draws_makes_the_same_decisions_without_the_display_parts(target, draft, params, speed,
+                                                                                     monkeypatch):
+    """display=False on trees (the app's timed run and the benchmarks): same tokens, paths and draws, no display
+    parts; and the benchmarks' spine measure, read from the run's tokens, equals the one read from the target's top
+    entries of the drawn run."""
+    from spec_engine.bench import spine_accepted
+    from test_engine import check_display_off_is_the_same_run
+    prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2]])
+    with SPEED[speed]():
+        for make in (lambda: TreeLookupDrafter(branches=3, max_ngram=3), lambda: ModelTreeDrafter(draft, width=2)):
+            drawn = check_display_off_is_the_same_run(lambda: se.SpeculativeDecoder(target, make()), prompt, 4,
+                                                      params, monkeypatch)
+            assert any(r.tree_parents for r in drawn.rounds)
+            if params.greedy:
+                offset = 0
+                for r in drawn.rounds:
+                    if r.tree_parents:
+                        from_top = [row[0][0] for row in r.target_top]        # the target's argmax after each row
+                        argmax_spine = spine_accepted(r, [from_top[0]] + [from_top[i + 1] for i in spine(r)])
+                        assert spine_accepted(r, drawn.tokens[offset:]) == argmax_spine
+                    offset += len(r.emitted)
+
+
+def spine(event) -> list[int]:
+    """The nodes of a tree round's top-1 spine, root's child first."""
+    nodes, node = [], -1
+    while (child := next((i for i, p in enumerate(event.tree_parents) if p == node), None)) is not None:
+        nodes.append(child)
+        node = child
+    return nodes

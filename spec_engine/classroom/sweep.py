@@ -130,7 +130,7 @@ def run_sweep(target_model, make_drafter: Callable[[str], Drafter], input_ids: t
                 plain.append(result)
             decoder = SpeculativeDecoder(target_model, make_drafter(point.draft), rule=rule)
             result = decoder.generate(input_ids, k=point.k, max_new_tokens=max_new_tokens, sampling=point.sampling,
-                                      seed=seed, eos_token_id=eos_token_id, should_stop=should_stop)
+                                      seed=seed, eos_token_id=eos_token_id, should_stop=should_stop, display=False)
             if result.stop_reason == "cancelled":
                 return
             runs[index].append((result, plain[repeat]))

@@ -90,6 +90,7 @@ class DecodeState:
     max_new_tokens: int
     sampling: SamplingParams
     prefill_seconds: float
+    display: bool = True            # build the events' display parts (p, q and the target's top entries)
     index: int = 0
     stop_reason: str | None = None
 
@@ -120,10 +121,13 @@ class SpeculativeDecoder:
         self.rule = rule
 
     def stream(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-               seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> Iterator[RoundEvent]:
+               seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None,
+               display: bool = True) -> Iterator[RoundEvent]:
         """Rounds until max_new_tokens, EOS, or `should_stop()` turns true. Validates and prefills at call time,
-        so bad input raises here rather than at the first `next()`; stopped during the prefill, it yields no round."""
-        state = self.start(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop)
+        so bad input raises here rather than at the first `next()`; stopped during the prefill, it yields no round.
+        `display=False`: the events leave out what only a view reads (`RoundEvent.target_probs`, `draft_probs`,
+        `target_top`), for a run nobody draws, e.g. one timed; the tokens and every decision are the same."""
+        state = self.start(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop, display)
         return self._rounds(state, should_stop)
 
     def _rounds(self, state: DecodeState, should_stop) -> Iterator[RoundEvent]:
@@ -131,7 +135,8 @@ class SpeculativeDecoder:
             yield self.step(state, should_stop)
 
     def start(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-              seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> DecodeState:
+              seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None,
+              display: bool = True) -> DecodeState:
         """Validate, prefill the target (all prompt tokens but the last, in chunks) and the drafter. If
         `should_stop()` turns true between two chunks, the state comes back finished ("cancelled", no round to
         step) and the drafter is never begun."""
@@ -150,7 +155,7 @@ class SpeculativeDecoder:
         if not stopped:
             self.drafter.begin(committed, features)
         return DecodeState(committed, len(committed), target_cache, generator, eos_set(eos_token_id), k,
-                           max_new_tokens, sampling, prefill_seconds=timing.clock(device) - begin,
+                           max_new_tokens, sampling, prefill_seconds=timing.clock(device) - begin, display=display,
                            stop_reason="cancelled" if stopped else None)
 
     def step(self, state: DecodeState, should_stop: Callable[[], bool] | None = None) -> RoundEvent:
@@ -169,7 +174,7 @@ class SpeculativeDecoder:
                                 len(proposal.tokens) + 1, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
         verdict, target_probs, target_members = verify(self.chain_rule(proposal), state.sampling, drafted, proposal.probs,
-                                                       target_logits, state.generator, proposal.unwarped)
+                                                       target_logits, state.generator, proposal.unwarped, state.display)
         verify_done = timing.clock(device)
         timing.report_forward(self.target, len(proposal.tokens) + 1, verify_done - draft_done)
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
@@ -208,7 +213,7 @@ class SpeculativeDecoder:
                                      state.target_cache, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)  # [n + 1, vocab], [n + 1, F]
         verdict, target_rows = verify_tree(self.rule, state.sampling, tree, proposal.probs, target_logits,
-                                           state.generator)
+                                           state.generator, state.display)
         verified = timing.clock(self.target.device)
         emitted, hit_eos = cut_at_eos([tree.tokens[i] for i in verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
@@ -230,43 +235,46 @@ class SpeculativeDecoder:
         """A tree round as an event: `drafted` lists every node, `tree_parents` / `tree_path` say how they hang and
         which were kept; p and q of each node are read under its parent's row."""
         tree = proposal.tree
-        n = len(tree.tokens)
         accepted = min(len(verdict.accepted), len(emitted))
         tail = emitted[accepted:]
         last = verdict.accepted[-1] if verdict.accepted else -1
         rejected_all = bool(tree.children(last))                      # the token is a correction, not a bonus
+        p_nodes, q_nodes, target_top = self._tree_display(proposal, target_rows) if state.display else ([], [], [])
+        target_before, draft_before = caches_before
+        return RoundEvent(
+            index=state.index, drafted=list(tree.tokens), accepted=accepted, emitted=emitted,
+            correction=tail[0] if tail and rejected_all else None, bonus=tail[0] if tail and not rejected_all else None,
+            target_probs=p_nodes, draft_probs=q_nodes, accept_probs=verdict.accept_probs, uniforms=verdict.uniforms,
+            next_top=verdict.next_probs_top, target_top=target_top, k=state.k, target_cache_len_before=target_before, target_cache_len=cache_len(state.target_cache),
+            draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
+            committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
+            verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(self.target.device) - clock.start,
+            prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
+            finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note,
+            tree_parents=list(tree.parents), tree_path=verdict.accepted[:accepted], tree_tried=verdict.tried,
+            drafter=proposal.source or self.drafter.name)
+
+    @staticmethod
+    def _tree_display(proposal: TreeProposal, target_rows: torch.Tensor) -> tuple[list[float], list[float], list]:
+        """What a view reads of a tree round: each node's p and q under its parent's row, and the target's top
+        entries of every row; target_rows [n + 1, vocab]."""
+        tree = proposal.tree
+        n = len(tree.tokens)
         rows = torch.tensor([parent + 1 for parent in tree.parents], dtype=torch.long, device=target_rows.device)
         ids = torch.tensor(tree.tokens, dtype=torch.long, device=target_rows.device)
         p_nodes = target_rows[rows, ids].tolist() if n else []
         q_nodes = [1.0] * n if proposal.probs is None else proposal.probs[rows.to(proposal.probs.device),
                                                                            ids.to(proposal.probs.device)].tolist()
         top_values, top_ids = top_entries(target_rows, TARGET_TOP)                               # [n + 1, m]
-        target_before, draft_before = caches_before
-        return RoundEvent(
-            index=state.index, drafted=list(tree.tokens), accepted=accepted, emitted=emitted,
-            correction=tail[0] if tail and rejected_all else None, bonus=tail[0] if tail and not rejected_all else None,
-            target_probs=p_nodes, draft_probs=q_nodes, accept_probs=verdict.accept_probs, uniforms=verdict.uniforms,
-            next_top=verdict.next_probs_top,
-            target_top=[list(zip(ids_row, values_row)) for ids_row, values_row in zip(top_ids.tolist(), top_values.tolist())],
-            k=state.k, target_cache_len_before=target_before, target_cache_len=cache_len(state.target_cache),
-            draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
-            committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
-            verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(target_rows.device) - clock.start,
-            prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
-            finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note,
-            tree_parents=list(tree.parents), tree_path=verdict.accepted[:accepted], tree_tried=verdict.tried,
-            drafter=proposal.source or self.drafter.name)
+        return p_nodes, q_nodes, [list(zip(ids_row, values_row))
+                                  for ids_row, values_row in zip(top_ids.tolist(), top_values.tolist())]
 
-    def _event(self, state: DecodeState, proposal: Proposal, verdict: Verdict, drafted: torch.Tensor,
-               target_probs: torch.Tensor, target_members, emitted: list[int], caches_before: tuple[int, int | None],
-               clock: RoundClock) -> RoundEvent:
-        """The round as an event: the verdict plus what the display shows (the target's top entries, p and q of each
-        draft), read from the device in one transfer. `caches_before`: (target, draft) lengths before trimming."""
+    @staticmethod
+    def _chain_display(proposal: Proposal, verdict: Verdict, drafted: torch.Tensor, target_probs: torch.Tensor,
+                       target_members) -> tuple[list[float], list[float], list]:
+        """What a view reads of a chain round: p and q of each draft and the target's top entries of every row,
+        read from the device in one transfer; drafted [n], target_probs [n + 1, vocab]."""
         n = len(proposal.tokens)
-        accepted = min(verdict.accepted, len(emitted))                # EOS can end the round inside the drafts
-        tail = emitted[accepted:]
-        correction = tail[0] if tail and verdict.accepted < n else None
-        bonus = tail[0] if tail and verdict.accepted == n else None
         top_values, top_ids = top_entries(target_probs, TARGET_TOP, target_members)               # [n + 1, m]
         parts = [top_values.flatten(), top_ids.flatten().to(top_values.dtype)]
         known = len(verdict.drafted_p) == n            # a sampled verdict carries p(x_i) and q(x_i) already
@@ -283,14 +291,27 @@ class SpeculativeDecoder:
             p_drafted = host[2 * m:2 * m + n]
             q = [1.0] * n if proposal.probs is None else host[2 * m + n:]
         width = min(TARGET_TOP, target_probs.shape[-1])
+        return p_drafted, q, [list(zip(top_ids[i:i + width], top_values[i:i + width])) for i in range(0, m, width)]
+
+    def _event(self, state: DecodeState, proposal: Proposal, verdict: Verdict, drafted: torch.Tensor,
+               target_probs: torch.Tensor, target_members, emitted: list[int], caches_before: tuple[int, int | None],
+               clock: RoundClock) -> RoundEvent:
+        """The round as an event: the verdict plus what the display shows (`_chain_display`, unless the run was
+        started with display=False). `caches_before`: (target, draft) lengths before trimming."""
+        n = len(proposal.tokens)
+        accepted = min(verdict.accepted, len(emitted))                # EOS can end the round inside the drafts
+        tail = emitted[accepted:]
+        correction = tail[0] if tail and verdict.accepted < n else None
+        bonus = tail[0] if tail and verdict.accepted == n else None
+        p_drafted, q, target_top = (self._chain_display(proposal, verdict, drafted, target_probs, target_members)
+                                    if state.display else ([], [], []))
         target_before, draft_before = caches_before
         return RoundEvent(
             index=state.index, drafted=list(proposal.tokens), accepted=accepted, emitted=emitted,
-            correction=correction, bonus=bonus,
-            target_probs=p_drafted, draft_probs=q,
+            correction=correction, bonus=bonus, target_probs=p_drafted, draft_probs=q,
             accept_probs=verdict.accept_probs, uniforms=verdict.uniforms, next_top=verdict.next_probs_top,
-            target_top=[list(zip(top_ids[i:i + width], top_values[i:i + width])) for i in range(0, m, width)],
-            k=state.k, target_cache_len_before=target_before, target_cache_len=cache_len(state.target_cache),
+            target_top=target_top, k=state.k, target_cache_len_before=target_before,
+            target_cache_len=cache_len(state.target_cache),
             draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
             committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
             verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(drafted.device) - clock.start,
@@ -299,10 +320,12 @@ class SpeculativeDecoder:
             drafter=proposal.source or self.drafter.name)
 
     def generate(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-                 seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None) -> GenerationResult:
+                 seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None,
+                 display: bool = True) -> GenerationResult:
+        """The whole run; `display` as in `stream`."""
         device = self.target.device
         start = timing.clock(device)
-        state = self.start(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop)
+        state = self.start(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop, display)
         rounds = list(self._rounds(state, should_stop))
         total = timing.clock(device) - start
         return GenerationResult(

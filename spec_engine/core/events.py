@@ -17,7 +17,9 @@ class RoundEvent:
 
     Probabilities are per drafted token: `target_probs[i]` = p(drafted[i]), `draft_probs[i]` = q(drafted[i])
     (1.0 for deterministic drafters). Under greedy decoding the decision is the argmax test; `target_probs`
-    then shows the temperature-1 softmax for people to read, and `uniforms` is empty.
+    then shows the temperature-1 softmax for people to read, and `uniforms` is empty. A run decoded with
+    `display=False` (nobody draws it: a timed run, a benchmark) leaves `target_probs`, `draft_probs` and `target_top`
+    empty; everything else, the decisions included, is the same.
     """
 
     index: int                          # 0-based round number

@@ -253,17 +253,19 @@ def verify(
     target_logits: torch.Tensor,
     generator: torch.Generator,
     unwarped: torch.Tensor | None = None,   # [n, vocab] the draft's distributions before warping (q_mismatch only)
-) -> tuple[Verdict, torch.Tensor, list | None]:
+    display: bool = True,
+) -> tuple[Verdict, torch.Tensor | None, list | None]:
     """Dispatch on the rule and the sampling mode. Returns the verdict, target_probs [n + 1, vocab] (warped;
-    for greedy, the temperature-1 softmax, shown to people but not used by the decision) and, when the CPU top-p
-    search ran, each row's members most likely first (sampling.warp), else None."""
+    for greedy, the temperature-1 softmax, shown to people but not used by the decision, and None when nothing is
+    shown: `display=False`) and, when the CPU top-p search ran, each row's members most likely first
+    (sampling.warp), else None."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     if params.greedy:
         # float32 once: the display needs it, and argmax over bf16 logits costs ~10x more than over float32 on the
         # CPU (same index: the conversion is exact)
         target_logits = target_logits.float()
-        display_probs = warp(target_logits, SamplingParams())               # softmax at temperature 1
+        display_probs = warp(target_logits, SamplingParams()) if display else None     # softmax at temperature 1
         if rule == "topp_membership":
             membership_params = SamplingParams(temperature=1.0, top_k=params.top_k, top_p=params.top_p)
             return _greedy_membership(drafted, target_logits, membership_params), display_probs, None
@@ -302,9 +304,10 @@ class TreeVerdict:
 
 
 def verify_tree(rule: str, params: SamplingParams, tree: TokenTree, draft_probs: torch.Tensor | None,
-                target_logits: torch.Tensor, generator: torch.Generator) -> tuple[TreeVerdict, torch.Tensor]:
+                target_logits: torch.Tensor, generator: torch.Generator,
+                display: bool = True) -> tuple[TreeVerdict, torch.Tensor | None]:
     """tree (n nodes), draft_probs [n + 1, vocab] or None (deterministic), target_logits [n + 1, vocab] -> (verdict,
-    the rows the display reads [n + 1, vocab]). Greedy: `tree_greedy_step`. Sampling: the reference itself,
+    the rows the display reads [n + 1, vocab]; greedy with `display=False`: None, nothing computed for it). Greedy: `tree_greedy_step`. Sampling: the reference itself,
     `tree_rule.tree_step`, fed one uniform per node and then the CDF point from `generator` (all n uniforms are drawn
     whether read or not, so a run's draws do not depend on the outcome)."""
     if rule not in TREE_RULES:
@@ -313,8 +316,8 @@ def verify_tree(rule: str, params: SamplingParams, tree: TokenTree, draft_probs:
     assert target_logits.shape[0] == n + 1 and (draft_probs is None or draft_probs.shape[0] == n + 1)
     if params.greedy:
         path, token = tree_greedy_step(target_logits, tree)
-        display = torch.softmax(target_logits.float(), dim=-1)
-        return TreeVerdict(path, token, [], [], [], [(token, 1.0)]), display
+        rows = torch.softmax(target_logits.float(), dim=-1) if display else None
+        return TreeVerdict(path, token, [], [], [], [(token, 1.0)]), rows
     if draft_probs is None and any(how != "deterministic" for how in tree.drawn):
         raise ValueError("a sampled tree needs draft_probs for its nodes whose children were drawn")
     target_probs = warp(target_logits, params)                                                   # [n + 1, vocab]

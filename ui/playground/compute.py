@@ -172,6 +172,8 @@ class RunJob:
     timed: bool = False             # then decode it again with nothing drawn (its speed)
     plain: bool = False             # then plain decoding, same prompt, settings and seed
     settle: float = 0.0             # seconds between the live run and the timed one (the browser finishes drawing)
+    show_timed: bool = False        # the timed run's rounds are the ones shown (no live pass drew any): they carry
+                                    #   the display parts; otherwise it decodes as plain decoding does, nothing extra
     sizing: Sizing | None = None    # size drafts by this curve (a run measured again: its first pass's)
 
 
@@ -235,7 +237,8 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
             budget.start()
             result = yield from runner.in_worker(
                 lambda: decoder.generate(input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
-                                         seed=s.seed, eos_token_id=eos, should_stop=budget.should_stop),
+                                         seed=s.seed, eos_token_id=eos, should_stop=budget.should_stop,
+                                         display=job.show_timed),
                 budget, "timed-run", engine=cpu)
             yield result
             if result.stop_reason == "cancelled" or budget.timed_out:

@@ -244,8 +244,12 @@ def keep_timing(record: RunRecord, state: SessionState, result: se.GenerationRes
     same = result.tokens == record.tokens and len(result.rounds) == len(record.rounds)
     if not same:      # cannot happen with a deterministic engine; if it does, say so rather than mix two runs
         raise ValueError("the timed run differs from the live run (same settings and seed): its speed is not shown")
-    timing = Timing(seconds=result.total_seconds, tokens=len(result.tokens), rounds=tuple(result.rounds),
-                    at=time.time(), how=how)
+    # The live rounds with the timed run's clocks: a timed run after a live one decodes with display=False (nothing
+    # beyond what plain decoding computes), so its own events leave out the p, q and top entries the views read.
+    rounds = tuple(dataclasses.replace(live, draft_seconds=timed.draft_seconds, verify_seconds=timed.verify_seconds,
+                                       round_seconds=timed.round_seconds, prefill_seconds=timed.prefill_seconds)
+                   for live, timed in zip(record.rounds, result.rounds))
+    timing = Timing(seconds=result.total_seconds, tokens=len(result.tokens), rounds=rounds, at=time.time(), how=how)
     with state.lock:
         record.timing = timing
     return timing

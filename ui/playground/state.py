@@ -65,7 +65,7 @@ class Timing:
 
     seconds: float          # engine time: prefill + every round
     tokens: int
-    rounds: tuple           # the timed RoundEvents (the same rounds as the live run; their clocks differ)
+    rounds: tuple           # the run's RoundEvents with the timed run's clocks (runner.keep_timing)
     at: float               # time.time() when measured
     how: str                # "decoded again without drawing" | "run without drawing"
 
