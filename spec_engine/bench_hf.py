@@ -472,8 +472,9 @@ def profile_run(arm: str, engine, prompt_ids, k: int, tokens: int, eos_id: int) 
     name, k = arm_k(arm, k)
     name, _, full = name.partition("/")
     decoder = SpeculativeDecoder(engine.model, make_drafter(name, engine, None, fixed_length=full == "full"))
-    with RoundProfile(decoder) as profile:
-        result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=GREEDY, eos_token_id=eos_id)
+    with RoundProfile(decoder) as profile:           # decoded as the timed arms are: nothing built for a view
+        result = decoder.generate(prompt_ids, k=k, max_new_tokens=tokens, sampling=GREEDY, eos_token_id=eos_id,
+                                  display=False)
     return profile, result
 
 

@@ -18,7 +18,9 @@ Parts (each a sum over rounds; per round and against a plain step in `table`):
     verify forward       the target's forward over [last, drafts] (by row count in `verify_rows`)
     sampling + rule      warping, the accept / reject rule, the correction or bonus draw, and their host reads
     cache trim           trimming / compacting the target cache and checking the invariant
-    event building       the RoundEvent: display extras (target top tokens, p and q of each node) and host reads
+    event building       the RoundEvent: with display=True its display extras (target top tokens, p and q of each
+                         node) and their host reads; `bench_hf --profile` decodes with display=False, as its timed
+                         arms and the app's timed run do
     bookkeeping          the rest of the round: committing, EOS, stop checks, the engine's Python
 """
 from __future__ import annotations
