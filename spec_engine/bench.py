@@ -216,7 +216,8 @@ def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assis
             "plain_tok_s": plain.tokens_per_second, "hf_tok_s": hf,
             "speedup_vs_plain": s.tokens_per_second / plain.tokens_per_second,
             "speedup_vs_hf": None if hf is None else s.tokens_per_second / hf, "new_tokens": s.new_tokens,
-            **cost_model(result, plain), **(tree_gain(result.rounds, result.tokens) if sampling.greedy else tree_gain([], []))}
+            **cost_model(result, plain),
+            **(tree_gain(result.rounds, result.tokens) if sampling.greedy else tree_gain([], []))}
 
 
 def spine_accepted(event, continuation: list[int]) -> int:

@@ -174,7 +174,8 @@ class SpeculativeDecoder:
                                 len(proposal.tokens) + 1, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
         verdict, target_probs, target_members = verify(self.chain_rule(proposal), state.sampling, drafted, proposal.probs,
-                                                       target_logits, state.generator, proposal.unwarped, state.display)
+                                                       target_logits, state.generator, proposal.unwarped,
+                                                       state.display)
         verify_done = timing.clock(device)
         timing.report_forward(self.target, len(proposal.tokens) + 1, verify_done - draft_done)
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
@@ -245,7 +246,8 @@ class SpeculativeDecoder:
             index=state.index, drafted=list(tree.tokens), accepted=accepted, emitted=emitted,
             correction=tail[0] if tail and rejected_all else None, bonus=tail[0] if tail and not rejected_all else None,
             target_probs=p_nodes, draft_probs=q_nodes, accept_probs=verdict.accept_probs, uniforms=verdict.uniforms,
-            next_top=verdict.next_probs_top, target_top=target_top, k=state.k, target_cache_len_before=target_before, target_cache_len=cache_len(state.target_cache),
+            next_top=verdict.next_probs_top, target_top=target_top, k=state.k, target_cache_len_before=target_before,
+            target_cache_len=cache_len(state.target_cache),
             draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
             committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
             verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(self.target.device) - clock.start,

@@ -307,9 +307,10 @@ def verify_tree(rule: str, params: SamplingParams, tree: TokenTree, draft_probs:
                 target_logits: torch.Tensor, generator: torch.Generator,
                 display: bool = True) -> tuple[TreeVerdict, torch.Tensor | None]:
     """tree (n nodes), draft_probs [n + 1, vocab] or None (deterministic), target_logits [n + 1, vocab] -> (verdict,
-    the rows the display reads [n + 1, vocab]; greedy with `display=False`: None, nothing computed for it). Greedy: `tree_greedy_step`. Sampling: the reference itself,
-    `tree_rule.tree_step`, fed one uniform per node and then the CDF point from `generator` (all n uniforms are drawn
-    whether read or not, so a run's draws do not depend on the outcome)."""
+    the rows the display reads [n + 1, vocab]; greedy with `display=False`: None, nothing computed for it). Greedy:
+    `tree_greedy_step`. Sampling: the reference itself, `tree_rule.tree_step`, fed one uniform per node and then the
+    CDF point from `generator` (all n uniforms are drawn whether read or not, so a run's draws do not depend on the
+    outcome)."""
     if rule not in TREE_RULES:
         raise ValueError(f"a tree round's rule must be one of {TREE_RULES}, got {rule!r}")
     n = len(tree.tokens)
