@@ -17,6 +17,12 @@
 #include <cmath>
 #include <vector>
 
+#if defined(__AVX512F__)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#else
+#define VADD(a, b) _mm256_add_ps(a, b)
+#endif
+
 #if defined(__GLIBC__) && defined(__x86_64__) && !defined(__clang__)
 // glibc's vector expf (libmvec, within 4 ulp), declared as its headers declare it under -ffast-math, which is not
 // wanted here: the SiLU of a few rows is 1,536 exponentials a row and layer, most of this file's own time when scalar.
@@ -96,12 +102,53 @@ static inline float sum_lanes(vec v) {
 #endif
 }
 
-// One query row of one head over positions 0..L-1 of its KV head (keys/values [capacity][D], D a multiple of VL and
-// at most MAX_HEAD_DIM): positions where `visible` is nonzero (or, with visible null, those <= last) take part;
-// softmax(q.k * scale) weighs the values. Every step runs in a fixed order, whatever the other rows.
-static void attend(const float* q, const float* keys, const float* values, int L, const unsigned char* visible,
-                   int last, int D, float scale, float* scores, float* out) {
+#if defined(__AVX512F__)
+// Sixteen vectors -> one: lane i is the sum of a[i]'s sixteen lanes, by a fixed tree (halves, then quarters, then
+// pairs of a 128-bit lane; the last permute puts the keys back in order). Each output lane reads only its own
+// input vector, so a key's score never depends on the vectors beside it.
+static inline __m512 sum_lanes16(const __m512* a) {
+  __m512 t[8], u[4];
+  for (int i = 0; i < 8; i++)        // t[i]: key 2i's 256-bit halves added (128-bit lanes 0, 1), key 2i + 1's (2, 3)
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int j = 0; j < 4; j++)        // u[j]: 128-bit lane m holds key 4j + m's four partial sums
+    u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], 0xDD));
+  const __m512 v0 = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
+  const __m512 v1 = _mm512_add_ps(_mm512_unpacklo_ps(u[2], u[3]), _mm512_unpackhi_ps(u[2], u[3]));
+  const __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
+  // w's 128-bit lane m holds keys m, 8 + m, 4 + m, 12 + m
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, w);
+}
+#endif
+
+// scores[j] = q . keys[j] * scale for j in 0..L-1 (keys [capacity][D]). With AVX-512, sixteen keys at a time: one
+// FMA chain per key over d in order, then sum_lanes16 (positions past L count as zero vectors and are not read);
+// else four keys at a time, each chain reduced on its own. Either way a key's score depends only on q and that key.
+static void score(const float* q, const float* keys, int L, int D, float scale, float* scores) {
   int j = 0;
+#if defined(__AVX512F__)
+  for (; j + 16 <= L; j += 16) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += VL) {
+      const __m512 x = _mm512_loadu_ps(q + d);
+      for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(x, _mm512_loadu_ps(keys + (size_t)(j + i) * D + d), acc[i]);
+    }
+    _mm512_storeu_ps(scores + j, _mm512_mul_ps(sum_lanes16(acc), _mm512_set1_ps(scale)));
+  }
+  if (j < L) {                          // the last keys, as if the block went on with zero vectors
+    __m512 acc[16];
+    const int count = L - j;
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += VL) {
+      const __m512 x = _mm512_loadu_ps(q + d);
+      for (int i = 0; i < count; i++) acc[i] = _mm512_fmadd_ps(x, _mm512_loadu_ps(keys + (size_t)(j + i) * D + d), acc[i]);
+    }
+    _mm512_storeu_ps(scores + j, _mm512_mul_ps(sum_lanes16(acc), _mm512_set1_ps(scale)));   // room: see attend
+  }
+#else
   for (; j + 4 <= L; j += 4) {          // four keys at a time: four independent FMA chains (each key's own order)
     const float *k0 = keys + (size_t)j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
     vec a0 = VZERO(), a1 = VZERO(), a2 = VZERO(), a3 = VZERO();
@@ -123,30 +170,70 @@ static void attend(const float* q, const float* keys, const float* values, int L
     for (int d = 0; d < D; d += VL) acc = VFMA(VLOAD(q + d), VLOAD(k + d), acc);
     scores[j] = sum_lanes(acc) * scale;
   }
-  float top = -INFINITY;                // every position up to L holds this call's keys; the hidden ones drop here
-  for (j = 0; j < L; j++) {
-    if (visible ? !visible[j] : j > last)
-      scores[j] = -INFINITY;
-    else if (scores[j] > top)
-      top = scores[j];
+#endif
+}
+
+// out = inv * sum_i w[i] * values[at[i]] over the m visible positions: even i in one chain per vector, odd i in
+// another, the two added at the end. NV vectors per value row (0: D / VL, known only at run time).
+template <int NV_>
+static void weigh(const float* w, const int* at, int m, const float* values, int D, vec inv, float* out) {
+  const int nv = NV_ ? NV_ : D / VL;
+  vec even[NV_ ? NV_ : MAX_HEAD_DIM / VL], odd[NV_ ? NV_ : MAX_HEAD_DIM / VL];
+  for (int d = 0; d < nv; d++) even[d] = odd[d] = VZERO();
+  int i = 0;
+  for (; i + 2 <= m; i += 2) {
+    const vec w0 = VSET1(w[i]), w1 = VSET1(w[i + 1]);
+    const float *v0 = values + (size_t)at[i] * D, *v1 = values + (size_t)at[i + 1] * D;
+    for (int d = 0; d < nv; d++) even[d] = VFMA(w0, VLOAD(v0 + d * VL), even[d]);
+    for (int d = 0; d < nv; d++) odd[d] = VFMA(w1, VLOAD(v1 + d * VL), odd[d]);
   }
-  const int padded = (L + 15) / 16 * 16;  // whole vectors only: a position's exp never depends on where the tail is
-  for (j = L; j < padded; j++) scores[j] = -INFINITY;
+  if (i < m) {
+    const vec w0 = VSET1(w[i]);
+    const float* v0 = values + (size_t)at[i] * D;
+    for (int d = 0; d < nv; d++) even[d] = VFMA(w0, VLOAD(v0 + d * VL), even[d]);
+  }
+  for (int d = 0; d < nv; d++) VSTORE(out + d * VL, VMUL(VADD(even[d], odd[d]), inv));
+}
+
+// One query row of one head over positions 0..L-1 of its KV head (keys/values [capacity][D], D a multiple of VL and
+// at most MAX_HEAD_DIM): positions where `visible` is nonzero (or, with visible null, those <= last) take part;
+// softmax(q.k * scale) weighs the values. `scores` and `at` have room for L rounded up to 16.
+//
+// Batch invariance: after the scores (each a function of q and its key alone), the visible positions are gathered
+// in increasing order, and every later sum runs over that list by its index, never by a position's place in the
+// cache: the softmax's total in 16 lanes (list entry i in lane i % 16), the values in two interleaved chains (even
+// and odd entries). A row sees the same list in a call of any row count, and a tree's node sees the same list as the
+// chain of its path (its ancestors sit at other cache places, in the same order), so the numbers are bit for bit
+// those of a one-token forward.
+static void attend(const float* q, const float* keys, const float* values, int L, const unsigned char* visible,
+                   int last, int D, float scale, float* scores, int* at, float* out) {
+  score(q, keys, L, D, scale, scores);
+  float top = -INFINITY;
+  int m = 0;
+  for (int j = 0; j < L; j++) {         // the visible positions, in order: scores[0..m) and their places at[0..m)
+    if (visible ? !visible[j] : j > last) continue;
+    const float x = scores[j];
+    top = x > top ? x : top;
+    scores[m] = x;
+    at[m++] = j;
+  }
+  const int padded = (m + 15) / 16 * 16;
+  for (int i = m; i < padded; i++) scores[i] = -INFINITY;
 #pragma omp simd
-  for (int i = 0; i < padded; i++) scores[i] = expf(scores[i] - top);  // hidden positions: exp(-inf) = 0
+  for (int i = 0; i < padded; i++) scores[i] = expf(scores[i] - top);  // the padding: exp(-inf) = 0
+  float lanes[16] = {0.f};
+  for (int i = 0; i < padded; i += 16)
+    for (int l = 0; l < 16; l++) lanes[l] += scores[i + l];
   float total = 0.f;
-  vec acc[MAX_HEAD_DIM / VL];
-  for (int d = 0; d < D / VL; d++) acc[d] = VZERO();
-  for (int j = 0; j < L; j++) {
-    const float w = scores[j];
-    if (w == 0.f) continue;
-    total += w;
-    const vec weight = VSET1(w);
-    const float* v = values + (size_t)j * D;
-    for (int d = 0; d < D / VL; d++) acc[d] = VFMA(weight, VLOAD(v + d * VL), acc[d]);
-  }
+  for (int l = 0; l < 16; l++) total += lanes[l];
   const vec inv = VSET1(1.f / total);
-  for (int d = 0; d < D / VL; d++) VSTORE(out + d * VL, VMUL(acc[d], inv));
+  switch (D / VL) {                     // the accumulators in registers for the usual head sizes
+    case 1: weigh<1>(scores, at, m, values, D, inv, out); break;
+    case 2: weigh<2>(scores, at, m, values, D, inv, out); break;
+    case 4: weigh<4>(scores, at, m, values, D, inv, out); break;
+    case 8: weigh<8>(scores, at, m, values, D, inv, out); break;
+    default: weigh<0>(scores, at, m, values, D, inv, out);
+  }
 }
 
 // hidden [n][H] (the rows' embeddings) -> the last layer's output rows, in place; rows are placed after the `start`
@@ -160,6 +247,7 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
   std::vector<float> normed((size_t)n * H), qkv((size_t)n * qkv_width), attended((size_t)n * Hq * D),
       delta((size_t)n * H), gate_up((size_t)n * 2 * I), act((size_t)n * I),
       scores((size_t)(threads > 0 ? threads : 1) * ((L + 15) / 16 * 16));
+  std::vector<int> places(scores.size());
   for (int l = 0; l < n_layers; l++) {
     const LeanLayer& layer = layers[l];
     if (layer.capture >= 0)
@@ -175,13 +263,15 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
         std::memcpy(layer.values + at, row + (Hq + Hkv + h) * D, D * sizeof(float));
       }
     }
+    // Tasks go KV head by KV head (its rows, then its query heads), so each thread's run of tasks reads one KV head's
+    // keys and values from memory and then from its own cache, not every head's in turn.
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n * Hq > 1)
     for (int task = 0; task < n * Hq; task++) {
-      const int r = task / Hq, h = task % Hq, kv = h / groups;
-      float* own = scores.data() + (size_t)omp_get_thread_num() * ((L + 15) / 16 * 16);
+      const int kv = task / (n * groups), r = task % (n * groups) / groups, h = kv * groups + task % groups;
+      const size_t own = (size_t)omp_get_thread_num() * ((L + 15) / 16 * 16);
       attend(qkv.data() + (size_t)r * qkv_width + h * D, layer.keys + (size_t)kv * layer.capacity * D,
              layer.values + (size_t)kv * layer.capacity * D, L, visible ? visible + (size_t)r * L : nullptr,
-             start + r, D, scale, own, attended.data() + ((size_t)r * Hq + h) * D);
+             start + r, D, scale, scores.data() + own, places.data() + own, attended.data() + ((size_t)r * Hq + h) * D);
     }
     product(layer, attended.data(), layer.o, layer.o_bias, delta.data(), n, Hq * D, H, threads);
     for (size_t i = 0; i < (size_t)n * H; i++) hidden[i] += delta[i];
