@@ -61,28 +61,33 @@ def library():
         with _LOCK:
             if isa not in _BUILT:
                 try:
-                    bf16 = isa == "avx512" and torch.cpu._is_avx512_bf16_supported()   # the EAGLE head's products
-                    flags = [*native.BASE_FLAGS, "-fopenmp", *native.ISA_FLAGS[isa],
-                             *(["-mavx512bf16"] if bf16 else [])]
-                    name = f"lean_layers-{isa}{'bf16' if bf16 else ''}"
-                    built = native.load_library(native.compile_library(SOURCE, name, flags,
-                                                                       includes=(blocked_gemm.SOURCE,)))
-                    pointer, integer, number = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-                    built.lean_layers.argtypes = [pointer, *[integer] * 8, number, number, pointer, pointer, pointer,
-                                                  pointer, pointer, integer]
-                    built.lean_layers.restype = None
-                    built.lean_layers_bf16.restype = ctypes.c_int
-                    built.bf16 = bool(built.lean_layers_bf16())
-                    if built.bf16:
-                        built.blocked_gemm_bf16.argtypes = [pointer] * 4 + [integer] * 4
-                        built.blocked_gemm_bf16.restype = None
-                    _BUILT[isa] = built
+                    _BUILT[isa] = build(isa, SOURCE, blocked_gemm.SOURCE)
                 except native.ERRORS as error:
                     _BUILT[isa] = None
                     warnings.warn(f"spec_engine: the compiled decoder layers are unavailable ({type(error).__name__}: "
                                   f"{error}); the lean path's torch operations run instead", RuntimeWarning,
                                   stacklevel=2)
     return _BUILT[isa]
+
+
+def build(isa: str, source, gemm_source, name: str = "lean_layers"):
+    """Compile `source` (including `gemm_source`) for `isa` into the cache folder (once per source: native.py) and
+    load it with its functions' signatures; raises native.ERRORS where it cannot. `library()` builds the shipped
+    files; bench/native_layers.py --against builds another revision's beside them."""
+    bf16 = isa == "avx512" and torch.cpu._is_avx512_bf16_supported()   # the EAGLE head's products
+    flags = [*native.BASE_FLAGS, "-fopenmp", *native.ISA_FLAGS[isa], *(["-mavx512bf16"] if bf16 else [])]
+    built = native.load_library(native.compile_library(source, f"{name}-{isa}{'bf16' if bf16 else ''}", flags,
+                                                       includes=(gemm_source,)))
+    pointer, integer, number = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    built.lean_layers.argtypes = [pointer, *[integer] * 8, number, number, pointer, pointer, pointer, pointer,
+                                  pointer, integer]
+    built.lean_layers.restype = None
+    built.lean_layers_bf16.restype = ctypes.c_int
+    built.bf16 = bool(built.lean_layers_bf16())
+    if built.bf16:
+        built.blocked_gemm_bf16.argtypes = [pointer] * 4 + [integer] * 4
+        built.blocked_gemm_bf16.restype = None
+    return built
 
 
 def products(lean, layer) -> tuple:
