@@ -32,6 +32,7 @@ static const int NR_MAX = 8;                  // rows per micro-kernel call (32 
 #define VSET1(s) _mm512_set1_ps(s)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VADD(a, b) _mm512_add_ps(a, b)
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 vec;
 static const int VL = 8;
@@ -42,6 +43,7 @@ static const int NR_MAX = 2;                  // 16 vector registers: 2 rows x 4
 #define VSET1(s) _mm256_set1_ps(s)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VADD(a, b) _mm256_add_ps(a, b)
 #else
 #error "blocked_gemm needs AVX-512F or AVX2 with FMA"
 #endif
