@@ -14,6 +14,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -164,66 +165,106 @@ static void score(const float* q, const float* keys, int L, int D, float scale, 
 #endif
 }
 
-// out = inv * sum_i w[i] * values[at[i]] over the m visible positions: even i in one chain per vector, odd i in
-// another, the two added at the end. NV vectors per value row (0: D / VL, known only at run time).
+// One query's weighted values, over its list entries [i0, i1) (i0 even): even entries in one chain per vector, odd
+// entries in another; the chains live in `even` / `odd` (NV vectors each) between calls, so a query's list can be
+// taken in pieces, in order, with the same operations as in one go. NV vectors per value row (0: D / VL, known only
+// at run time).
 template <int NV_>
-static void weigh(const float* w, const int* at, int m, const float* values, int D, vec inv, float* out) {
+static void weigh(const float* w, const int* at, int i0, int i1, const float* values, int D, float* even, float* odd) {
   const int nv = NV_ ? NV_ : D / VL;
-  vec even[NV_ ? NV_ : MAX_HEAD_DIM / VL], odd[NV_ ? NV_ : MAX_HEAD_DIM / VL];
-  for (int d = 0; d < nv; d++) even[d] = odd[d] = VZERO();
-  int i = 0;
-  for (; i + 2 <= m; i += 2) {
+  vec e[NV_ ? NV_ : MAX_HEAD_DIM / VL], o[NV_ ? NV_ : MAX_HEAD_DIM / VL];
+  for (int d = 0; d < nv; d++) e[d] = VLOAD(even + d * VL), o[d] = VLOAD(odd + d * VL);
+  for (int i = i0; i + 2 <= i1; i += 2) {
     const vec w0 = VSET1(w[i]), w1 = VSET1(w[i + 1]);
     const float *v0 = values + (size_t)at[i] * D, *v1 = values + (size_t)at[i + 1] * D;
-    for (int d = 0; d < nv; d++) even[d] = VFMA(w0, VLOAD(v0 + d * VL), even[d]);
-    for (int d = 0; d < nv; d++) odd[d] = VFMA(w1, VLOAD(v1 + d * VL), odd[d]);
+    for (int d = 0; d < nv; d++) e[d] = VFMA(w0, VLOAD(v0 + d * VL), e[d]);
+    for (int d = 0; d < nv; d++) o[d] = VFMA(w1, VLOAD(v1 + d * VL), o[d]);
   }
-  if (i < m) {
-    const vec w0 = VSET1(w[i]);
-    const float* v0 = values + (size_t)at[i] * D;
-    for (int d = 0; d < nv; d++) even[d] = VFMA(w0, VLOAD(v0 + d * VL), even[d]);
-  }
-  for (int d = 0; d < nv; d++) VSTORE(out + d * VL, VMUL(VADD(even[d], odd[d]), inv));
+  for (int d = 0; d < nv; d++) VSTORE(even + d * VL, e[d]), VSTORE(odd + d * VL, o[d]);
 }
 
-// One query row of one head over positions 0..L-1 of its KV head (keys/values [capacity][D], D a multiple of VL and
-// at most MAX_HEAD_DIM): positions where `visible` is nonzero (or, with visible null, those <= last) take part;
-// softmax(q.k * scale) weighs the values. `scores` and `at` have room for L rounded up to 16.
+static void weigh_part(const float* w, const int* at, int i0, int i1, const float* values, int D, float* even,
+                       float* odd) {
+  switch (D / VL) {                     // the chains in registers for the usual head sizes
+    case 1: weigh<1>(w, at, i0, i1, values, D, even, odd); break;
+    case 2: weigh<2>(w, at, i0, i1, values, D, even, odd); break;
+    case 4: weigh<4>(w, at, i0, i1, values, D, even, odd); break;
+    case 8: weigh<8>(w, at, i0, i1, values, D, even, odd); break;
+    default: weigh<0>(w, at, i0, i1, values, D, even, odd);
+  }
+}
+
+static const int KEY_CHUNK = 64;        // keys (list entries) a KV head's queries take in turn: 16 KB at D = 64, in L1
+
+// Attention of `count` query rows of one KV head (keys/values [capacity][D] of positions 0..L-1, D a multiple of VL
+// and at most MAX_HEAD_DIM): query u is q[u] (D floats), sees the positions where visible[u] is nonzero (or, with
+// visible[u] null, those <= last[u]) and writes softmax(q.k * scale) . values to out[u]. Scratch: `scores` and `at`
+// with room for count x (L rounded up to 16), `visible_count` and `inverse` for count, `chains` for count x 2 x D.
 //
-// Batch invariance: after the scores (each a function of q and its key alone), the visible positions are gathered
-// in increasing order, and every later sum runs over that list by its index, never by a position's place in the
-// cache: the softmax's total in 16 lanes (list entry i in lane i % 16), the values in two interleaved chains (even
-// and odd entries). A row sees the same list in a call of any row count, and a tree's node sees the same list as the
+// The queries take the keys and values KEY_CHUNK at a time, all of them on one chunk before the next, so a chunk is
+// read from L2 once per task and from L1 by the task's other queries, where each query used to stream them from L2
+// on its own (2 threads, AMD EPYC: a forward of 8 rows after 400 cached tokens 14.44 -> 13.82 ms, after 100
+// 11.05 -> 10.88 ms; a one-token step, whose tasks are single queries, unchanged).
+//
+// Batch invariance: each query's arithmetic is the same whatever the other queries are: its scores key by key
+// (score: blocks of 16 from position 0, a chunk being whole blocks), the visible positions gathered in increasing
+// order, and every later sum over that list by its index, never by a position's place in the cache: the softmax's
+// total in 16 lanes (list entry i in lane i % 16), the values in two interleaved chains (even and odd entries, kept
+// between chunks). A row sees the same list in a call of any row count, and a tree's node sees the same list as the
 // chain of its path (its ancestors sit at other cache places, in the same order), so the numbers are bit for bit
 // those of a one-token forward.
-static void attend(const float* q, const float* keys, const float* values, int L, const unsigned char* visible,
-                   int last, int D, float scale, float* scores, int* at, float* out) {
-  score(q, keys, L, D, scale, scores);
-  float top = -INFINITY;
-  int m = 0;
-  for (int j = 0; j < L; j++) {         // the visible positions, in order: scores[0..m) and their places at[0..m)
-    if (visible ? !visible[j] : j > last) continue;
-    const float x = scores[j];
-    top = x > top ? x : top;
-    scores[m] = x;
-    at[m++] = j;
-  }
-  const int padded = (m + 15) / 16 * 16;
-  for (int i = m; i < padded; i++) scores[i] = -INFINITY;
+static void attend(int count, const float* const* q, const float* keys, const float* values, int L,
+                   const unsigned char* const* visible, const int* last, int D, float scale, float* scores, int* at,
+                   int* visible_count, float* inverse, float* chains, float* const* out) {
+  const int room = (L + 15) / 16 * 16;
+  for (int j0 = 0; j0 < L; j0 += KEY_CHUNK)
+    for (int u = 0; u < count; u++)
+      score(q[u], keys + (size_t)j0 * D, L - j0 < KEY_CHUNK ? L - j0 : KEY_CHUNK, D, scale,
+            scores + (size_t)u * room + j0);
+  int longest = 0;
+  for (int u = 0; u < count; u++) {     // per query: the visible positions in order, softmax weights, cleared chains
+    float* s = scores + (size_t)u * room;
+    int* places = at + (size_t)u * room;
+    float top = -INFINITY;
+    int m = 0;
+    for (int j = 0; j < L; j++) {
+      if (visible[u] ? !visible[u][j] : j > last[u]) continue;
+      const float x = s[j];
+      top = x > top ? x : top;
+      s[m] = x;
+      places[m++] = j;
+    }
+    const int padded = (m + 15) / 16 * 16;
+    for (int i = m; i < padded; i++) s[i] = -INFINITY;
 #pragma omp simd
-  for (int i = 0; i < padded; i++) scores[i] = expf(scores[i] - top);  // the padding: exp(-inf) = 0
-  float lanes[16] = {0.f};
-  for (int i = 0; i < padded; i += 16)
-    for (int l = 0; l < 16; l++) lanes[l] += scores[i + l];
-  float total = 0.f;
-  for (int l = 0; l < 16; l++) total += lanes[l];
-  const vec inv = VSET1(1.f / total);
-  switch (D / VL) {                     // the accumulators in registers for the usual head sizes
-    case 1: weigh<1>(scores, at, m, values, D, inv, out); break;
-    case 2: weigh<2>(scores, at, m, values, D, inv, out); break;
-    case 4: weigh<4>(scores, at, m, values, D, inv, out); break;
-    case 8: weigh<8>(scores, at, m, values, D, inv, out); break;
-    default: weigh<0>(scores, at, m, values, D, inv, out);
+    for (int i = 0; i < padded; i++) s[i] = expf(s[i] - top);  // the padding: exp(-inf) = 0
+    float lanes[16] = {0.f};
+    for (int i = 0; i < padded; i += 16)
+      for (int l = 0; l < 16; l++) lanes[l] += s[i + l];
+    float total = 0.f;
+    for (int l = 0; l < 16; l++) total += lanes[l];
+    visible_count[u] = m;
+    longest = m > longest ? m : longest;
+    std::memset(chains + (size_t)u * 2 * D, 0, 2 * D * sizeof(float));
+    inverse[u] = 1.f / total;
+  }
+  for (int i0 = 0; i0 < longest; i0 += KEY_CHUNK)
+    for (int u = 0; u < count; u++) {
+      const int m = visible_count[u];
+      if (i0 < m)
+        weigh_part(scores + (size_t)u * room, at + (size_t)u * room, i0, m - i0 < KEY_CHUNK ? m : i0 + KEY_CHUNK,
+                   values, D, chains + (size_t)u * 2 * D, chains + (size_t)u * 2 * D + D);
+    }
+  for (int u = 0; u < count; u++) {     // an odd list's last entry joins the even chain, then the two are added
+    const int m = visible_count[u];
+    float *even = chains + (size_t)u * 2 * D, *odd = even + D;
+    const vec inv = VSET1(inverse[u]);
+    if (m % 2) {
+      const vec w0 = VSET1(scores[(size_t)u * room + m - 1]);
+      const float* v0 = values + (size_t)at[(size_t)u * room + m - 1] * D;
+      for (int d = 0; d < D; d += VL) VSTORE(even + d, VFMA(w0, VLOAD(v0 + d), VLOAD(even + d)));
+    }
+    for (int d = 0; d < D; d += VL) VSTORE(out[u] + d, VMUL(VADD(VLOAD(even + d), VLOAD(odd + d)), inv));
   }
 }
 
@@ -236,9 +277,19 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
                             const unsigned char* visible, float* hidden, float* captured, int threads) {
   const int qkv_width = (Hq + 2 * Hkv) * D, L = start + n, groups = Hq / Hkv;
   std::vector<float> normed((size_t)n * H), qkv((size_t)n * qkv_width), attended((size_t)n * Hq * D),
-      delta((size_t)n * H), gate_up((size_t)n * 2 * I), act((size_t)n * I),
-      scores((size_t)(threads > 0 ? threads : 1) * ((L + 15) / 16 * 16));
-  std::vector<int> places(scores.size());
+      delta((size_t)n * H), gate_up((size_t)n * 2 * I), act((size_t)n * I);
+  // Attention tasks: each KV head's n x groups query rows (row by row, then query head) in `slices` runs of
+  // consecutive queries, enough runs for every thread to have two or so; tasks go KV head by KV head, so a thread's
+  // tasks read few KV heads' keys and values. Scratch per thread, for its largest run.
+  const int per_kv = n * groups, teams = threads > 0 ? threads : 1;
+  const int slices = n == 1 ? per_kv : std::min(per_kv, std::max(1, (2 * teams + Hkv - 1) / Hkv));
+  const int most = (per_kv + slices - 1) / slices;
+  const size_t room = (size_t)(L + 15) / 16 * 16;
+  std::vector<float> scores(teams * most * room), inverse(teams * most), chains(teams * most * 2 * (size_t)D);
+  std::vector<int> places(scores.size()), counts(teams * most), lasts(teams * most);
+  std::vector<const float*> queries(teams * most);
+  std::vector<float*> outs(teams * most);
+  std::vector<const unsigned char*> sees(teams * most);
   for (int l = 0; l < n_layers; l++) {
     const LeanLayer& layer = layers[l];
     if (layer.capture >= 0)
@@ -254,15 +305,22 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
         std::memcpy(layer.values + at, row + (Hq + Hkv + h) * D, D * sizeof(float));
       }
     }
-    // Tasks go KV head by KV head (its rows, then its query heads), so each thread's run of tasks reads one KV head's
-    // keys and values from memory and then from its own cache, not every head's in turn.
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n * Hq > 1)
-    for (int task = 0; task < n * Hq; task++) {
-      const int kv = task / (n * groups), r = task % (n * groups) / groups, h = kv * groups + task % groups;
-      const size_t own = (size_t)omp_get_thread_num() * ((L + 15) / 16 * 16);
-      attend(qkv.data() + (size_t)r * qkv_width + h * D, layer.keys + (size_t)kv * layer.capacity * D,
-             layer.values + (size_t)kv * layer.capacity * D, L, visible ? visible + (size_t)r * L : nullptr,
-             start + r, D, scale, scores.data() + own, places.data() + own, attended.data() + ((size_t)r * Hq + h) * D);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && Hkv * slices > 1)
+    for (int task = 0; task < Hkv * slices; task++) {
+      const int kv = task / slices, slice = task % slices;
+      const int u0 = (int)((long)per_kv * slice / slices), count = (int)((long)per_kv * (slice + 1) / slices) - u0;
+      const size_t own = (size_t)omp_get_thread_num() * most;
+      for (int u = 0; u < count; u++) {
+        const int r = (u0 + u) / groups, h = kv * groups + (u0 + u) % groups;
+        queries[own + u] = qkv.data() + (size_t)r * qkv_width + h * D;
+        sees[own + u] = visible ? visible + (size_t)r * L : nullptr;
+        lasts[own + u] = start + r;
+        outs[own + u] = attended.data() + ((size_t)r * Hq + h) * D;
+      }
+      attend(count, queries.data() + own, layer.keys + (size_t)kv * layer.capacity * D,
+             layer.values + (size_t)kv * layer.capacity * D, L, sees.data() + own, lasts.data() + own, D, scale,
+             scores.data() + own * room, places.data() + own * room, counts.data() + own, inverse.data() + own,
+             chains.data() + own * 2 * D, outs.data() + own);
     }
     product(layer, attended.data(), layer.o, layer.o_bias, delta.data(), n, Hq * D, H, threads);
     for (size_t i = 0; i < (size_t)n * H; i++) hidden[i] += delta[i];
