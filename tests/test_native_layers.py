@@ -130,14 +130,15 @@ def test_a_rows_numbers_do_not_depend_on_the_other_rows(compiled_runs):
     assert all(rows <= 8 for rows in compiled_runs)
 
 
-@pytest.mark.parametrize("context", [14, 15, 31, 45])
+@pytest.mark.parametrize("context", [14, 15, 31, 45, 60, 63, 121])
 def test_a_rows_hidden_states_do_not_depend_on_the_other_rows_across_attention_blocks(compiled_runs, context):
-    """The attention scores keys 16 positions at a time (csrc/lean_layers.cpp): around and past those blocks, every
-    layer's states of a row are bit for bit the same alone, in a chain and as a tree's node at other cache places. (The
+    """The attention scores keys 16 positions at a time, and a KV head's queries take the keys 64 at a time
+    (csrc/lean_layers.cpp): around and past those blocks and chunks, every layer's states of a row are bit for bit the
+    same alone, in a chain and as a tree's node at other cache places. (The
     logits are compared above; here they are left out because this tiny model's LM head may take MKL at some row
     counts on some machines, cpu_gemm's plans, which the compiled layers never run.)"""
     model = llama()
-    ids = torch.randint(0, 96, (70,), generator=torch.Generator().manual_seed(3)).tolist()
+    ids = torch.randint(0, 96, (140,), generator=torch.Generator().manual_seed(3)).tolist()
     caches = [new_cache(model) for _ in range(3)]
     for cache in caches:
         forward_logits(model, ids[:context], cache, 1)
@@ -147,8 +148,8 @@ def test_a_rows_hidden_states_do_not_depend_on_the_other_rows_across_attention_b
                          for i in range(context, context + 8)])
     assert torch.equal(chain, singles)
     parents = [-1, 0, -1, 1, 2, 3, 3, -1]     # the chain's next four tokens are nodes 0, 1, 3, 5
-    tokens = [ids[context + 1], ids[context + 2], ids[60], ids[context + 3], ids[61], ids[context + 4], ids[62],
-              ids[63]]
+    tokens = [ids[context + 1], ids[context + 2], ids[130], ids[context + 3], ids[131], ids[context + 4], ids[132],
+              ids[133]]
     _, tree = forward_tree_logits(model, ids[context], tokens, parents, TokenTree.of(tokens, parents).depths(),
                                   tree_cache, FEATURES)
     assert torch.equal(tree[[0, 1, 2, 4, 6]], chain[:5])     # the root and the path's nodes: the chain's rows
