@@ -352,3 +352,19 @@ def test_benchmark_clock_counts_lean_forwards_as_model_time():
     assert counted > 0 and clock.seconds == counted
     forward_logits(model, list(range(20)), new_cache(model), 1)                         # closed: no longer counted
     assert clock.seconds == counted and lean_llama.forward_logits.__name__ == "forward_logits"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotary_table_gives_the_modules_own_numbers_and_grows(dtype):
+    """lean_llama.rotary reads cos and sin from a table the rotary module computed once; every entry must be bit
+    for bit what the module computes for that position in a call of any length, past the first table's end too."""
+    module = llama().model.rotary_emb
+    probe = torch.empty(0, dtype=dtype)
+    for start, n in [(0, 1), (5, 8), (250, 9), (255, 1), (1000, 17), (40, 3)]:   # 250 + 9 and 1000: the table grows
+        positions = torch.arange(start, start + n)
+        cos, sin = lean_llama.rotary(module, dtype, positions)
+        expected_cos, expected_sin = module(probe, positions[None])
+        assert cos.dtype == dtype and torch.equal(cos, expected_cos) and torch.equal(sin, expected_sin), (start, n)
+    tree = torch.tensor([7, 8, 8, 9, 8])                                          # a tree's positions repeat depths
+    assert torch.equal(lean_llama.rotary(module, dtype, tree)[0], module(probe, tree[None])[0])
+    assert module._spec_engine_rotary[dtype][0].shape[1] >= 1017

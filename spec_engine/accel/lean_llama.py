@@ -201,6 +201,30 @@ def mlp(block: LlamaMLP, lean: LeanLayer, x: torch.Tensor) -> torch.Tensor:
     return project(block.down_proj, lean.act(gate) * up)
 
 
+STATIC_ROPE = ("default", "linear", "llama3")    # rotary types whose tables depend on the position alone
+ROTARY_TABLE_MIN = 256                              # positions a rotary table covers at first (it doubles as needed)
+
+
+def rotary(module: nn.Module, dtype: torch.dtype, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' rotary embedding (cos, sin [1, n, D] in `dtype`) of positions [n], read from a table that
+    `module` computed once for positions 0.. (kept on it, per dtype, doubled when a position is past its end).
+    Each entry is a function of its position alone, so the numbers are bit for bit the module's own
+    (tests/test_lean_llama.py); what this saves is the module's ten-odd operations a forward (cold, after the
+    weights streamed past: ~100 us, against ~30 us for the lookup), once per target forward and per head forward.
+    Rotary types that rescale with the sequence length (dynamic, YaRN...) are computed as the module computes them."""
+    if getattr(module, "rope_type", "default") not in STATIC_ROPE or positions.device.type != "cpu":
+        probe = torch.empty(0, dtype=dtype, device=positions.device)
+        return module(probe, positions[None])
+    tables = module.__dict__.setdefault("_spec_engine_rotary", {})        # dtype -> (cos, sin) [1, P, D]
+    need = int(positions.max()) + 1
+    table = tables.get(dtype)
+    if table is None or table[0].shape[1] < need or table[2] is not module.inv_freq:
+        size = max(ROTARY_TABLE_MIN, 2 * need)
+        cos, sin = module(torch.empty(0, dtype=dtype), torch.arange(size)[None])
+        table = tables[dtype] = (cos, sin, module.inv_freq)
+    return table[0][:, positions], table[1][:, positions]
+
+
 def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
                lean: LeanLayers | None = None, positions: torch.Tensor | None = None,
                visible: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
@@ -217,7 +241,7 @@ def run_layers(inner: LlamaModel, embeds: torch.Tensor, cache, state_indices=(),
     start = int(cache.get_seq_length())
     if positions is None:
         positions = torch.arange(start, start + n, device=embeds.device)              # [n]
-    cos, sin = inner.rotary_emb(embeds, positions[None])                              # [1, n, D] each
+    cos, sin = rotary(inner.rotary_emb, embeds.dtype, positions)                      # [1, n, D] each
     if visible is not None:
         assert visible.shape == (n, start + n) and visible.dtype == torch.bool, (tuple(visible.shape), start, n)
     compiled = native_layers.run(inner, lean, embeds, cache, start, cos, sin, visible, wanted)
