@@ -13,8 +13,9 @@ for this). The tree grows level by level:
 After `depth` levels every candidate node is ranked by score and the best N kept: N = `nodes` when given, else the
 N <= k with the most expected tokens (1 + the sum of the kept scores) per verify cost (`sizing.verify_costs`, the
 target's measured curve, as the chain drafters size theirs). A node scores no more than its parent (ties go to the
-earlier node, and parents come first), so the kept set is closed under parents; it is emitted in creation order,
-so it is topological and siblings keep the head's order.
+earlier node, and parents come first), so the kept set is closed under parents; it is emitted depth first, the
+head's top-1 spine first (`depth_first`), so it is topological, siblings keep the head's order, and a path accepted
+along the spine needs no move in the target's cache.
 
 Exactness: siblings are the head's top tokens, chosen, not drawn (drawn="deterministic", q one-hot per sibling), and
 the whole tree is a function of the committed text alone, under greedy and sampling alike; the tree rule is exact
@@ -146,6 +147,7 @@ class EagleTreeDrafter(EagleDrafter):
         keep, note = self._keep(scores, k), None
         if not keep and scores and self.costs is not None:
             keep, note = self._paused(scores, parents, k)
+        keep = depth_first(keep, parents)
         self.last_scores = [scores[i] for i in keep]
         renumber = {old: new for new, old in enumerate(keep)}
         tree = TokenTree.of([tokens[i] for i in keep], [renumber.get(parents[i], -1) for i in keep])
@@ -204,6 +206,22 @@ class EagleTreeDrafter(EagleDrafter):
                     best, best_value = m, expected / costs[m + 1]
             budget = best
         return sorted(ranked[:budget])
+
+
+def depth_first(nodes: list[int], parents: list[int]) -> list[int]:
+    """`nodes` (closed under parents) in depth-first preorder, each node's children in creation order: the head's
+    top-1 spine first, then the other branches. It is still topological and siblings keep the head's order; and
+    since the target's verify forward puts node i at cache place start + i (core/decoder.py tree_step), a path
+    accepted along the spine is already where keep_path wants it, so the round moves no keys and values."""
+    children: dict[int, list[int]] = {}
+    for node in sorted(nodes):
+        children.setdefault(parents[node], []).append(node)
+    order, stack = [], children.get(-1, [])[::-1]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(children.get(node, [])[::-1])
+    return order
 
 
 def ancestors_of(parents: list[int], node: int) -> list[int]:
