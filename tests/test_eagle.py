@@ -149,18 +149,24 @@ def test_head_cache_holds_committed_positions_every_round(target, trained, layer
     drafter = drafters(target, trained, layered)[kind]()
     decoder = se.SpeculativeDecoder(target, drafter)
     state = decoder.start(PROMPT, k=4, max_new_tokens=30, sampling=params, seed=3)
-    accepted, sources = 0, set()
+    accepted, sources, waited = 0, set(), 0
     while state.stop_reason is None:
         event = decoder.step(state)
         accepted += event.accepted
         sources.add(event.note)
-        assert drafter.cache_ids == state.committed[:-1]
-        assert cache_len(drafter.cache) == event.draft_cache_len == len(state.committed) - 1
+        # After a round prompt lookup drafted, the head's catch-up waits (base.FirstThenFallback): its cache holds a
+        # prefix of the committed text, and the waiting features cover exactly the rest.
+        waiting = sum(len(f) for f in getattr(drafter, "waiting", []))
+        waited += waiting > 0
+        assert waiting == 0 or event.note == se.drafters.LOOKUP_NOTE
+        assert drafter.cache_ids == state.committed[:len(state.committed) - 1 - waiting]
+        assert cache_len(drafter.cache) == event.draft_cache_len == len(state.committed) - 1 - waiting
         assert all(t in REDUCED.tolist() for t in event.drafted) or kind in ("random", "lookup-first")
     if kind in ("trained-reduced", "layered-trained", "trained-bf16"):
         assert accepted > 0      # the accepted-draft path is exercised, not only rejections
     if kind == "lookup-first":
         assert sources == {None, se.drafters.LOOKUP_NOTE}     # rounds from both sources, the head kept in step across both
+        assert waited                                         # and a catch-up waited at least once
 
 
 @pytest.mark.parametrize("which", ["trained", "layered"])

@@ -127,9 +127,10 @@ class LookupFirstDrafter(FirstThenFallback):
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         copied = self.lookup.propose(committed, k, params, generator).tokens if k else []
         if copied:
+            self.first_drafted = True
             return Proposal(copied, None, note=LOOKUP_NOTE, source=self.lookup.name)
         self.fallback.report_unwarped = self.report_unwarped
-        proposal = self.fallback.propose(committed, k, params, generator)
+        proposal = self.fallback_propose(committed, k, params, generator)
         return dataclasses.replace(proposal, source=proposal.source or self.fallback.name)
 
 

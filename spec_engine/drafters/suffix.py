@@ -278,6 +278,7 @@ class SuffixFirstDrafter(FirstThenFallback):
         proposal = self.suffix.propose(committed, k, params, generator) if k else None
         if proposal is not None and proposal.tree.tokens and self.suffix.last_match >= self.min_match \
                 and sum(self.suffix.last_scores) >= self.min_expected:
+            self.first_drafted = True
             return proposal
         self.suffix.pending = None
-        return self.fallback.propose(committed, k, params, generator) if k else Proposal([], None)
+        return self.fallback_propose(committed, k, params, generator) if k else Proposal([], None)
