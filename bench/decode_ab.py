@@ -12,7 +12,13 @@ EAGLE head's catch-up (EagleDrafter._feed) per round. A single process alternati
 holds on a shared host whose memory speed drifts by a quarter from one half-hour to the next (docs/benchmarks.md).
 
 The prompts are the six-kind set's tuning part: from each kind the prompts after the first five, which the issue's
-benchmark (`bench_hf --per-kind 5`) measures; `--first` and `--per-kind` choose others.
+benchmark (`bench_hf --per-kind 5`) measures; `--first` and `--per-kind` choose others. `--neighbour MB` runs a
+process beside the measurement that streams MB megabytes over and over on one thread (a neighbour on a shared host,
+competing for the last-level cache and the memory's bandwidth; give the measurement `--threads 1` on a 2-core machine
+so that the neighbour has a core of its own):
+
+    python -m bench.decode_ab --against ae936f7 --repeats 3 --threads 1 --per-kind 1 --neighbour 240 \
+        --out bench/results/decode-ab-nta-1thread-neighbour
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ from spec_engine.models import DEFAULT_MODEL, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SIX_KINDS = ROOT / "bench" / "data" / "six_kinds.json"
+NEIGHBOUR = "import torch\ntorch.set_num_threads(1)\nx = torch.ones({mb} * 2 ** 18)\nwhile True:\n    x.sum()\n"
 
 
 def kernels_at(revision: str, isa: str):
@@ -63,6 +70,7 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--first", type=int, default=5, help="skip this many prompts of each kind")
     parser.add_argument("--per-kind", type=int, default=2)
+    parser.add_argument("--neighbour", type=int, default=0, metavar="MB", help="stream MB megabytes beside the runs")
     parser.add_argument("--out", default=None)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -95,6 +103,7 @@ def main(argv=None) -> None:
 
     eagle.EagleDrafter._feed = timed_feed
     ratios, seconds, rounds = defaultdict(list), Counter(), Counter()
+    neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR.format(mb=args.neighbour)]) if args.neighbour else None
     load_before = os.getloadavg()
     try:
         for repeat in range(args.repeats):
@@ -117,11 +126,15 @@ def main(argv=None) -> None:
     finally:
         eagle.EagleDrafter._feed = feed
         use("this checkout")
+        if neighbour is not None:
+            neighbour.kill()
     lines = [f"`python -m bench.decode_ab {' '.join(argv)}`".replace(" `", "`"),
              f"{engine.name} fp32, {args.threads} threads, {len(prompts)} prompts ({args.per_kind} of each kind after "
              f"the first {args.first}), {args.draft} at k = {args.k}, greedy, {args.tokens} tokens, "
              f"{args.repeats - 1} measured repeats; load average {load_before[0]:.2f} before, "
-             f"{os.getloadavg()[0]:.2f} after. Every run gave plain decoding's tokens.", "",
+             f"{os.getloadavg()[0]:.2f} after"
+             + (f", a neighbour streaming {args.neighbour} MB on one thread throughout" if args.neighbour else "")
+             + ". Every run gave plain decoding's tokens.", "",
              "| kernels | speculative s | plain s | speedup (geometric mean) | head catch-up ms a round |",
              "|---|---|---|---|---|"]
     summary = {}
