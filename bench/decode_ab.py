@@ -2,9 +2,10 @@
 a kernel change does to plain decoding, to speculative decoding and to their ratio, where a change that forwards
 alone do not show (where a forward leaves the caches, say) acts on everything around them.
 
-    python -m bench.decode_ab --against 9e3b5fb --repeats 5 --out bench/results/decode-ab-nta-2threads
+    python -m bench.decode_ab --against ae936f7 --repeats 5 --out bench/results/decode-ab-nta-2threads
 
-Both sides build their csrc/blocked_gemm.cpp and csrc/lean_layers.cpp (the other side's from `git show REV:`), and
+Both sides build their csrc/blocked_gemm.cpp and csrc/lean_layers.cpp (the other side's from `git show REV:`, as
+`bench.native_layers --against` builds them), and
 each repeat runs every prompt on one side and then on the other (the order alternating by repeat), speculative
 decoding then plain decoding, greedy, checked token-identical; the first repeat warms up and is dropped. Ratios are
 taken per prompt and repeat on one side (the two runs seconds apart), then their geometric mean. Also timed: the
@@ -28,13 +29,13 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
 
+from bench.native_layers import library_at, sources_at
 from spec_engine import SamplingParams, SpeculativeDecoder, autoregressive_generate
 from spec_engine.accel import blocked_gemm, native, native_layers
 from spec_engine.bench_hf import encode, load_prompts
@@ -48,16 +49,12 @@ NEIGHBOUR = "import torch\ntorch.set_num_threads(1)\nx = torch.ones({mb} * 2 ** 
 
 
 def kernels_at(revision: str, isa: str):
-    """(compiled layers, blocked kernel) built from `revision`'s two sources, beside the shipped builds."""
-    folder = Path(tempfile.mkdtemp(prefix="decode-ab-"))
-    for name in ("lean_layers.cpp", "blocked_gemm.cpp"):
-        text = subprocess.run(["git", "show", f"{revision}:spec_engine/accel/csrc/{name}"], cwd=ROOT, check=True,
-                              capture_output=True).stdout
-        (folder / name).write_bytes(text)
-    layers = native_layers.build(isa, folder / "lean_layers.cpp", folder / "blocked_gemm.cpp", name="lean_layers-ab")
+    """(compiled layers, blocked kernel) built from `revision`'s two sources, beside the shipped builds: the
+    layers as bench.native_layers --against builds them, and the standalone kernel the LM head's product runs."""
+    folder = sources_at(revision)
     flags = [*blocked_gemm.BUILD_FLAGS, *blocked_gemm.ISA_FLAGS[isa]]
     gemm = blocked_gemm.load(native.compile_library(folder / "blocked_gemm.cpp", f"blocked_gemm-ab-{isa}", flags), isa)
-    return layers, gemm
+    return library_at(revision, folder), gemm
 
 
 def main(argv=None) -> None:

@@ -34,14 +34,21 @@ SIDES = {"compiled": "1", "torch": "0"}
 CSRC = "spec_engine/accel/csrc"
 
 
-def library_at(revision: str):
-    """The compiled layers as `revision` had them: its two sources, built and loaded (native_layers.build)."""
+def sources_at(revision: str) -> Path:
+    """A new folder holding `revision`'s lean_layers.cpp and blocked_gemm.cpp (`git show`)."""
     folder = Path(tempfile.mkdtemp(prefix="lean-layers-"))
     root = Path(__file__).resolve().parents[1]
     for name in ("lean_layers.cpp", "blocked_gemm.cpp"):
         text = subprocess.run(["git", "show", f"{revision}:{CSRC}/{name}"], cwd=root, check=True,
                               capture_output=True).stdout
         (folder / name).write_bytes(text)
+    return folder
+
+
+def library_at(revision: str, folder: Path | None = None):
+    """The compiled layers as `revision` had them: its two sources (`sources_at`, or `folder` holding them), built
+    and loaded (native_layers.build)."""
+    folder = folder or sources_at(revision)
     return native_layers.build(blocked_gemm.kernel().isa, folder / "lean_layers.cpp", folder / "blocked_gemm.cpp",
                                name="lean_layers-other")
 

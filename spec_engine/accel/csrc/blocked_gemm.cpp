@@ -16,8 +16,9 @@
 // The fp32 stream is prefetched non-temporally (NTA): a weight is read once per forward, and a forward's weights
 // (540 MB for SmolLM2-135M) would otherwise push everything else out of the last-level cache every step: the EAGLE
 // head's bf16 weights (~20 MB, prefetched normally below), the KV cache, the interpreter's own data. Kept there, the
-// head's catch-up costs 0.53 ms a round instead of 0.73, and plain decoding's own steps get faster too (one process,
-// interleaved: plain decoding 7% less time, speculative 10% less; bench/decode_ab.py, docs/benchmarks.md).
+// head's catch-up costs 0.47 ms a round instead of 0.68, and plain decoding's own steps get faster too (one process,
+// interleaved, 2 threads: plain decoding 9% less time, speculative 11% less; bench/results/decode-ab-nta-2threads.md,
+// docs/benchmarks.md).
 //
 // Micro-kernel: for each k, NB/VL vector loads of P, one broadcast of x[r][k] per row, and an FMA per (row, vector):
 // each output is one FMA chain over k = 0..K-1 in order. So a row's result never depends on how many other rows are

@@ -279,8 +279,9 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
   std::vector<float> normed((size_t)n * H), qkv((size_t)n * qkv_width), attended((size_t)n * Hq * D),
       delta((size_t)n * H), gate_up((size_t)n * 2 * I), act((size_t)n * I);
   // Attention tasks: each KV head's n x groups query rows (row by row, then query head) in `slices` runs of
-  // consecutive queries, enough runs for every thread to have two or so; tasks go KV head by KV head, so a thread's
-  // tasks read few KV heads' keys and values. Scratch per thread, for its largest run.
+  // consecutive queries, enough runs for every thread to have two or so (a one-row forward: one query a task, its
+  // heads spread over the threads); tasks go KV head by KV head, so a thread's tasks read few KV heads' keys and
+  // values. Scratch per thread, for its largest run.
   const int per_kv = n * groups, teams = threads > 0 ? threads : 1;
   const int slices = n == 1 ? per_kv : std::min(per_kv, std::max(1, (2 * teams + Hkv - 1) / Hkv));
   const int most = (per_kv + slices - 1) / slices;
