@@ -5,9 +5,10 @@ tokens its training answers used most); a token outside them is never drafted. T
 set's tuning part (the prompts after the first five of each kind, which the issue's benchmark leaves out) and the
 app's default prompt (presets/scenarios.yaml `chat-sky`):
 
-1. **Coverage**: the share of the target's greedy answer tokens (64 tokens, plain decoding) outside the vocabulary, by
-   kind, for the shipped vocabulary, for it grown to N tokens (the lowest other token ids: a BPE tokenizer's earliest,
-   most frequent merges), and for either plus the prompt's own tokens.
+1. **Coverage**: the share of the first 64 tokens the target decodes greedily (plain decoding; like bench/decode_ab.py
+   it does not stop at the end of an answer) outside the vocabulary, by kind, for the shipped vocabulary, for it
+   grown to N tokens (the lowest other token ids: a BPE tokenizer's earliest, most frequent merges), and for either
+   plus the prompt's own tokens.
 2. **Drafting with more rows**: `eagle+lookup-tree` at k = 12, greedy, with the shipped vocabulary and with grown ones
    (each added row is the target's own LM-head row, as the shipped ones are; the head never trained against them),
    sides alternating by repeat in one process, every run checked against plain decoding's tokens: tokens per round
