@@ -53,7 +53,32 @@ def test_product_equals_linear_for_every_shape_and_row_count(built, bias, thread
         torch.set_num_threads(previous)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+def test_each_output_is_bitwise_the_same_whatever_the_thread_count(built):
+    """Threads share the blocks as half blocks (9 blocks split 4.5 / 4.5 between two threads), so a block's columns
+    may be computed by two threads: every output must still be the same FMA chain, bit for bit, at 1, 2 and 3
+    threads (half blocks at other places), with and without a bias, for whole and partial blocks."""
+    generator = torch.Generator().manual_seed(2)
+    previous = torch.get_num_threads()
+    try:
+        for out_features, in_features in [(9 * built.block_width, 40), (15 * built.block_width, 24), (100, 33)]:
+            weight = torch.randn(out_features, in_features, generator=generator)
+            bias = torch.randn(out_features, generator=generator)
+            packed = blocked_gemm.pack(weight, built)
+            for rows in (1, 5, 8, 13):
+                x = torch.randn(rows, in_features, generator=generator)
+                results = []
+                for threads in (1, 2, 3):
+                    torch.set_num_threads(threads)
+                    results.append((blocked_gemm.product(x, packed, None, out_features, built),
+                                    blocked_gemm.product(x, packed, bias, out_features, built)))
+                for plain, biased in results[1:]:
+                    assert torch.equal(plain, results[0][0]) and torch.equal(biased, results[0][1]), \
+                        (out_features, rows)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
 def test_each_rows_result_is_bitwise_independent_of_the_other_rows(built, threads):
     """Row r of a call over n rows equals, bit for bit, the same row multiplied alone, for every n up to 20
     (row blocks of every size the kernel splits into), so a verify forward gives each position a one-token
