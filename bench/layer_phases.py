@@ -47,39 +47,40 @@ extern "C" void phase_times(double* out) {
 #define TICK(i) { const unsigned long long now_ = __rdtsc(); PHASE[i] += (double)(now_ - last_); last_ = now_; }
 #define PART_TICK(i) { const unsigned long long now_ = __rdtsc(); PART[thread_ & 63][i] += (double)(now_ - part_); part_ = now_; }
 '''
-# (anchor, what goes before it, what goes after it): each anchor must occur exactly once in the source.
+# (anchor, what replaces it): each anchor must occur exactly once in the source.
 PROBES = [
-    ("#include <vector>\n", "", CLOCKS),
-    ("  const int room = (L + 15) / 16 * 16;\n", "",
+    ("#include <vector>\n", "#include <vector>\n" + CLOCKS),
+    ("  const int room = (L + 15) / 16 * 16;\n", "  const int room = (L + 15) / 16 * 16;\n"
      "  const int thread_ = omp_get_thread_num();\n  unsigned long long part_ = __rdtsc();\n"),
-    ("  int longest = 0;\n", "  PART_TICK(0)\n", ""),
-    ("  for (int i0 = 0; i0 < longest; i0 += KEY_CHUNK)\n", "  PART_TICK(1)\n", ""),
-    ("  for (int u = 0; u < count; u++) {     // an odd list", "  PART_TICK(2)\n", ""),
-    ("VLOAD(odd + d)), inv));\n  }\n", "", "  PART_TICK(3)\n"),
-    ("  for (int l = 0; l < n_layers; l++) {\n", "  unsigned long long last_ = __rdtsc();\n", ""),
-    ("    rms_norm(hidden, layer.input_norm, normed.data(), n, H, eps);\n", "", "    TICK(0)\n"),
-    ("qkv.data(), n, H, qkv_width, threads);\n", "", "    TICK(1)\n"),
+    ("  int longest = 0;\n", "  PART_TICK(0)\n  int longest = 0;\n"),
+    ("  for (int i0 = 0; i0 < longest; i0 += KEY_CHUNK)\n",
+     "  PART_TICK(1)\n  for (int i0 = 0; i0 < longest; i0 += KEY_CHUNK)\n"),
+    ("  for (int u = 0; u < count; u++) {     // an odd list", "  PART_TICK(2)\n  for (int u = 0; u < count; u++) {     // an odd list"),
+    ("VLOAD(odd + d)), inv));\n  }\n", "VLOAD(odd + d)), inv));\n  }\n  PART_TICK(3)\n"),
+    ("  for (int l = 0; l < n_layers; l++) {\n", "  unsigned long long last_ = __rdtsc();\n  for (int l = 0; l < n_layers; l++) {\n"),
+    ("    rms_norm(hidden, layer.input_norm, normed.data(), n, H, eps);\n",
+     "    rms_norm(hidden, layer.input_norm, normed.data(), n, H, eps);\n    TICK(0)\n"),
+    ("qkv.data(), n, H, qkv_width, threads);\n", "qkv.data(), n, H, qkv_width, threads);\n    TICK(1)\n"),
     ("#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && Hkv * slices > 1)\n",
-     "    TICK(2)\n", ""),
-    ("    product(layer, attended.data(), layer.o,", "    TICK(3)\n", ""),
-    ("delta.data(), n, Hq * D, H, threads);\n", "", "    TICK(4)\n"),
-    ("    product(layer, normed.data(), layer.gate_up,", "    TICK(5)\n", ""),
-    ("    product(layer, act.data(), layer.down,", "    TICK(7)\n", ""),
-    ("delta.data(), n, I, H, threads);\n", "", "    TICK(8)\n"),
-    ("hidden[i] += delta[i];\n  }\n}", "", ""),
+     "    TICK(2)\n#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && Hkv * slices > 1)\n"),
+    ("    product(layer, attended.data(), layer.o,", "    TICK(3)\n    product(layer, attended.data(), layer.o,"),
+    ("delta.data(), n, Hq * D, H, threads);\n", "delta.data(), n, Hq * D, H, threads);\n    TICK(4)\n"),
+    ("    product(layer, normed.data(), layer.gate_up,", "    TICK(5)\n    product(layer, normed.data(), layer.gate_up,"),
+    ("gate_up.data(), n, H, 2 * I, threads);\n", "gate_up.data(), n, H, 2 * I, threads);\n    TICK(6)\n"),
+    ("    product(layer, act.data(), layer.down,", "    TICK(7)\n    product(layer, act.data(), layer.down,"),
+    ("delta.data(), n, I, H, threads);\n", "delta.data(), n, I, H, threads);\n    TICK(8)\n"),
+    ("hidden[i] += delta[i];\n  }\n}", "hidden[i] += delta[i];\n    TICK(9)\n  }\n}"),
 ]
 
 
 def instrumented(source: str) -> str:
     """`source` (lean_layers.cpp) with the clock reads of PROBES; ValueError naming an anchor that is not there
     exactly once."""
-    for anchor, before, after in PROBES:
+    for anchor, replacement in PROBES:
         if source.count(anchor) != 1:
             raise ValueError(f"lean_layers.cpp changed: {anchor.strip()[:60]!r} is there {source.count(anchor)} times")
-        source = source.replace(anchor, before + anchor + after)
-    # The SiLU's tick sits after gate|up's product, the last residual's at the end of the layer loop.
-    source = source.replace("gate_up.data(), n, H, 2 * I, threads);\n", "gate_up.data(), n, H, 2 * I, threads);\n    TICK(6)\n")
-    return source.replace("hidden[i] += delta[i];\n  }\n}", "hidden[i] += delta[i];\n    TICK(9)\n  }\n}")
+        source = source.replace(anchor, replacement)
+    return source
 
 
 def build(revision: str | None, isa: str):

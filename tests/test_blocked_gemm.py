@@ -54,9 +54,9 @@ def test_product_equals_linear_for_every_shape_and_row_count(built, bias, thread
 
 
 def test_each_output_is_bitwise_the_same_whatever_the_thread_count(built):
-    """Threads share the blocks as half blocks (9 blocks split 4.5 / 4.5 between two threads), so a block's columns
-    may be computed by two threads: every output must still be the same FMA chain, bit for bit, at 1, 2 and 3
-    threads (half blocks at other places), with and without a bias, for whole and partial blocks."""
+    """Which thread computes a column block changes with the thread count (9 blocks: 5 / 4 at two threads, 3 / 3 / 3
+    at three): every output must still be the same FMA chain, bit for bit, at 1, 2 and 3 threads, with and without a
+    bias, for whole and partial blocks."""
     generator = torch.Generator().manual_seed(2)
     previous = torch.get_num_threads()
     try:
