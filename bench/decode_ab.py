@@ -48,6 +48,16 @@ SIX_KINDS = ROOT / "bench" / "data" / "six_kinds.json"
 NEIGHBOUR = "import torch\ntorch.set_num_threads(1)\nx = torch.ones({mb} * 2 ** 18)\nwhile True:\n    x.sum()\n"
 
 
+def tuning_prompts(first: int, per_kind: int) -> list:
+    """The six-kind set's prompts after the first `first` of each kind (the issue's benchmark measures the first
+    five), `per_kind` of each."""
+    kinds: dict[str, list] = defaultdict(list)
+    for prompt in load_prompts(SIX_KINDS):
+        if prompt.set == "held-out":
+            kinds[prompt.kind].append(prompt)
+    return [p for ps in kinds.values() for p in ps[first:first + per_kind]]
+
+
 def kernels_at(revision: str, isa: str):
     """(compiled layers, blocked kernel) built from `revision`'s two sources, beside the shipped builds: the
     layers as bench.native_layers --against builds them, and the standalone kernel the LM head's product runs."""
@@ -81,11 +91,7 @@ def main(argv=None) -> None:
         native_layers._BUILT[isa] = sides[side][0]
         blocked_gemm._BUILT[None] = blocked_gemm._BUILT[isa] = sides[side][1]
 
-    kinds: dict[str, list] = defaultdict(list)
-    for prompt in load_prompts(SIX_KINDS):
-        if prompt.set == "held-out":
-            kinds[prompt.kind].append(prompt)
-    prompts = [p for ps in kinds.values() for p in ps[args.first:args.first + args.per_kind]]
+    prompts = tuning_prompts(args.first, args.per_kind)
     ids = [encode(engine, p) for p in prompts]
     greedy = SamplingParams(temperature=0.0)
     feed, now = eagle.EagleDrafter._feed, {"side": None}

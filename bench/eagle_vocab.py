@@ -30,13 +30,12 @@ from pathlib import Path
 import torch
 
 from spec_engine import SamplingParams, SpeculativeDecoder, autoregressive_generate
-from spec_engine.bench_hf import Prompt, encode, load_prompts
+from bench.decode_ab import tuning_prompts
+from spec_engine.bench_hf import Prompt, encode
 from spec_engine.drafters import eagle
 from spec_engine.drafters.registry import make_drafter
 from spec_engine.models import DEFAULT_MODEL, load_model
 
-ROOT = Path(__file__).resolve().parents[1]
-SIX_KINDS = ROOT / "bench" / "data" / "six_kinds.json"
 DEFAULT_PROMPT = Prompt("tuning", "default prompt", "chat-sky", "Explain in three short sentences why the sky is blue.", ())
 SIZES = (12288, 16384, 24576, 32768)
 
@@ -45,14 +44,6 @@ def grown(vocab: list[int], size: int, vocab_size: int) -> list[int]:
     """`vocab` and then the lowest ids not in it, up to `size` tokens."""
     held = set(vocab)
     return vocab + [i for i in range(vocab_size) if i not in held][:max(0, size - len(vocab))]
-
-
-def tuning_prompts(first: int, per_kind: int) -> list[Prompt]:
-    kinds: dict[str, list[Prompt]] = defaultdict(list)
-    for prompt in load_prompts(SIX_KINDS):
-        if prompt.set == "held-out":
-            kinds[prompt.kind].append(prompt)
-    return [p for ps in kinds.values() for p in ps[first:first + per_kind]] + [DEFAULT_PROMPT]
 
 
 def coverage(answers: dict[str, tuple[list[int], list[int], str]], vocab: list[int], vocab_size: int) -> list[str]:
@@ -86,7 +77,7 @@ def main(argv=None) -> None:
     engine = load_model(DEFAULT_MODEL, "cpu", "float32")
     model, greedy = engine.model, SamplingParams(temperature=0.0)
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    prompts = tuning_prompts(args.first, args.per_kind)
+    prompts = tuning_prompts(args.first, args.per_kind) + [DEFAULT_PROMPT]
     ids = [encode(engine, p) for p in prompts]
 
     shipped = eagle.shared_head(model)

@@ -19,7 +19,7 @@ import ctypes
 import json
 import os
 import statistics
-import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
+from bench.native_layers import bushy_tree, sources_at
 from spec_engine.accel import blocked_gemm, native_layers
 from spec_engine.core import speed
 from spec_engine.core.cache import forward_logits, forward_tree_logits, new_cache, prefill, trim_cache
 from spec_engine.models import DEFAULT_MODEL, load_model
 
-ROOT = Path(__file__).resolve().parents[1]
-CSRC = ROOT / "spec_engine" / "accel" / "csrc"
+CSRC = Path(__file__).resolve().parents[1] / "spec_engine" / "accel" / "csrc"
 FEATURES = (2, 15, 27, -1)
 PHASES = ("norm", "q|k|v", "rotary + cache", "attention", "o", "residual + norm", "gate|up", "SiLU", "down", "residual")
 PARTS = ("scores", "softmax", "weighted values", "last sums")
@@ -84,13 +84,16 @@ def instrumented(source: str) -> str:
 
 
 def build(revision: str | None, isa: str):
-    folder = Path(tempfile.mkdtemp(prefix="layer-phases-"))
-    for name in ("lean_layers.cpp", "blocked_gemm.cpp"):
-        text = (CSRC / name).read_text() if revision is None else subprocess.run(
-            ["git", "show", f"{revision}:spec_engine/accel/csrc/{name}"], cwd=ROOT, check=True,
-            capture_output=True, text=True).stdout
-        (folder / name).write_text(instrumented(text) if name == "lean_layers.cpp" else text)
-    library = native_layers.build(isa, folder / "lean_layers.cpp", folder / "blocked_gemm.cpp",
+    """The compiled layers of this checkout (None) or of `revision` (bench.native_layers.sources_at), instrumented."""
+    if revision is None:
+        folder = Path(tempfile.mkdtemp(prefix="layer-phases-"))
+        for name in ("lean_layers.cpp", "blocked_gemm.cpp"):
+            shutil.copy(CSRC / name, folder / name)
+    else:
+        folder = sources_at(revision)
+    source = folder / "lean_layers.cpp"
+    source.write_text(instrumented(source.read_text()))
+    library = native_layers.build(isa, source, folder / "blocked_gemm.cpp",
                                   name=f"lean_layers-phases-{revision or 'here'}")
     library.phase_times.argtypes = [ctypes.c_void_p]
     library.phase_clock.restype = ctypes.c_ulonglong
@@ -127,10 +130,7 @@ def main(argv=None) -> None:
                         generator=torch.Generator().manual_seed(0)).tolist()
     cache = new_cache(model)
     prefill(model, ids[:args.context], cache, FEATURES)
-    parents = [-1] + [max(i - 2, -1) for i in range(1, args.rows - 1)]      # a bushy tree, as bench.native_layers
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
+    parents, depths = bushy_tree(args.rows)
 
     def forward(rows: int) -> None:
         if rows == 1:

@@ -53,6 +53,16 @@ def library_at(revision: str, folder: Path | None = None):
                                name="lean_layers-other")
 
 
+def bushy_tree(n: int) -> tuple[list[int], list[int]]:
+    """(parents, depths) of a tree of n rows, the root and n - 1 nodes, each node's parent the one two before it: a
+    bushy tree, as EAGLE grows them."""
+    parents = [-1] + [max(i - 2, -1) for i in range(1, n - 1)]
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return parents, depths
+
+
 def arms(model, cache, context: int, ids: list[int], rows: list[int]) -> dict[str, callable]:
     def chain(n):
         def run():
@@ -61,10 +71,7 @@ def arms(model, cache, context: int, ids: list[int], rows: list[int]) -> dict[st
         return run
 
     def tree(n):
-        parents = [-1] + [max(i - 2, -1) for i in range(1, n - 1)]
-        depths = []
-        for parent in parents:
-            depths.append(1 if parent < 0 else depths[parent] + 1)
+        parents, depths = bushy_tree(n)
 
         def run():
             forward_tree_logits(model, ids[context], ids[context + 1:context + n], parents, depths, cache, FEATURES)
