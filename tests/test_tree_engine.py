@@ -264,3 +264,23 @@ def spine(event) -> list[int]:
         nodes.append(child)
         node = child
     return nodes
+
+
+def test_every_tree_round_reports_its_verify_forward_to_the_cost_curve():
+    """The draft sizing corrects its verify-cost curve from the engine's timed forwards (drafters/sizing.py). A tree
+    round's forward over its nodes and root is one of them: each round reports its row count once, and a
+    plain step one row."""
+    from spec_engine.core import timing
+    target = tiny_llama(vocab=10, layers=2, seed=4)
+    reports = []
+    timing.watch_forwards(target, lambda rows, seconds: reports.append((rows, seconds)))
+    prompt = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2]])
+    plain = se.autoregressive_generate(target, prompt, max_new_tokens=12, sampling=GREEDY)
+    assert [rows for rows, _ in reports] == [1] * len(plain.step_seconds) and all(s > 0 for _, s in reports)
+    reports.clear()
+    result = se.SpeculativeDecoder(target, OracleTreeDrafter(plain.tokens, 10, 5)).generate(
+        prompt, k=6, max_new_tokens=12, sampling=GREEDY)
+    assert result.tokens == plain.tokens
+    assert [rows for rows, _ in reports] == [len(r.drafted) + 1 for r in result.rounds]
+    assert any(len(r.drafted) > 1 for r in result.rounds)
+    assert [seconds for _, seconds in reports] == pytest.approx([r.verify_seconds for r in result.rounds])

@@ -216,6 +216,7 @@ class SpeculativeDecoder:
         verdict, target_rows = verify_tree(self.rule, state.sampling, tree, proposal.probs, target_logits,
                                            state.generator, state.display)
         verified = timing.clock(self.target.device)
+        timing.report_forward(self.target, len(tree.tokens) + 1, verified - clock.drafted)    # the sizing's curve
         emitted, hit_eos = cut_at_eos([tree.tokens[i] for i in verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
         target_before, draft_before = cache_len(state.target_cache), self.drafter.cache_len()
