@@ -107,6 +107,47 @@ def test_trees_equal_transformers_with_the_tree_mask(monkeypatch, compiled_runs)
     assert compiled_runs[1::2] == [len(parents) + 1 for parents in shapes]
 
 
+def test_a_tree_path_moves_into_place_in_one_compiled_call_bit_for_bit_as_the_torch_code_moves_it(monkeypatch):
+    """keep_path's moves (core/cache.py) by the compiled call equal the torch indexing they replace, bit for bit, in
+    every layer; where a layer's keys were assigned from outside (not its buffers) the call declines and the torch
+    code moves them."""
+    model = llama()
+    generator = torch.Generator().manual_seed(7)
+    real, calls = native_layers.move_positions, []
+
+    def counted(cache, moves):
+        moved = real(cache, moves)
+        calls.append(moved)
+        return moved
+    monkeypatch.setattr(native_layers, "move_positions", counted)
+    for trial, path in enumerate([[1, 3], [0, 2, 5], [4], [2, 3, 6, 7]]):
+        committed = torch.randint(0, 96, (6 + trial,), generator=generator).tolist()
+        tokens = torch.randint(0, 96, (8,), generator=generator).tolist()
+        parents = [-1, 0, 0, 1, -1, 4, 2, 6]
+        caches = (new_cache(model), new_cache(model))
+        for cache in caches:
+            forward_logits(model, committed[:-1], cache, 1)
+            forward_tree_logits(model, committed[-1], tokens, parents, TokenTree.of(tokens, parents).depths(), cache)
+        start = len(committed)
+        keep_path(caches[0], start, [start + i for i in path])
+        with monkeypatch.context() as patch:
+            patch.setattr(native_layers, "move_positions", lambda cache, moves: False)
+            keep_path(caches[1], start, [start + i for i in path])
+        assert calls[-1] is True
+        for compiled, stock in zip(*(cache.layers for cache in caches)):
+            assert compiled.get_seq_length() == stock.get_seq_length() == start + len(path)
+            assert torch.equal(compiled.keys, stock.keys) and torch.equal(compiled.values, stock.values)
+    cache = new_cache(model)
+    forward_logits(model, list(range(10)), cache, 1)
+    layer = cache.layers[1]
+    layer.keys, layer.values = layer.keys.clone(), layer.values.clone()          # as beam reordering assigns them
+    want = [(layer.keys[..., 8, :].clone(), layer.values[..., 8, :].clone()) for layer in cache.layers]
+    keep_path(cache, 6, [6, 8])
+    assert calls[-1] is False
+    for layer, (keys, values) in zip(cache.layers, want):
+        assert torch.equal(layer.keys[..., 7, :], keys) and torch.equal(layer.values[..., 7, :], values)
+
+
 def test_a_rows_numbers_do_not_depend_on_the_other_rows(compiled_runs):
     """Bit for bit: a chain of n rows gives each row what one-row forwards give it in turn, and a tree's node gives
     what the same tokens give as a chain (its path), so greedy verification accepts exactly plain decoding's tokens."""

@@ -20,7 +20,7 @@ import os
 import torch
 from transformers import PreTrainedModel
 
-from spec_engine.accel import cpu_attention, cpu_gemm, growing_cache, lean_llama, searches
+from spec_engine.accel import cpu_attention, cpu_gemm, growing_cache, lean_llama, native_layers, searches
 from spec_engine.core import speed
 
 
@@ -58,6 +58,9 @@ class CpuSpeedLayer(speed.SpeedLayer):
 
     def new_layer(self, layer):
         return growing_cache.growing(layer)
+
+    def move_positions(self, cache, moves):
+        return native_layers.move_positions(cache, moves)
 
     def draft_dtype(self, target_model):
         """bf16 beside an fp32 target on a CPU with bf16 dot products: a draft step reads the head's weights from

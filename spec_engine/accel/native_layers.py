@@ -83,6 +83,8 @@ def build(isa: str, source, gemm_source, name: str = "lean_layers"):
                                   pointer, integer]
     built.lean_layers.restype = None
     built.lean_layers_bf16.restype = ctypes.c_int
+    built.move_positions.argtypes = [pointer, pointer, pointer, *[integer] * 3, pointer, pointer, integer]
+    built.move_positions.restype = None
     built.bf16 = bool(built.lean_layers_bf16())
     if built.bf16:
         built.blocked_gemm_bf16.argtypes = [pointer] * 4 + [integer] * 4
@@ -225,3 +227,34 @@ def bf16_product(linear, x: torch.Tensor) -> torch.Tensor | None:
     built.blocked_gemm_bf16(rows.data_ptr(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
                             y.data_ptr(), rows.shape[0], in_features, out_features, torch.get_num_threads())
     return y.reshape(*x.shape[:-1], out_features).to(x.dtype)
+
+
+def move_positions(cache, moves: list[tuple[int, int]]) -> bool:
+    """core/cache.py keep_path's moves (to, from), in one compiled call for every layer, where each layer is a
+    GrowingLayer holding fp32 CPU buffers [1, Hkv, capacity, D] that cover the positions moved; False elsewhere (and
+    nothing moved: the caller's torch code moves them)."""
+    built = library()
+    layers = list(getattr(cache, "layers", ()))
+    if built is None or not layers or not moves:
+        return False
+    reach = max(max(pair) for pair in moves)
+    shape = None
+    for layer in layers:
+        if not (type(layer) is GrowingLayer and layer.in_buffers() and reach < layer.get_seq_length()):
+            return False
+        for buffer in (layer.key_buffer, layer.value_buffer):
+            if buffer.dtype != torch.float32 or buffer.device.type != "cpu" or not buffer.is_contiguous() \
+                    or buffer.shape[0] != 1:
+                return False
+        heads, dim = layer.key_buffer.shape[1], layer.key_buffer.shape[3]
+        if shape not in (None, (heads, dim)) or layer.value_buffer.shape != layer.key_buffer.shape:
+            return False
+        shape = (heads, dim)
+    count = len(layers)
+    keys = (ctypes.c_void_p * count)(*(layer.key_buffer.data_ptr() for layer in layers))
+    values = (ctypes.c_void_p * count)(*(layer.value_buffer.data_ptr() for layer in layers))
+    capacities = (ctypes.c_int * count)(*(layer.key_buffer.shape[2] for layer in layers))
+    to = (ctypes.c_int * len(moves))(*(pair[0] for pair in moves))
+    frm = (ctypes.c_int * len(moves))(*(pair[1] for pair in moves))
+    built.move_positions(keys, values, capacities, count, shape[0], shape[1], to, frm, len(moves))
+    return True

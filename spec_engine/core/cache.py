@@ -166,7 +166,7 @@ def keep_path(cache, start: int, sources: list[int]) -> None:
     and drop everything after them: a tree's accepted path takes its place after the committed text."""
     assert sources == sorted(sources) and all(s >= start for s in sources), (start, sources)
     moves = [(start + j, s) for j, s in enumerate(sources) if s != start + j]
-    if moves:
+    if moves and not speed.active().move_positions(cache, moves):
         indices: dict = {}                # device -> (to, from): made once per round, not once per layer
         for layer in cache.layers:
             device = layer.keys.device

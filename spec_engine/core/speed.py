@@ -14,6 +14,8 @@ speed layer: `spec_engine/__init__.py` installs the CPU one (`spec_engine/accel`
     run_layers(...)    a bare decoder stack over embeddings (the EAGLE head),    the stack's own forward
                        also a tree's (positions and visibility given)
     new_layer(layer)   a KV cache layer to use instead of transformers' one      the layer itself
+    move_positions     a tree's accepted path moved into place in every layer   indexing each layer's keys and
+                                                                                values (core/cache.py keep_path)
     draft_dtype(m)     the dtype a small head should draft in beside model m     m's dtype
     warp_rows(...)     temperature/softmax/top-p of float rows, + top-p members  sampling.warp
     top_p_rows(...)    top-p of probability rows, + members                      sampling.topk_top_p
@@ -58,6 +60,11 @@ class SpeedLayer:
 
     def new_layer(self, layer):
         return layer
+
+    def move_positions(self, cache, moves: list[tuple[int, int]]) -> bool:
+        """Copy position `from` to `to` for each (to, from) of `moves`, in order, in every layer of `cache`; False
+        (nothing moved) where the core's code should."""
+        return False
 
     def draft_dtype(self, target_model):
         return None

@@ -368,3 +368,21 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
     for (size_t i = 0; i < (size_t)n * H; i++) hidden[i] += delta[i];
   }
 }
+
+// A token tree's accepted path moved into place (core/cache.py keep_path): in each of `count` layers' key and value
+// buffers [Hkv][capacity][D], position from[i] copied to to[i], i in order. The sources increase and to[i] <= from[i],
+// so no source is overwritten before it is read, as in the gather-then-scatter of the torch code it replaces (one
+// call for every layer where that code made four indexing operations a layer: ~0.35 ms a round on the offline
+// default when the path moves).
+extern "C" void move_positions(float* const* keys, float* const* values, const int* capacities, int count, int Hkv,
+                               int D, const int* to, const int* from, int moves) {
+  for (int l = 0; l < count; l++)
+    for (int h = 0; h < Hkv; h++) {
+      float* k = keys[l] + (size_t)h * capacities[l] * D;
+      float* v = values[l] + (size_t)h * capacities[l] * D;
+      for (int i = 0; i < moves; i++) {
+        std::memmove(k + (size_t)to[i] * D, k + (size_t)from[i] * D, D * sizeof(float));
+        std::memmove(v + (size_t)to[i] * D, v + (size_t)from[i] * D, D * sizeof(float));
+      }
+    }
+}
