@@ -343,6 +343,22 @@ def test_top_probability_is_the_softmax_maximum_and_the_first_argmax(cpu_search)
     assert top_probability(torch.full((40,), -1e4)) == (pytest.approx(1 / 40, rel=1e-6), 0)
 
 
+def test_argmax_rows_is_torch_argmax_ties_first(cpu_search):
+    """The greedy decisions' search (sampling.argmax_rows; compiled: the top-1 search) finds torch.argmax's index in
+    every row: peaked and flat rows, negative and -inf entries, exact ties (the first wins), one row or many."""
+    from spec_engine.core.sampling import argmax_rows
+    generator = torch.Generator().manual_seed(9)
+    for rows, vocab, scale in ((9, 49152, 3.0), (1, 49152, 0.01), (4, 8192, 1.0), (3, 7, 10.0), (2, 130, 1.0)):
+        logits = torch.randn(rows, vocab, generator=generator) * scale - 50.0
+        logits[0, :vocab // 2] = -math.inf
+        assert argmax_rows(logits) == logits.argmax(dim=-1).tolist()
+    tied = torch.tensor([[1.0, 3.0, -2.0, 3.0], [-math.inf, -1.0, -1.0, -math.inf], [0.0, 0.0, 0.0, 0.0]])
+    assert argmax_rows(tied) == [1, 1, 0] == tied.argmax(dim=-1).tolist()
+    late = torch.full((2, 1000), -3.0)
+    late[0, 999], late[1, 64] = -2.0, -2.0                    # in the last block, and first in a later block
+    assert argmax_rows(late) == [999, 64]
+
+
 @pytest.mark.usefixtures("cpu_speed_layer")
 def test_warp_of_a_flat_row_finds_every_member(cpu_search):
     """A flat row needs more member ids than the compiled search's first buffer holds: it runs again with room for

@@ -80,6 +80,9 @@ class CpuSpeedLayer(speed.SpeedLayer):
     def top_probability(self, logits):
         return searches.top_probability(logits)
 
+    def argmax_rows(self, logits):
+        return searches.argmax_rows(logits)
+
     def sample_at(self, probs, unit, support):
         return searches.sample_at(probs, unit, support)
 

@@ -174,6 +174,17 @@ def native_top_n_rows(library, rows: torch.Tensor, n: int) -> tuple[torch.Tensor
     return values, ids
 
 
+def argmax_rows(logits: torch.Tensor) -> list[int] | None:
+    """Each row's argmax for float32 CPU logits [rows, vocab] without NaN (the first of equal maxima, as torch.argmax),
+    by the compiled top-1 search: one vectorised pass a row, where torch's argmax took ~13 us a row over 49k entries
+    on the EPYC (a verify's 8 rows ~0.1 ms, in every greedy round). None elsewhere."""
+    library = native_searches() if logits.dtype == torch.float32 and logits.dim() == 2 and on_cpu_as_numpy(logits) \
+        else None
+    if library is None or logits.shape[-1] == 0:
+        return None
+    return native_top_n_rows(library, logits, 1)[1][:, 0].tolist()
+
+
 NATIVE_MEMBERS = 1024                           # member ids room per row on the first try
 
 def top_probability(logits: torch.Tensor) -> tuple[float, int] | None:

@@ -118,6 +118,13 @@ def top_probability(logits: torch.Tensor) -> tuple[float, int]:
     return float(value), int(index)
 
 
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """logits [rows, vocab] -> the index of each row's largest entry (the first of equal maxima, as torch.argmax), on
+    the host: the greedy decisions' search, which a speed layer may do faster."""
+    found = speed.active().argmax_rows(logits)
+    return found if found is not None else logits.argmax(dim=-1).tolist()
+
+
 def top_entries(probs: torch.Tensor, n: int, members: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.topk(probs, n, dim=-1)` for probabilities [..., vocab] -> (values, ids) [..., n], descending, ties
     lowest id first. Paid for every event (the display's top-3 of every verified position); `members`: what warp
@@ -175,10 +182,13 @@ def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     Returns (token, probs [vocab]) so callers that need q (drafters) report exactly what they drew from. With a
     list as `members`, the top-p members of probs (most likely first) are appended when a speed layer found them.
     """
+    if params.greedy:                                  # warp's one-hot argmax, from one search
+        token = argmax_rows(logits.reshape(1, -1))[0]
+        probs = torch.zeros_like(logits, dtype=torch.float64 if logits.dtype == torch.float64 else torch.float32)
+        probs[token] = 1.0
+        return token, probs
     found = []
     probs = warp(logits, params, found)
-    if params.greedy:
-        return int(logits.argmax().item()), probs
     support = found[0] if len(found) == 1 else None
     if members is not None and support is not None:
         members.append(support)

@@ -21,6 +21,7 @@ speed layer: `spec_engine/__init__.py` installs the CPU one (`spec_engine/accel`
     top_p_rows(...)    top-p of probability rows, + members                      sampling.topk_top_p
     top_entries(...)   the n largest entries of rows                             torch.topk
     top_probability    softmax's largest entry and its index                     softmax().max()
+    argmax_rows(...)   each row's largest entry's index, on the host             argmax().tolist()
     sample_at(...)     inverse-CDF draw restricted to a known support           torch.cumsum + searchsorted
     residual(...)      normalize(max(0, p - q)) on a known support              verify.residual_distribution
     host_reads(...)    p(x_i), q(x_i) and ids read on the host                  one device-to-host transfer
@@ -79,6 +80,10 @@ class SpeedLayer:
         return None
 
     def top_probability(self, logits):
+        return None
+
+    def argmax_rows(self, logits):
+        """logits [rows, vocab] -> each row's argmax (the first of equal maxima) as a list, or None."""
         return None
 
     def sample_at(self, probs, unit, support):

@@ -204,14 +204,16 @@ def without(q_row: torch.Tensor, token: int) -> torch.Tensor:
     return rest / total if total > torch.finfo(rest.dtype).tiny else torch.zeros_like(rest)
 
 
-def tree_greedy_step(target_logits: torch.Tensor, tree: TokenTree) -> tuple[list[int], int]:
+def tree_greedy_step(target_logits: torch.Tensor, tree: TokenTree,
+                     best: list[int] | None = None) -> tuple[list[int], int]:
     """Greedy on a tree: a node is accepted when its token is the target's argmax after its parent and its parent
     was accepted; the path kept is the deepest accepted node's (the first in node order among equals, so duplicate
     siblings cost nothing), and the next token is the argmax after it. target_logits: [n + 1, vocab] (root, then
-    after node i). -> (accepted path, next token). The emitted tokens are exactly plain greedy decoding's."""
+    after node i); `best`: their argmax rows when the caller searched them already. -> (accepted path, next token).
+    The emitted tokens are exactly plain greedy decoding's."""
     n = len(tree.tokens)
     assert target_logits.shape[0] == n + 1, (target_logits.shape, n)
-    best = target_logits.argmax(dim=-1).tolist()                                   # [n + 1]
+    best = target_logits.argmax(dim=-1).tolist() if best is None else best         # [n + 1]
     matched: list[bool] = []
     for token, parent in zip(tree.tokens, tree.parents):
         matched.append(token == best[parent + 1] and (parent < 0 or matched[parent]))

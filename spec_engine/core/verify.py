@@ -28,7 +28,7 @@ import torch
 from spec_engine.core import speed
 from spec_engine.core.rule import CHAIN_RULES, EXACT, Q_MISMATCH, STRICT, TYPICAL, WRONG, typical_threshold
 from spec_engine.core.rule import residual as residual_distribution       # normalize(max(0, p - q))
-from spec_engine.core.sampling import SamplingParams, sample_at, top_entries, top_p_members, unit_draw, warp
+from spec_engine.core.sampling import SamplingParams, argmax_rows, sample_at, top_entries, top_p_members, unit_draw, warp
 from spec_engine.core.tree_rule import TREE_RULES, TokenTree, tree_greedy_step, tree_step
 
 RULES = CHAIN_RULES
@@ -132,8 +132,12 @@ def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP, support=None) -> 
 def verify_greedy(drafted: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """drafted [n], target_logits [n + 1, vocab]: accept while draft == argmax, then take the argmax."""
     n = drafted.shape[0]
-    host = torch.cat([target_logits.argmax(dim=-1), drafted]).tolist()   # [n + 1 argmax, n drafted]: one transfer
-    argmax, drafted_ids = host[:n + 1], host[n + 1:]
+    found = speed.active().argmax_rows(target_logits)
+    if found is not None:
+        argmax, drafted_ids = found, drafted.tolist()
+    else:
+        host = torch.cat([target_logits.argmax(dim=-1), drafted]).tolist()   # [n + 1 argmax, n drafted]: one transfer
+        argmax, drafted_ids = host[:n + 1], host[n + 1:]
     accepted = next((i for i in range(n) if argmax[i] != drafted_ids[i]), n)
     decided = min(accepted + 1, n)
     accept_probs = [1.0] * accepted + [0.0] * (decided - accepted)
@@ -316,7 +320,7 @@ def verify_tree(rule: str, params: SamplingParams, tree: TokenTree, draft_probs:
     n = len(tree.tokens)
     assert target_logits.shape[0] == n + 1 and (draft_probs is None or draft_probs.shape[0] == n + 1)
     if params.greedy:
-        path, token = tree_greedy_step(target_logits, tree)
+        path, token = tree_greedy_step(target_logits, tree, argmax_rows(target_logits))
         rows = torch.softmax(target_logits.float(), dim=-1) if display else None
         return TreeVerdict(path, token, [], [], [], [(token, 1.0)]), rows
     if draft_probs is None and any(how != "deterministic" for how in tree.drawn):
