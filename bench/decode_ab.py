@@ -6,8 +6,11 @@ alone do not show (where a forward leaves the caches, say) acts on everything ar
 
 Both sides build their csrc/blocked_gemm.cpp and csrc/lean_layers.cpp (the other side's from `git show REV:`, as
 `bench.native_layers --against` builds them), and
-each repeat runs every prompt on one side and then on the other (the order alternating by repeat), speculative
-decoding then plain decoding, greedy, checked token-identical; the first repeat warms up and is dropped. Ratios are
+each prompt runs on one side and then on the other (the order alternating by prompt and repeat), speculative
+decoding then plain decoding, greedy, checked token-identical; the first repeat warms up and is dropped. The sides
+alternate prompt by prompt, seconds apart. Alternated repeat by repeat (a minute apart), two runs of one comparison
+(the cache bookkeeping of 03918df, in a scratch script) read its speculative side 14% faster and 6% slower; prompt by
+prompt, 2.4% and 2.1% faster (2026-12-04; results made before then alternated repeat by repeat). Ratios are
 taken per prompt and repeat on one side (the two runs seconds apart), then their geometric mean. Also timed: the
 EAGLE head's catch-up (EagleDrafter._feed) per round. A single process alternating sides is the only comparison that
 holds on a shared host whose memory speed drifts by a quarter from one half-hour to the next (docs/benchmarks.md).
@@ -110,10 +113,10 @@ def main(argv=None) -> None:
     load_before = os.getloadavg()
     try:
         for repeat in range(args.repeats):
-            for side in list(sides)[::1 if repeat % 2 else -1]:
-                use(side)
-                now["side"] = side if repeat else None
-                for x in ids:
+            for index, x in enumerate(ids):
+                for side in list(sides)[::1 if (repeat + index) % 2 else -1]:
+                    use(side)
+                    now["side"] = side if repeat else None
                     start = time.perf_counter()
                     result = SpeculativeDecoder(engine.model, make_drafter(args.draft, engine, None)).generate(
                         x, k=args.k, max_new_tokens=args.tokens, sampling=greedy, display=False)
