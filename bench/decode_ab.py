@@ -6,9 +6,9 @@ alone do not show (where a forward leaves the caches, say) acts on everything ar
 
 Both sides build their csrc/blocked_gemm.cpp and csrc/lean_layers.cpp (the other side's from `git show REV:`, as
 `bench.native_layers --against` builds them), and
-each prompt runs on one side and then on the other (the order alternating by prompt and repeat), speculative
-decoding then plain decoding, greedy, checked token-identical; the first repeat warms up and is dropped. The sides
-alternate prompt by prompt, seconds apart. Alternated repeat by repeat (a minute apart), two runs of one comparison
+each prompt runs on one side and then on the other, seconds apart (the order alternating by prompt and repeat),
+speculative decoding then plain decoding, greedy, checked token-identical; the first repeat warms up and is dropped.
+Alternated repeat by repeat instead (a minute apart), two runs of one comparison
 (the cache bookkeeping of 03918df, in a scratch script) read its speculative side 14% faster and 6% slower; prompt by
 prompt, 2.4% and 2.1% faster (2026-12-04; results made before then alternated repeat by repeat). Ratios are
 taken per prompt and repeat on one side (the two runs seconds apart), then their geometric mean. Also timed: the

@@ -90,9 +90,8 @@ class GrowingLayer(DynamicLayer):
         if not (self._length is not None and length + new <= self.key_buffer.shape[-2]
                 and self.key_buffer.dtype == like.dtype):           # a writer of another dtype: converted, once
             capacity = max(2 * (length + new), MIN_CAPACITY)
-            key_buffer = grown(self.keys, like, length, capacity)                            # [B, Hkv, capacity, D]
+            self.key_buffer = grown(self.keys, like, length, capacity)                       # [B, Hkv, capacity, D]
             self.value_buffer = grown(self.values, like, length, capacity)
-            self.key_buffer = key_buffer
             self._hold(length)
         return length
 

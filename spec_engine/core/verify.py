@@ -132,7 +132,7 @@ def top_candidates(probs: torch.Tensor, n: int = RESIDUAL_TOP, support=None) -> 
 def verify_greedy(drafted: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """drafted [n], target_logits [n + 1, vocab]: accept while draft == argmax, then take the argmax."""
     n = drafted.shape[0]
-    found = speed.active().argmax_rows(target_logits)
+    found = speed.active().argmax_rows(target_logits)     # not sampling.argmax_rows: its fallback reads twice
     if found is not None:
         argmax, drafted_ids = found, drafted.tolist()
     else:
