@@ -31,6 +31,8 @@ LABELS_JS = """() => {
 
 
 def lower_labels(page) -> list[str]:
+    # The lower tab bar renders after the page's first paint: wait for it (a clean clone's CI once read none yet).
+    page.wait_for_function(f"({LABELS_JS})().length > 0", timeout=30_000)
     bars = page.evaluate(LABELS_JS)
     assert len(bars) == 1, bars
     return bars[0]
