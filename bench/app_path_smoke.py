@@ -65,18 +65,25 @@ def check_steps(draft: str, tokens: int) -> dict:
     """The step-through: Forward to the end, one Back; its rounds are the ones the Run tab's handler computes."""
     from ui.classroom import tabs as classroom
     from ui.playground import handlers
+    from spec_engine.drafters.sizing import CostCurve
     from ui.playground.state import SessionState
     values = run_values(draft, tokens, auto_baseline=False)
     step_values = [values[name] for name in classroom.STEP_INPUTS]
     session = None
-    for _ in range(tokens + 2):
-        session = list(classroom.step_forward(*step_values, session))[-1][0]
-        if session.stepper.finished:
-            break
-    assert session.stepper.finished, "the step-through did not reach the end of the run"
-    classroom.step_back(session)
-    main = SessionState()
-    list(handlers.run(*[values[name] for name in handlers.RUN_INPUTS], main))
+    # Both decoders size their drafts by the verify-cost curve as it stands when each is built; the timed forwards
+    # between them would correct it (sizing.CostCurve), and the two could draft different lengths by timing alone.
+    observe, CostCurve.observe = CostCurve.observe, lambda self, rows, seconds: None
+    try:
+        for _ in range(tokens + 2):
+            session = list(classroom.step_forward(*step_values, session))[-1][0]
+            if session.stepper.finished:
+                break
+        assert session.stepper.finished, "the step-through did not reach the end of the run"
+        classroom.step_back(session)
+        main = SessionState()
+        list(handlers.run(*[values[name] for name in handlers.RUN_INPUTS], main))
+    finally:
+        CostCurve.observe = observe
     stepped = [(e.drafted, e.accepted, e.emitted) for e in session.stepper.events]
     ran = [(e.drafted, e.accepted, e.emitted) for e in main.active.record.rounds]
     assert stepped == ran, "the step-through's rounds differ from the run's"
