@@ -20,7 +20,7 @@ averaged over the rounds' draft lengths n, with prefill added to both sides; a i
 (accepted / judged drafts, `spec_engine.core.metrics.judged_acceptance`). `realised / predicted` shows how
 far the i.i.d.-acceptance model is from the measured run (bursty drafters such as prompt lookup beat it).
 
-`--target random-llama-1b` (also random-smollm2-135m, random-llama-3b, usable as draft names too) builds a
+`--target random-llama-1b` (also random-smollm2-135m, random-llama-3b, random-llama-8b, usable as draft names too) builds a
 seeded random-weight Llama of that shape with SmolLM2's tokenizer: no download, for the memory-bound regime on a GPU.
 """
 from __future__ import annotations
@@ -322,12 +322,15 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join([head] + lines)
 
 
-RANDOM_SIZES = {   # real shapes, random weights: SmolLM2-135M, SmolLM2-1.7B, and a 3B of the Llama-3.2 shape
+RANDOM_SIZES = {   # real shapes, random weights: SmolLM2-135M, SmolLM2-1.7B, a 3B of the Llama-3.2 shape, Llama-3.1-8B's
+                   # layers (its vocabulary is SmolLM2's 49152 here, not 128256)
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, tie_word_embeddings=True),
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
                      num_key_value_heads=32, tie_word_embeddings=True),
     "llama-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                     num_key_value_heads=8, tie_word_embeddings=False),
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                      num_key_value_heads=8, tie_word_embeddings=False),
 }
 RANDOM_PREFIX = "random-"
@@ -384,7 +387,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m spec_engine.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", "--target", dest="model", default=DEFAULT_MODEL,
-                        help="preset, directory, hub id, or random-smollm2-135m / random-llama-1b / random-llama-3b")
+                        help="preset, directory, hub id, or random-smollm2-135m / random-llama-1b / random-llama-3b / random-llama-8b")
     parser.add_argument("--drafts", nargs="+", default=["prompt-lookup", "eagle", "layer-skip"])
     parser.add_argument("--k", nargs="+", type=int, default=[2, 4, 6, 8])
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
