@@ -7,9 +7,10 @@
 #                        real shapes with the real tokenizer)
 #   .gpu/site.tar.xz     the dependency closure of requirements.txt minus torch, resolved by pip for CPython 3.12 on
 #                        manylinux x86_64, without the distributions the GPU image already has (IMAGE_HAS, from the
-#                        device library's KINDS.md as read on 2026-12-04: it has no pytz or tzdata), except the pinned ones whose image version
-#                        is too old; unpacked, Gradio's browser bundle removed (the check serves no page), compressed
-#                        under the device tool's 64 MiB carry limit with the working tree.
+#                        device library's KINDS.md as read on 2026-12-04: no pytz, which Gradio imports, and no tzdata),
+#                        except the pinned ones whose image version is too old; unpacked, Gradio's browser bundle
+#                        removed (the check serves no page), compressed under the device tool's 64 MiB carry limit
+#                        with the working tree.
 #
 #   bash bench/gpu_prepare.sh
 #   then, with the device tool:  run(command="bash bench/gpu_check.sh", carry=[".gpu"], timeout_s=540)
@@ -36,7 +37,8 @@ $PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementatio
 IMAGE_HAS="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi
 charset-normalizer click cloudpickle colorama filelock fsspec h11 hf-xet httpcore httpx idna jinja2 markdown
 markdown-it-py markupsafe mdurl numpy packaging pandas pillow protobuf psutil pygments python-dateutil pyyaml
-regex requests rich safetensors sentencepiece shellingham six sympy tokenizers tqdm typer typing-extensions urllib3 uvloop werkzeug wrapt yarl zipp"
+regex requests rich safetensors sentencepiece shellingham six sympy tokenizers tqdm typer typing-extensions urllib3
+uvloop werkzeug wrapt yarl zipp"
 $PY - "$IMAGE_HAS" <<'PYEOF'
 import pathlib, re, sys
 has = set(sys.argv[1].split())
