@@ -15,30 +15,24 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from spec_engine.bench import random_target
+from spec_engine.classroom.whatif import CostModel, Hardware
 from spec_engine.core.cache import forward_logits, new_cache, trim_cache
+from spec_engine.core.timing import clock
 
 ROWS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 MODELS = ["random-smollm2-135m:float32", "random-llama-1b:bfloat16", "random-llama-8b:bfloat16"]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def forward_seconds(model, cache, context: int, tokens: list[int]) -> float:
     """One forward over `tokens` after `context` cached positions, synchronised; the cache is trimmed back."""
-    sync(model.device)
-    start = time.perf_counter()
+    start = clock(model.device)
     forward_logits(model, tokens, cache, len(tokens))
-    sync(model.device)
-    seconds = time.perf_counter() - start
+    seconds = clock(model.device) - start
     trim_cache(cache, context)
     return seconds
 
@@ -79,7 +73,10 @@ def main(argv=None) -> None:
     parser.add_argument("--tflops", type=float, default=989, help="dense bf16 tensor TFLOP/s (H200: 989)")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args(argv)
-    ridge = args.tflops * 1e12 * 2 / (2 * args.bandwidth * 1e9)          # rows where arithmetic = weight reads (2-byte weights)
+    card = Hardware("card", "the card's datasheet", args.bandwidth, args.tflops, memory_gb=0.0)
+    ridge = card.ridge_rows                                             # rows where arithmetic = weight reads
+    roofline = CostModel("What-if", verify_one=1.0, verify_per_row=1.0 / ridge, draft_forward=0.0,
+                         plain_tokens_per_second=0.0, measured=False)    # whatif.gpu_cost's verify curve
     results = []
     for spec in args.models:
         name, _, dtype = spec.partition(":")
@@ -91,7 +88,7 @@ def main(argv=None) -> None:
     lines = [head, "|---" * (len(results) + 2) + "|"]
     for i, n in enumerate(args.tokens):
         lines.append(f"| {n} | " + " | ".join(f"{r['rows'][i]['vs_one']:.2f} ({r['rows'][i]['ms']:.2f} ms)" for r in results)
-                     + f" | {1 + (n - 1) / ridge:.2f} |")
+                     + f" | {roofline.verify_cost(n):.2f} |")
     reads = " ".join(f"{r['model']}: {r['weights_gb']:.2f} GB of weights, {r['weights_gb'] / args.bandwidth * 1e3:.2f} ms "
                      f"to read at {args.bandwidth:g} GB/s against {r['one_token_ms']:.2f} ms measured." for r in results)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
