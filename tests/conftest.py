@@ -4,7 +4,9 @@ They use the normal spec_engine cache, so only the very first session on a machi
 pays for dequantizing the GGUF files (~20 s SmolLM2, ~55 s Gemma).
 """
 import contextlib
+import functools
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -55,6 +57,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: launches the playground server and drives it over HTTP")
     config.addinivalue_line("markers", "browser: drives the playground in headless Chromium (/usr/bin/chromium)")
     config.addinivalue_line("markers", "measured_costs: drafts are sized by the verify-cost curve measured here")
+    config.addinivalue_line("markers", "alone: compares timings, so no other test runs meanwhile (the other worker "
+                                       "waits; pytest_runtest_protocol below)")
     config._spec_started = time.monotonic()
 
 
@@ -69,6 +73,83 @@ def pytest_collection_modifyitems(config, items):
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept
+
+
+# Two workers (pytest-xdist: `-n 2 --dist loadfile` in pytest.ini). The suite is mostly single-threaded Python over
+# tiny models (torch runs one thread, above), so one process left the second core idle: a clean clone's default tier
+# took 1,266 s in one process and 881 s in two on the same host (docs/testing.md). Each file is a unit, so a
+# module's fixtures are set up once, except that every file that drives the launched app (a browser or e2e test in
+# it) goes to one worker, in turn: two servers decoding and two Chromiums drawing at once on two cores timed out a
+# click on Stop in that run. xdist's own `xdist_group` marks would say this per test, but they rename node ids
+# through an attribute pytest 9 no longer reads, so the grouping is done here, by file. The longest units go first
+# (xdist's own order, most tests first, left the generic pass to run alone at the end: 1,005 s against 881 s).
+APP_MARKS = re.compile(r"pytest\.mark\.(browser|e2e)\b")
+APP_GROUP = "the launched app"
+LONGEST_FIRST = (APP_GROUP, "tests/test_generic_path.py", "tests/test_app_path_smoke.py",
+                 "tests/test_scenario_promises.py", "tests/test_models.py", "tests/test_zerogpu.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None                              # another --dist given on the command line: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+    root = config.rootpath
+
+    @functools.cache
+    def drives_the_app(path: str) -> bool:
+        try:
+            return bool(APP_MARKS.search((root / path).read_text(encoding="utf-8")))
+        except OSError:
+            return False
+
+    class ByFileAppTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return APP_GROUP if drives_the_app(path) else path
+
+        def _assign_work_unit(self, node) -> None:
+            # The first assignment meets the work queue as built (files in collection order): the longest units
+            # move to its front. (The collections themselves must keep their order: workers run tests by index.)
+            if not getattr(self, "_longest_first", False):
+                rank = lambda scope: LONGEST_FIRST.index(scope) if scope in LONGEST_FIRST else len(LONGEST_FIRST)
+                for scope in sorted(self.workqueue, key=rank):          # stable: the other files keep their order
+                    self.workqueue.move_to_end(scope)
+                self._longest_first = True
+            super()._assign_work_unit(node)
+
+    config.option.loadscopereorder = False       # the order above, not xdist's (most tests first)
+    return ByFileAppTogether(config, log)
+
+
+@contextlib.contextmanager
+def turn_to_run(config, alone: bool):
+    """Between the two workers, a test marked `alone` runs (setup, call, teardown) while the other waits between
+    tests; every other test shares the machine. A readers-writer lock of two flock files: `turnstile`, which an
+    `alone` test holds to stop new tests starting, and `running`, held shared by every running test. Outside a
+    worker (one process, or the generic pass's children, which must never wait on their parent) it does nothing."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        yield
+        return
+    import fcntl
+    import tempfile
+    folder = Path(tempfile.gettempdir()) / f"spec-tests-{workerinput['testrunuid']}"
+    folder.mkdir(exist_ok=True)
+    with open(folder / "turnstile", "a") as turnstile, open(folder / "running", "a") as running:
+        if alone:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)      # no test starts on the other worker...
+            fcntl.flock(running, fcntl.LOCK_EX)        # ...and the one it is running ends
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_SH)      # waits while an `alone` test holds it
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(running, fcntl.LOCK_SH)
+        yield                                          # closing the files releases both
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with turn_to_run(item.config, item.get_closest_marker("alone") is not None):
+        return (yield)
 
 
 def whole_suite(config) -> str | None:

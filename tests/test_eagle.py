@@ -388,7 +388,10 @@ def test_greedy_identity_on_the_offline_default(smollm2, draft, k):
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
         notes |= {r.note for r in result.rounds}
     assert accepted / drafted > 0.15     # trained (an untrained head is near 0 here); held-out numbers are in its JSON
-    assert notes == ({None, se.drafters.LOOKUP_NOTE} if draft == "eagle+lookup" else {None})
+    # The drafts come from the head (and, with eagle+lookup, from prompt lookup); a note of the cost sizing (drafting
+    # paused, a probe) depends on this machine's timing, not on the drafter.
+    sizing = {n for n in notes if n and n.startswith((se.drafters.sizing.PAUSED, se.drafters.sizing.PROBE))}
+    assert notes - sizing == ({None, se.drafters.LOOKUP_NOTE} if draft == "eagle+lookup" else {None})
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ import statistics
 
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
+# alone: the page's figures and the API's are compared, so the other test worker waits (tests/conftest.py)
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow, pytest.mark.alone]
 
 TOLERANCE = 0.15        # the page's mean against the API's median (issue #22)
 EACH = 0.30             # each page figure against the API's median
