@@ -313,6 +313,8 @@ def open_playground(browser, url: str, **options):
     page = browser.new_page(viewport={"width": 1440, "height": 1000}, **options)
     page.goto(url)
     page.wait_for_selector("#spec-run", timeout=60_000)
+    for later in ("#spec-stats", "#spec-tokens"):       # Gradio mounts the page's parts in turn (on a busy machine the
+        page.wait_for_selector(later, state="attached", timeout=60_000)    # results came after Run)
     return page
 
 

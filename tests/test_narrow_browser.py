@@ -13,6 +13,8 @@ def page(playground, chromium):
     page = chromium.new_page(viewport={"width": WIDTH, "height": HEIGHT})
     page.goto(playground)
     page.wait_for_selector("#spec-run", timeout=60_000)
+    for later in ("#spec-stats", "#spec-tokens", "#spec-prompt"):      # Gradio mounts the page's parts in turn (on a
+        page.wait_for_selector(later, state="attached", timeout=60_000)  # busy machine the results came after Run)
     yield page
     page.close()
 
