@@ -308,13 +308,13 @@ def chromium():
         browser.close()
 
 
-def open_playground(browser, url: str, **options):
-    """A new page on the launched playground, once its Run button is there."""
-    page = browser.new_page(viewport={"width": 1440, "height": 1000}, **options)
+def open_playground(browser, url: str, width: int = 1440, height: int = 1000, **options):
+    """A new page (`width` x `height`) on the launched playground, once its Run button and results are there."""
+    page = browser.new_page(viewport={"width": width, "height": height}, **options)
     page.goto(url)
     page.wait_for_selector("#spec-run", timeout=60_000)
-    for later in ("#spec-stats", "#spec-tokens"):       # Gradio mounts the page's parts in turn (on a busy machine the
-        page.wait_for_selector(later, state="attached", timeout=60_000)    # results came after Run)
+    for later in ("#spec-stats", "#spec-tokens", "#spec-prompt"):   # Gradio mounts the page's parts in turn (on a
+        page.wait_for_selector(later, state="attached", timeout=60_000)    # busy machine the results came after Run)
     return page
 
 

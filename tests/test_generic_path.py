@@ -46,8 +46,8 @@ def test_the_exactness_suites_pass_with_the_speed_layer_off(request, tmp_path):
     children = []
     for i, suites in enumerate(EXACTNESS_SUITES):
         out, err = (open(tmp_path / f"child{i}.{name}", "w+") for name in ("out", "err"))
-        children.append((subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *tier,
-                                           "-k", WITHOUT_POWER_CHECKS, *suites],
+        children.append((subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                           "-n", "0", *tier, "-k", WITHOUT_POWER_CHECKS, *suites],
                                           cwd=ROOT, env=env, stdout=out, stderr=err, text=True), out, err))
     try:
         for child, out, err in children:

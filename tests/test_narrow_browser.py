@@ -3,6 +3,8 @@ of coming after every control, and the step-through's decision table keeps each 
 sideways inside its own box). As test_ui_presets_browser.py: /usr/bin/chromium through PyPI playwright."""
 import pytest
 
+from conftest import open_playground
+
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
 WIDTH, HEIGHT = 390, 844
@@ -10,11 +12,7 @@ WIDTH, HEIGHT = 390, 844
 
 @pytest.fixture
 def page(playground, chromium):
-    page = chromium.new_page(viewport={"width": WIDTH, "height": HEIGHT})
-    page.goto(playground)
-    page.wait_for_selector("#spec-run", timeout=60_000)
-    for later in ("#spec-stats", "#spec-tokens", "#spec-prompt"):      # Gradio mounts the page's parts in turn (on a
-        page.wait_for_selector(later, state="attached", timeout=60_000)  # busy machine the results came after Run)
+    page = open_playground(chromium, playground, WIDTH, HEIGHT)
     yield page
     page.close()
 

@@ -3,19 +3,14 @@ presentation mode enlarges what a projector shows. Headless Chromium at /usr/bin
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from conftest import open_playground
+
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
 # Prompt lookup needs no draft model: the quickest lesson, and one that runs faster than plain decoding.
 SCENARIO = "4. Prompt lookup on a quote from the prompt"
 FINISHED = "document.querySelector('#spec-stats').innerText.includes('finished')"
 TOKEN = "#spec-tokens .tokens .tok"
-
-
-def open_page(chromium, url: str, width: int, height: int):
-    page = chromium.new_page(viewport={"width": width, "height": height})
-    page.goto(url)
-    page.wait_for_selector("#spec-run", timeout=60_000)
-    return page
 
 
 def choose_scenario(page, label: str) -> None:
@@ -61,7 +56,7 @@ def font_px(page, selector: str, pseudo: str | None = None) -> float:
 
 
 def test_choosing_a_scenario_runs_it_with_the_results_in_view(playground, chromium):
-    page = open_page(chromium, playground, 1024, 768)
+    page = open_playground(chromium, playground, 1024, 768)
     try:
         wait_in_view(page, "#spec-present", "#spec-scenario", "#spec-run")
         choose_scenario(page, SCENARIO)          # one click: no Run press
@@ -79,7 +74,7 @@ def test_choosing_a_scenario_runs_it_with_the_results_in_view(playground, chromi
 
 
 def test_presentation_mode_enlarges_tokens_stats_and_plots(playground, chromium, tmp_path):
-    page = open_page(chromium, playground, 1440, 1000)
+    page = open_playground(chromium, playground, 1440, 1000)
     try:
         choose_scenario(page, SCENARIO)
         page.wait_for_function(FINISHED, timeout=180_000)
@@ -140,7 +135,7 @@ PLOT_CLASHES = """() => {
 def test_presentation_mode_fits_plot_titles_and_legends_and_enlarges_the_step_through(playground, chromium):
     """Issue #38 at 1440x1000: in presentation mode the enlarged legends ran into each other and the plots, titles
     were cut off, and the step-through table (13.5 px) and small buttons (12 px) kept their desk sizes."""
-    page = open_page(chromium, playground, 1440, 1000)
+    page = open_playground(chromium, playground, 1440, 1000)
     try:
         choose_scenario(page, SCENARIO)
         page.wait_for_function(FINISHED, timeout=180_000)
