@@ -12,8 +12,9 @@ Three process-wide pieces, all Gradio-free:
   and views are its own; its run is labelled as shared. A session never replays its own finished run: pressing
   Run again computes again.
 - `BaselineCache`: plain decoding per (model, prompt, settings), measured once and reused by other sessions
-  while fresh (BASELINE_FRESH_SECONDS), labelled with its age. A session's own repeated runs measure it again,
-  back to back with their timed run.
+  while fresh (BASELINE_FRESH_SECONDS) and only while other requests wait at the gate (handlers.lead), labelled
+  with its age. With nobody waiting, and for a session's own repeated runs, it is measured again, back to back
+  with the timed run.
 
 The computation itself is the one a lone Run makes (compute.run_job); only who waits for it changes.
 """
