@@ -304,8 +304,8 @@ def lead(computation: coalesce.Computation, state: SessionState, job: compute.Ru
     It is reused only when other requests wait at the gate as this one's turn begins: then the pass it saves is
     their time. With nobody waiting, plain decoding is measured again, back to back with the timed run. A shared
     host's speed drifts by a quarter from one minute to the next (docs/benchmarks.md), and a ratio against plain
-    decoding measured minutes earlier measured the drift: the default run read x0.71-x1.03 through the API against a
-    baseline a page had measured 1-4 minutes before, x1.32-x1.47 against its own (docs/hardening.md)."""
+    decoding measured minutes earlier measured the drift: the default run read x0.70-x1.10 against plain decoding
+    another session had measured minutes before, x1.23-x1.47 against its own (docs/benchmarks.md)."""
     cached = None
     done = {"rounds": not job.live, "timed": not job.timed, "plain": not job.plain}
 
