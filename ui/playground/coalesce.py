@@ -12,7 +12,7 @@ Three process-wide pieces, all Gradio-free:
   and views are its own; its run is labelled as shared. A session never replays its own finished run: pressing
   Run again computes again.
 - `BaselineCache`: plain decoding per (model, prompt, settings), measured once and reused by other sessions
-  while fresh (BASELINE_FRESH_SECONDS) and only while other requests wait at the gate (handlers.lead), labelled
+  while fresh (BASELINE_FRESH_SECONDS) and only while other requests wait at the gate (`reusable_baseline`), labelled
   with its age. With nobody waiting, and for a session's own repeated runs, it is measured again, back to back
   with the timed run.
 
@@ -242,6 +242,16 @@ class BaselineCache:
 GATE = Gate()
 COALESCER = Coalescer()
 BASELINES = BaselineCache()
+
+
+def reusable_baseline(key: tuple, session: int):
+    """(result, measured at, under-load note) of plain decoding another session measured for `key` while fresh, to
+    reuse instead of measuring it again, but only when other requests wait at the gate: then the pass saved is their
+    time. With nobody waiting, None: the run measures its own, back to back with its timed run. A shared host's speed
+    drifts by a quarter from one minute to the next, and a ratio against plain decoding measured minutes earlier
+    measured the drift: the default run read x0.70-x1.10 against another session's plain decoding, x1.23-x1.47
+    against its own (docs/benchmarks.md)."""
+    return BASELINES.fresh(key, session) if GATE.wait_line() else None
 
 
 def age_text(seconds: float) -> str:

@@ -299,20 +299,14 @@ def lead(computation: coalesce.Computation, state: SessionState, job: compute.Ru
     """The leader's results of a shared computation: its turn at the gate, then the run; every result is kept in
     `computation` for the identical requests that follow it. Plain decoding another session measured less than
     coalesce.BASELINE_FRESH_SECONDS ago is reused (after a Reused marker) instead of measured again; one measured
-    here is kept for the others.
-
-    It is reused only when other requests wait at the gate as this one's turn begins: then the pass it saves is
-    their time. With nobody waiting, plain decoding is measured again, back to back with the timed run. A shared
-    host's speed drifts by a quarter from one minute to the next (docs/benchmarks.md), and a ratio against plain
-    decoding measured minutes earlier measured the drift: the default run read x0.70-x1.10 against plain decoding
-    another session had measured minutes before, x1.23-x1.47 against its own (docs/benchmarks.md)."""
+    here is kept for the others, reused only while other requests wait as this one's turn begins
+    (coalesce.reusable_baseline)."""
     cached = None
     done = {"rounds": not job.live, "timed": not job.timed, "plain": not job.plain}
 
-    def work():
+    def work():                         # called when the turn begins
         nonlocal cached
-        if job.plain and coalesce.GATE.wait_line():
-            cached = coalesce.BASELINES.fresh(baseline_key, id(state))
+        cached = coalesce.reusable_baseline(baseline_key, id(state)) if job.plain else None
         done["plain"] = done["plain"] or cached is not None
         return compute.run_job(job if cached is None else dataclasses.replace(job, plain=False),
                                compute.Stop(state.stop_event))
