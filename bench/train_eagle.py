@@ -31,7 +31,7 @@ import torch
 
 from bench.eagle_prompts import PATH as PROMPTS, excluded_phrases
 
-DEFAULT_OUT = Path(__file__).parent.parent / "spec_engine" / "weights" / "eagle-smollm2-135m.safetensors"
+DEFAULT_OUT = Path(__file__).parent.parent / "spec_engine" / "drafters" / "weights" / "eagle-smollm2-135m.safetensors"
 
 
 def encode_chat(tokenizer, text: str) -> list[int]:
@@ -96,11 +96,13 @@ def keep_query(text: str, ended: bool, n_tokens: int, excluded: list[str], seen:
 
 
 @torch.inference_mode()
-def self_prompts(model, tokenizer, n: int, seed: int, batch: int = 64, max_tokens: int = 64) -> list[str]:
+def self_prompts(model, tokenizer, n: int, seed: int, batch: int = 64, max_tokens: int = 64,
+                 also_excluded: tuple[str, ...] = ()) -> list[str]:
     """n user messages written by the target itself (Magpie, Xu et al. 2024): sample from the chat template cut
     just before the user's text, at T=1 / top-p 0.95, and keep the turns `keep_query` accepts. Broader than the
-    template prompts, and from the target's own idea of what users ask."""
-    excluded, seen, queries = excluded_phrases(), set(), []
+    template prompts, and from the target's own idea of what users ask. `also_excluded`: more lower-case stems to
+    drop (`generate --exclude`), beside the held-out topics and `EXCLUDED_STEMS`."""
+    excluded, seen, queries = excluded_phrases() + [e.lower() for e in also_excluded], set(), []
     prefix = torch.tensor([query_prefix(tokenizer)] * batch)                                   # [B, P]
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     stops = {tokenizer.eos_token_id, im_end}
@@ -129,7 +131,8 @@ def cmd_generate(args) -> None:
     if args.self_prompts:            # written once, then reused: a stopped run resumes on the same prompts
         written = out / "prompts.json"
         if not written.exists():
-            texts = self_prompts(target.model, target.tokenizer, args.self_prompts, args.seed)
+            texts = self_prompts(target.model, target.tokenizer, args.self_prompts, args.seed,
+                                 also_excluded=tuple(args.exclude))
             written.write_text(json.dumps([{"kind": "self", "text": t} for t in texts], indent=0) + "\n")
         prompts = json.loads(written.read_text())[:args.limit]
     else:
@@ -430,6 +433,8 @@ def main(argv=None) -> None:
     g.add_argument("--layers", type=int, nargs="+", default=[-1], help="hidden_states kept as features (end with -1)")
     g.add_argument("--self-prompts", type=int, default=0, metavar="N",
                    help="answer N prompts the target writes itself (kept in OUT/prompts.json) instead of the template set")
+    g.add_argument("--exclude", nargs="+", default=[], metavar="STEM",
+                   help="with --self-prompts: also drop self-written prompts that contain one of these (lower case)")
     t = sub.add_parser("train")
     t.add_argument("--model", default="smollm2-135m-instruct")
     t.add_argument("--data", required=True, help="shards of `generate` (the target's answers; 5%% held for validation)")

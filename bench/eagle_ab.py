@@ -1,0 +1,112 @@
+"""Two EAGLE heads on the app's default draft, alternating in one process: does a newly trained head draft better?
+
+    python -m bench.eagle_ab --heads spec_engine/drafters/weights/eagle-smollm2-135m.safetensors /tmp/new.safetensors \
+        --repeats 3 --out bench/results/eagle-ab-2threads
+
+Each side is `eagle+lookup-tree` at k = 12 (the app's default draft, its sizing and stops as the shipped head's
+record recommends) drafting with one head's weights. The prompts are the six-kind set's tuning part (the prompts
+after the first five of each kind, which the issue's benchmark `bench_hf --per-kind 5` leaves out) and the app's
+default prompt (presets/scenarios.yaml `chat-sky`). For each repeat and prompt, both sides run seconds apart, in an
+order alternating by prompt and repeat, each a speculative run then plain decoding, greedy, 64 tokens, checked
+token-identical; the first repeat warms up and is dropped. Reported per side: tokens per round (what the head
+changes; the host's speed does not move it), and the speedup over plain decoding (geometric mean of per-run ratios,
+each from runs seconds apart), over all prompts, by kind and on the default prompt alone.
+
+Tokens per round is the number to judge a head by on a shared host: the speedups carry the host's minute-to-minute
+memory speed (docs/benchmarks.md), tokens per round only the drafts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from bench.decode_ab import tuning_prompts
+from bench.eagle_vocab import DEFAULT_PROMPT
+from spec_engine import SamplingParams, SpeculativeDecoder, autoregressive_generate
+from spec_engine.bench_hf import encode
+from spec_engine.drafters import eagle
+from spec_engine.drafters.registry import make_drafter
+from spec_engine.models import DEFAULT_MODEL, load_model
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", nargs=2, required=True, metavar="WEIGHTS", help="two heads' .safetensors files")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="the first warms up and is dropped")
+    parser.add_argument("--first", type=int, default=5, help="skip this many prompts of each kind")
+    parser.add_argument("--per-kind", type=int, default=3)
+    parser.add_argument("--k", type=int, default=12)
+    parser.add_argument("--out", default=None)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    engine = load_model(DEFAULT_MODEL, "cpu", "float32")
+    model, greedy = engine.model, SamplingParams(temperature=0.0)
+    prompts = tuning_prompts(args.first, args.per_kind) + [DEFAULT_PROMPT]
+    ids = [encode(engine, p) for p in prompts]
+    dtype = eagle.head_dtype(model)
+    sides = {Path(path).name if Path(path).name != Path(other).name else path: eagle.head_parts(model, Path(path), dtype)
+             for path, other in zip(args.heads, args.heads[::-1])}
+    names = list(sides)
+
+    now = {"parts": None}
+    shared_head = eagle.shared_head
+    eagle.shared_head = lambda target, path=eagle.DEFAULT_WEIGHTS: now["parts"]   # the registry's drafter, this head
+    ratios, tokens, rounds = defaultdict(list), defaultdict(int), defaultdict(int)
+    load_before = os.getloadavg()
+    try:
+        for repeat in range(args.repeats):
+            for i, (p, x) in enumerate(zip(prompts, ids)):
+                for side in (names if (repeat + i) % 2 else names[::-1]):
+                    now["parts"] = sides[side]
+                    decoder = SpeculativeDecoder(model, make_drafter("eagle+lookup-tree", engine, None))
+                    start = time.perf_counter()
+                    result = decoder.generate(x, k=args.k, max_new_tokens=64, sampling=greedy, display=False)
+                    middle = time.perf_counter()
+                    plain = autoregressive_generate(model, x, max_new_tokens=64, sampling=greedy)
+                    end = time.perf_counter()
+                    assert result.tokens == plain.tokens, "speculative decoding left plain decoding's tokens"
+                    if repeat:
+                        for key in ("all", p.kind, p.name):
+                            ratios[side, key].append((end - middle) / (middle - start))
+                            tokens[side, key] += len(result.tokens)
+                            rounds[side, key] += len(result.rounds)
+            print(f"repeat {repeat} done", flush=True)
+    finally:
+        eagle.shared_head = shared_head
+    kinds = list(dict.fromkeys(p.kind for p in prompts[:-1]))
+    columns = ["all", *kinds, DEFAULT_PROMPT.name]
+    lines = [f"`python -m bench.eagle_ab {' '.join(argv)}`",
+             f"{engine.name} fp32, {args.threads} threads, {len(prompts)} prompts ({args.per_kind} of each kind after "
+             f"the first {args.first}, and the app's default prompt), `eagle+lookup-tree` at k = {args.k}, greedy, 64 "
+             f"tokens, {args.repeats - 1} measured repeats, sides alternating by prompt; every run gave plain decoding's "
+             f"tokens; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after.", "",
+             "Tokens per round (all prompts, by kind, the default prompt), then the speedup over plain decoding (geometric "
+             "mean of per-run ratios):", "",
+             "| head | " + " | ".join(columns) + " | speedup: all | speedup: default prompt |",
+             "|---" * (len(columns) + 3) + "|"]
+    summary = {}
+    for side in names:
+        summary[side] = {"tokens_per_round": {c: tokens[side, c] / rounds[side, c] for c in columns},
+                         "speedup": {c: statistics.geometric_mean(ratios[side, c]) for c in columns}}
+        s = summary[side]
+        lines.append(f"| {side} | " + " | ".join(f"{s['tokens_per_round'][c]:.3f}" for c in columns)
+                     + f" | {s['speedup']['all']:.3f}x | {s['speedup'][DEFAULT_PROMPT.name]:.3f}x |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).with_suffix(".md").write_text(text)
+        Path(args.out).with_suffix(".json").write_text(json.dumps({"argv": argv, "summary": summary}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
