@@ -4,6 +4,7 @@ and benchmark results stay outside the training data. Pure functions plus the of
 import json
 
 import pytest
+import torch
 
 from bench.eagle_prompts import PATH, build, excluded_phrases, held_out_topics
 from bench.train_eagle import keep_query, query_prefix
@@ -122,3 +123,21 @@ def test_round_matches_count_each_rounds_matching_drafts_for_the_chain_and_the_b
                 (4, [5], [8]),                 # both one draft long
                 (6, [7], [7])]                 # past the end (the run stopped): not counted
     assert round_matches(branches, sequence) == [(3, 3), (0, 2), (1, 1)]
+
+
+def test_self_prompts_also_drop_the_stems_generate_exclude_names(smollm2):
+    """`generate --exclude sky` keeps a self-written prompt about the app's default subject out of training, beside
+    what `excluded_phrases` drops; without it, the same turn is kept."""
+    from bench.train_eagle import self_prompts
+    tok = smollm2.tokenizer
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    turns = ["Why is the sky blue in the afternoon?", "How do I bake a simple loaf at home?"]
+
+    class Writer:                  # the target's `generate`, replaced by two finished user turns, over and over
+        def generate(self, input_ids, **_):
+            rows = [tok.encode(turns[i % 2], add_special_tokens=False) + [end] for i in range(input_ids.shape[0])]
+            width = max(map(len, rows))
+            return torch.tensor([[*input_ids[0].tolist(), *r, *[end] * (width - len(r))] for r in rows])
+
+    assert self_prompts(Writer(), tok, 2, seed=0, batch=4) == turns
+    assert self_prompts(Writer(), tok, 1, seed=0, batch=4, also_excluded=("Sky",)) == turns[1:]
