@@ -24,49 +24,31 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
-from bench.decode_ab import tuning_prompts
-from bench.eagle_vocab import DEFAULT_PROMPT
+from bench.eagle_vocab import DEFAULT_PROMPT, drafting_with, tuning_setup
 from spec_engine import SamplingParams, SpeculativeDecoder, autoregressive_generate
-from spec_engine.bench_hf import encode
 from spec_engine.drafters import eagle
 from spec_engine.drafters.registry import make_drafter
-from spec_engine.models import DEFAULT_MODEL, load_model
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", nargs=2, required=True, metavar="WEIGHTS", help="two heads' .safetensors files")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3, help="the first warms up and is dropped")
-    parser.add_argument("--first", type=int, default=5, help="skip this many prompts of each kind")
-    parser.add_argument("--per-kind", type=int, default=3)
     parser.add_argument("--k", type=int, default=12)
-    parser.add_argument("--out", default=None)
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    engine = load_model(DEFAULT_MODEL, "cpu", "float32")
+    args, argv, engine, prompts, ids = tuning_setup(parser, argv)
     model, greedy = engine.model, SamplingParams(temperature=0.0)
-    prompts = tuning_prompts(args.first, args.per_kind) + [DEFAULT_PROMPT]
-    ids = [encode(engine, p) for p in prompts]
     dtype = eagle.head_dtype(model)
     sides = {Path(path).name if Path(path).name != Path(other).name else path: eagle.head_parts(model, Path(path), dtype)
              for path, other in zip(args.heads, args.heads[::-1])}
     names = list(sides)
 
     now = {"parts": None}
-    shared_head = eagle.shared_head
-    eagle.shared_head = lambda target, path=eagle.DEFAULT_WEIGHTS: now["parts"]   # the registry's drafter, this head
     ratios, tokens, rounds, fixed = defaultdict(list), defaultdict(int), defaultdict(int), defaultdict(lambda: [0, 0])
     load_before = os.getloadavg()
-    try:
+    with drafting_with(now):                                      # the registry's drafter, now["parts"]'s head
         for repeat in range(args.repeats):
             for i, (p, x) in enumerate(zip(prompts, ids)):
                 for side in (names if (repeat + i) % 2 else names[::-1]):
@@ -91,8 +73,6 @@ def main(argv=None) -> None:
                             tokens[side, key] += len(result.tokens)
                             rounds[side, key] += len(result.rounds)
             print(f"repeat {repeat} done", flush=True)
-    finally:
-        eagle.shared_head = shared_head
     kinds = list(dict.fromkeys(p.kind for p in prompts[:-1]))
     columns = ["all", *kinds, DEFAULT_PROMPT.name]
     lines = [f"`python -m bench.eagle_ab {' '.join(argv)}`",

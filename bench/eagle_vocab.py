@@ -19,6 +19,7 @@ app's default prompt (presets/scenarios.yaml `chat-sky`):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -63,9 +64,10 @@ def coverage(answers: dict[str, tuple[list[int], list[int], str]], vocab: list[i
     return lines
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[16384, 24576], help="grown vocabularies drafted with")
+def tuning_setup(parser: argparse.ArgumentParser, argv=None):
+    """(args, argv, engine, prompts, their ids) for a head benchmark (this one, bench/eagle_ab.py): the options they
+    share added to `parser` and parsed, the offline default loaded at --threads, the six-kind set's tuning prompts
+    (--per-kind after the first --first of each kind) and the app's default prompt."""
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="the first warms up and is dropped")
     parser.add_argument("--first", type=int, default=5, help="skip this many prompts of each kind")
@@ -75,10 +77,28 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = load_model(DEFAULT_MODEL, "cpu", "float32")
+    prompts = tuning_prompts(args.first, args.per_kind) + [DEFAULT_PROMPT]
+    return args, argv, engine, prompts, [encode(engine, p) for p in prompts]
+
+
+@contextlib.contextmanager
+def drafting_with(now: dict):
+    """Inside, the registry's EAGLE drafters draft with the head parts `now["parts"]` (as `eagle.head_parts` builds
+    them) instead of the shipped head's, so a benchmark can switch heads between runs without another registry."""
+    shared_head = eagle.shared_head
+    eagle.shared_head = lambda target, path=eagle.DEFAULT_WEIGHTS: now["parts"]
+    try:
+        yield
+    finally:
+        eagle.shared_head = shared_head
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[16384, 24576], help="grown vocabularies drafted with")
+    args, argv, engine, prompts, ids = tuning_setup(parser, argv)
     model, greedy = engine.model, SamplingParams(temperature=0.0)
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    prompts = tuning_prompts(args.first, args.per_kind) + [DEFAULT_PROMPT]
-    ids = [encode(engine, p) for p in prompts]
 
     shipped = eagle.shared_head(model)
     vocab = shipped[1].tolist()
@@ -94,12 +114,10 @@ def main(argv=None) -> None:
         sides[f"grown to {size}"] = eagle.head_parts(model, eagle.DEFAULT_WEIGHTS, dtype)
     eagle.load_head = load_head
     now = {"parts": shipped}
-    shared_head = eagle.shared_head
-    eagle.shared_head = lambda target, path=eagle.DEFAULT_WEIGHTS: now["parts"]
     ratios, tokens, rounds = defaultdict(list), defaultdict(int), defaultdict(int)
     by_kind = defaultdict(lambda: [0, 0])
     load_before = os.getloadavg()
-    try:
+    with drafting_with(now):
         for repeat in range(args.repeats):
             for side in list(sides)[::1 if repeat % 2 else -1]:
                 now["parts"] = sides[side]
@@ -117,8 +135,6 @@ def main(argv=None) -> None:
                         rounds[side] += len(result.rounds)
                         by_kind[side, p.kind][0] += len(result.tokens)
                         by_kind[side, p.kind][1] += len(result.rounds)
-    finally:
-        eagle.shared_head = shared_head
     kinds = list(dict.fromkeys(p.kind for p in prompts))
     lines = [f"`python -m bench.eagle_vocab {' '.join(argv)}`".replace(" `", "`"),
              f"{engine.name} fp32, {args.threads} threads, {len(prompts)} prompts ({args.per_kind} of each kind after "
