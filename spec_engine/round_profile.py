@@ -113,8 +113,7 @@ class RoundProfile:
     def __enter__(self) -> "RoundProfile":
         d = self.decoder
         self._patch(decoder_module, "forward_logits", self._forward(lambda model, ids, *a, **k: len(ids)))
-        self._patch(decoder_module, "forward_tree_logits",
-                    self._forward(lambda model, root, tokens, *a, **k: len(tokens) + 1))
+        self._patch(decoder_module, "one_forward", self._forward(lambda model, segment, *a, **k: len(segment.tokens)))
         self._patch(decoder_module, "verify", self._timed("sampling + rule"))
         self._patch(decoder_module, "verify_tree", self._timed("sampling + rule"))
         for name in ("trim_cache", "keep_path", "check_invariant"):

@@ -25,6 +25,7 @@ EXACTNESS_SUITES = [
         "tests/test_verify_enumeration.py",    # the rule, reference and engine, enumerated
         "tests/test_tree_rule.py",             # the tree rule, enumerated; verify_tree replayed into it
         "tests/test_engine.py",                # KV invariants every round, forced outcomes, greedy identity (tiny)
+        "tests/test_batch.py",                 # batched rounds: identity alone vs in a batch, chi-square, seeds
     ],
     [
         "tests/test_statistical.py",           # chi-square for every drafter kind and rule

@@ -18,7 +18,7 @@ def test_the_parts_add_up_to_the_rounds_and_the_engine_is_restored(target):
     drafter = LookupFirstDrafter(EagleTreeDrafter(head.head, target, head.vocab_index, width=2, depth=3,
                                                   size_by_cost=False))
     decoder = se.SpeculativeDecoder(target, drafter)
-    originals = (decoder_module.forward_tree_logits, decoder_module.trim_cache, type(drafter).propose)
+    originals = (decoder_module.one_forward, decoder_module.trim_cache, type(drafter).propose)
     with RoundProfile(decoder) as profile:
         result = decoder.generate(PROMPT, k=6, max_new_tokens=24, sampling=GREEDY)
     plain = se.autoregressive_generate(target, PROMPT, max_new_tokens=24, sampling=GREEDY)
@@ -33,7 +33,7 @@ def test_the_parts_add_up_to_the_rounds_and_the_engine_is_restored(target):
     assert sum(len(v) for v in profile.verify_rows.values()) == len(result.rounds)
     assert sum(parts.values()) <= result.total_seconds
     # nothing of the profile stays behind
-    assert (decoder_module.forward_tree_logits, decoder_module.trim_cache) == originals[:2]
+    assert (decoder_module.one_forward, decoder_module.trim_cache) == originals[:2]
     assert "propose" not in vars(drafter) and "step" not in vars(decoder)
     assert not drafter.fallback.head._forward_hooks and not drafter.fallback.head._forward_pre_hooks
     step = plain_step_seconds(plain)

@@ -20,9 +20,9 @@ NEW_RULES = ("strict", "typical", "q_mismatch")
 def test_the_rule_table_is_the_one_every_list_reads():
     assert se.RULES == tuple(n for n, info in RULE_INFO.items() if info.chains) and se.RULES[0] == "exact"
     assert set(se.RULES) >= {"exact", "strict", "typical", "q_mismatch", "topp_membership", "no_residual"}
-    assert {n for n, info in RULE_INFO.items() if info.exact} == {"exact", "strict"}
+    assert {n for n, info in RULE_INFO.items() if info.exact} == {"exact", "strict", "invariant"}
     assert set(se.WRONG_RULES) == {n for n in se.RULES if not RULE_INFO[n].exact}
-    assert se.TREE_RULES == ("exact", "strict", "typical", "tree_best_sibling")
+    assert se.TREE_RULES == ("exact", "strict", "invariant", "typical", "tree_best_sibling")
     assert se.WRONG_TREE_RULES == ("tree_best_sibling",)           # judges trees only
     assert all(info.lesson.endswith(".") and info.label and info.kind in ("exact", "lossy", "mistake")
                for info in RULE_INFO.values())
@@ -252,7 +252,7 @@ def test_a_greedy_tree_verdict_and_its_display_rows():
     assert (verdict.tried, verdict.accept_probs, verdict.uniforms) == ([], [], [])
     assert verdict.next_probs_top == [(0, 1.0)]
     assert torch.allclose(display, torch.softmax(logits, dim=-1)) and display.shape == (3, 3)
-    with pytest.raises(ValueError, match=r"a tree round's rule must be one of \('exact', 'strict', 'typical', "
+    with pytest.raises(ValueError, match=r"a tree round's rule must be one of \('exact', 'strict', 'invariant', 'typical', "
                                          r"'tree_best_sibling'\), got 'no_residual'"):
         verify_tree("no_residual", se.SamplingParams(1.0), tree, None, logits, torch.Generator())
     sampled = TokenTree([1, 2], [-1, -1], ["with_replacement"] * 3)

@@ -147,12 +147,12 @@ def test_registered_tree_drafts_run_greedy_exactly(target):
 
 
 def test_tree_drafts_refuse_the_chains_wrong_rules():
-    for rule in ("exact", "strict", "typical"):              # the rules that judge trees (issue #37)
+    for rule in ("exact", "strict", "invariant", "typical"):     # the rules that judge trees
         validate.check_rule_for("lookup-tree", rule)
         validate.check_rule_for("eagle+lookup-tree", rule)
     validate.check_rule_for("prompt-lookup", "no_residual")
     for rule in ("no_residual", "topp_membership", "q_mismatch"):
-        with pytest.raises(validate.InputError, match="takes exact, strict, typical"):
+        with pytest.raises(validate.InputError, match="takes exact, strict, invariant, typical"):
             validate.check_rule_for("layer-skip-tree", rule)
 
 

@@ -12,13 +12,14 @@ from typing import Callable, Iterator
 
 import torch
 
-from spec_engine.core.cache import (PREFILL_CHUNK, cache_len, check_invariant, forward_logits, forward_tree_logits,
+from spec_engine.core.cache import (PREFILL_CHUNK, cache_len, check_invariant, forward_logits,
                                     keep_path, new_cache, prefill, trim_cache)
 from spec_engine.core.drafting import Drafter, Proposal, TreeProposal
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, run_stats
 from spec_engine.core import timing
-from spec_engine.core.sampling import SamplingParams, choose_token, make_generator, top_entries
-from spec_engine.core.rule import EXACT, Q_MISMATCH
+from spec_engine.core.sampling import SamplingParams, choose_token, make_generator, top_entries, warp
+from spec_engine.core.packed import Segment, one_forward
+from spec_engine.core.rule import EXACT, INVARIANT, Q_MISMATCH, position_noise, race
 from spec_engine.core.tree_rule import TREE_RULES, WRONG_TREE
 from spec_engine.core.verify import RULES, TreeVerdict, Verdict, drafted_probs, verify, verify_tree
 
@@ -77,6 +78,16 @@ def cut_at_eos(tokens: list[int], eos: frozenset[int]) -> tuple[list[int], bool]
     return tokens, False
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A round drafted and waiting for its target forward: the proposal, the rows to score, and when drafting began
+    and ended (timing.clock)."""
+    proposal: Proposal | TreeProposal
+    segment: Segment
+    start: float
+    drafted: float
+
+
 @dataclass
 class DecodeState:
     """Everything one run owns: the committed ids, the target's KV cache and the run's generator."""
@@ -91,6 +102,7 @@ class DecodeState:
     sampling: SamplingParams
     prefill_seconds: float
     display: bool = True            # build the events' display parts (p, q and the target's top entries)
+    seed: int = 0                   # the run's seed: the generator's, and the drafter-invariant rule's noise key
     index: int = 0
     stop_reason: str | None = None
 
@@ -156,28 +168,47 @@ class SpeculativeDecoder:
             self.drafter.begin(committed, features)
         return DecodeState(committed, len(committed), target_cache, generator, eos_set(eos_token_id), k,
                            max_new_tokens, sampling, prefill_seconds=timing.clock(device) - begin, display=display,
-                           stop_reason="cancelled" if stopped else None)
+                           seed=seed, stop_reason="cancelled" if stopped else None)
 
     def step(self, state: DecodeState, should_stop: Callable[[], bool] | None = None) -> RoundEvent:
         """One round: draft, score, verify, commit, trim."""
+        planned = self.plan(state)
+        scored = one_forward(self.target, planned.segment, self.drafter.feature_layers)
+        return self.settle(state, planned, scored, should_stop)
+
+    def plan(self, state: DecodeState, k: int | None = None) -> Planned:
+        """Draft a round (at most `k` tokens, the run's k by default; a batch may ask for fewer) and lay out the rows
+        the target scores: [last committed, drafts...] after the target's cache."""
         assert state.stop_reason is None, "this run has finished"
-        device = self.target.device
-        round_start = timing.clock(device)
+        round_start = timing.clock(self.target.device)
         committed = state.committed
-        n_draft = min(state.k, state.max_new_tokens - state.generated - 1)     # a round emits up to n_draft + 1
+        limit = state.k if k is None else min(k, state.k)
+        n_draft = min(limit, state.max_new_tokens - state.generated - 1)     # a round emits up to n_draft + 1
         proposal = self.drafter.propose(committed, n_draft, state.sampling, state.generator) if n_draft else Proposal([], None)
-        draft_done = timing.clock(device)
         if isinstance(proposal, TreeProposal):
-            return self.tree_step(state, proposal, RoundClock(round_start, draft_done, draft_done), should_stop)
+            tree = proposal.tree
+            segment = Segment([committed[-1], *tree.tokens], state.target_cache, len(tree.tokens) + 1,
+                              list(tree.parents), tree.depths())
+        else:
+            segment = Segment(committed[-1:] + proposal.tokens, state.target_cache, len(proposal.tokens) + 1)
+        return Planned(proposal, segment, round_start, timing.clock(self.target.device))
+
+    def settle(self, state: DecodeState, planned: Planned, scored, should_stop: Callable[[], bool] | None = None,
+               report: bool = True) -> RoundEvent:
+        """The round after its target forward: verify, commit, trim, and the event. `scored`: the segment's logits
+        [n + 1, vocab] (with the drafter's feature layers: (logits, features [n + 1, F])). `report`: feed this
+        forward's time to the cost curve (timing.report_forward); a batch reports its packed forward once itself."""
+        if isinstance(planned.proposal, TreeProposal):
+            return self.tree_step(state, planned, scored, should_stop, report)
+        proposal, device, committed = planned.proposal, self.target.device, state.committed
         drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=device)                       # [n]
-        scored = forward_logits(self.target, committed[-1:] + proposal.tokens, state.target_cache,
-                                len(proposal.tokens) + 1, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
         verdict, target_probs, target_members = verify(self.chain_rule(proposal), state.sampling, drafted, proposal.probs,
                                                        target_logits, state.generator, proposal.unwarped,
-                                                       state.display)
+                                                       state.display, self.noise(state, len(proposal.tokens) + 1))
         verify_done = timing.clock(device)
-        timing.report_forward(self.target, len(proposal.tokens) + 1, verify_done - draft_done)
+        if report:
+            timing.report_forward(self.target, len(proposal.tokens) + 1, verify_done - planned.drafted)
         emitted, hit_eos = cut_at_eos(proposal.tokens[:verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
         target_before, draft_before = cache_len(state.target_cache), self.drafter.cache_len()
@@ -186,11 +217,20 @@ class SpeculativeDecoder:
         check_invariant(state.target_cache, len(committed) - 1, "target")
         state.stop_reason = ("eos" if hit_eos else "max_new_tokens" if state.generated >= state.max_new_tokens
                              else "cancelled" if should_stop is not None and should_stop() else None)
-        clock = RoundClock(round_start, draft_done, verify_done)
+        clock = RoundClock(planned.start, planned.drafted, verify_done)
         event = self._event(state, proposal, verdict, drafted, target_probs, target_members, emitted,
                             (target_before, draft_before), clock)
         state.index += 1
         return event
+
+    def noise(self, state: DecodeState, rows: int) -> torch.Tensor | None:
+        """The drafter-invariant rule's Gumbel noise for the next `rows` positions [rows, vocab] (rule.py
+        `position_noise`: a function of the seed and the position alone), or None under the other rules."""
+        if self.rule != INVARIANT or state.sampling.greedy:
+            return None
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        first = len(state.committed)                         # the position the round's first emitted token takes
+        return position_noise(state.seed, range(first, first + rows), vocab, self.target.device)
 
     def chain_rule(self, proposal: Proposal) -> str:
         """The rule a chain round runs. The wrong tree rule judges trees only; a round with no drafts (the last one,
@@ -201,22 +241,22 @@ class SpeculativeDecoder:
             raise ValueError(f"rule {self.rule!r} judges draft trees; {self.drafter.name} proposes chains")
         return EXACT
 
-    def tree_step(self, state: DecodeState, proposal: TreeProposal, clock: RoundClock,
-                  should_stop: Callable[[], bool] | None) -> RoundEvent:
-        """A tree round after drafting: score every node in one forward (tree attention), verify on the tree, commit
+    def tree_step(self, state: DecodeState, planned: Planned, scored, should_stop: Callable[[], bool] | None,
+                  report: bool = True) -> RoundEvent:
+        """A tree round after its forward (tree attention: every node in one forward): verify on the tree, commit
         the accepted path and the token after it, move the path's KV entries into place and drop the rest."""
         if self.rule not in TREE_RULES:
             raise ValueError(f"rule {self.rule!r} is not implemented on draft trees and {self.drafter.name} proposes "
                              f"them: a tree round's rule must be one of {TREE_RULES}")
+        proposal = planned.proposal
         tree, committed = proposal.tree, state.committed
         start = len(committed)            # the cache holds committed[:-1]; the accepted path's entries go here
-        scored = forward_tree_logits(self.target, committed[-1], tree.tokens, tree.parents, tree.depths(),
-                                     state.target_cache, self.drafter.feature_layers)
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)  # [n + 1, vocab], [n + 1, F]
         verdict, target_rows = verify_tree(self.rule, state.sampling, tree, proposal.probs, target_logits,
-                                           state.generator, state.display)
+                                           state.generator, state.display, self.noise(state, max(tree.depths(), default=0) + 1))
         verified = timing.clock(self.target.device)
-        timing.report_forward(self.target, len(tree.tokens) + 1, verified - clock.drafted)    # the sizing's curve
+        if report:
+            timing.report_forward(self.target, len(tree.tokens) + 1, verified - planned.drafted)   # the sizing's curve
         emitted, hit_eos = cut_at_eos([tree.tokens[i] for i in verdict.accepted] + [verdict.next_token], state.eos)
         committed += emitted
         target_before, draft_before = cache_len(state.target_cache), self.drafter.cache_len()
@@ -228,7 +268,7 @@ class SpeculativeDecoder:
         state.stop_reason = ("eos" if hit_eos else "max_new_tokens" if state.generated >= state.max_new_tokens
                              else "cancelled" if should_stop is not None and should_stop() else None)
         event = self._tree_event(state, proposal, verdict, target_rows, emitted, (target_before, draft_before),
-                                 RoundClock(clock.start, clock.drafted, verified))
+                                 RoundClock(planned.start, planned.drafted, verified))
         state.index += 1
         return event
 
@@ -340,11 +380,13 @@ class SpeculativeDecoder:
 def autoregressive_generate(target_model, input_ids: torch.Tensor, max_new_tokens: int = 64,
                             sampling: SamplingParams | None = None, seed: int = 0, eos_token_id=None,
                             should_stop: Callable[[], bool] | None = None,
-                            prefill_chunk: int = PREFILL_CHUNK) -> BaselineResult:
+                            prefill_chunk: int = PREFILL_CHUNK, invariant: bool = False) -> BaselineResult:
     """Plain decoding, one target forward per token, with the same warping and sampling code as the engine. Every
     clock read waits for the device first (timing.clock), as the speculative loop's do, so a step's seconds are its
     forward's on CUDA too, not the launch's. The prompt is prefilled as the engine does it (cache.prefill): stopped
-    between two chunks, the result has no token and stop_reason "cancelled"."""
+    between two chunks, the result has no token and stop_reason "cancelled". `invariant`: sample each token by the
+    drafter-invariant rule's race under the noise of (seed, position) (rule.py), the text every drafter reaches under
+    rule "invariant" with the same seed."""
     sampling = sampling or SamplingParams()
     prompt = validate_request(target_model, input_ids, 1, max_new_tokens, sampling)
     device = target_model.device
@@ -361,7 +403,11 @@ def autoregressive_generate(target_model, input_ids: torch.Tensor, max_new_token
     prefill_seconds = timing.clock(logits.device) - start          # the logits' device: the last of a split model
     tokens, step_seconds, stop_reason = [], [], "max_new_tokens"
     while True:
-        token, _ = choose_token(logits, sampling, generator)
+        if invariant and not sampling.greedy:
+            position = len(prompt) + len(tokens)
+            token = race(warp(logits[None], sampling)[0], position_noise(seed, [position], logits.shape[-1])[0])
+        else:
+            token, _ = choose_token(logits, sampling, generator)
         tokens.append(token)
         if token in eos:
             stop_reason = "eos"

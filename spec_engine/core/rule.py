@@ -21,6 +21,13 @@ The other rules engines ship or got wrong (RULE_INFO below says which are exact)
   q_mismatch  the bug huggingface/transformers #32867 shipped (fixed by #33534): the exact rule fed a q that is not
               the distribution the draft sampled from, the draft's temperature-1 softmax before temperature, top-k
               and top-p, in the ratio and in the residual. Invisible at temperature 1 without top-k / top-p.
+  invariant   drafter-invariant speculative decoding (Daliri, Musco and Suresh 2024, "Coupling without communication
+              and drafter-invariant speculative decoding"): the token at every position is the Gumbel-max (here the
+              equivalent exponential race, argmax_x p(x) / E_x) of p under noise E that depends on the run's seed and
+              the position alone (`position_noise`); a draft is kept while it equals that token, and the first token
+              that differs is emitted. Exact (the race picks x with probability p(x)), and more: the text is the
+              plain sample of that seed (`autoregressive_generate(invariant=True)`), whatever the draft, k, the tree
+              or the batch. A one-hot draft is kept with probability p(x), as under the exact rule.
   topp_membership, no_residual   older deliberate mistakes: keep any draft inside the target's top-p set; correct
               from p instead of the residual.
 
@@ -40,6 +47,7 @@ EXACT = "exact"
 STRICT = "strict"
 TYPICAL = "typical"
 Q_MISMATCH = "q_mismatch"
+INVARIANT = "invariant"
 TYPICAL_EPSILON = 0.09        # Medusa's posterior_threshold
 TYPICAL_DELTA = 0.3           # Medusa's posterior_alpha
 MEDUSA_LOG_FLOOR = 1e-5       # Medusa's entropy reads log(p + 1e-5)
@@ -65,6 +73,9 @@ RULE_INFO: dict[str, RuleInfo] = {info.name: info for info in (
     RuleInfo(STRICT, "strict (target's own draw)", "Keep x only when the target's own draw equals it, else emit that "
              "draw: exact for any draft, but a sampled draft is kept less often (p(x) instead of min(1, p/q)).",
              True, "exact", trees=True),
+    RuleInfo(INVARIANT, "drafter-invariant (the seed fixes the text)", "Each position's token is the target's own "
+             "Gumbel-max draw under noise fixed by the seed and the position; keep drafts that equal it: exact, and a "
+             "seed gives the same text whatever the draft, k or batch.", True, "exact", trees=True),
     RuleInfo(TYPICAL, "typical acceptance (Medusa, lossy)", "Keep x when p(x) > min(0.09, 0.3 exp(-H(p))) (Medusa's "
              "defaults): faster, and the text no longer follows the target's distribution.", False, "lossy", trees=True),
     RuleInfo(Q_MISMATCH, "q before warping (transformers bug #32867)", "The exact rule with the draft's distribution "
@@ -119,7 +130,10 @@ def speculative_step(
     point: float,               # in [0, 1): where the emitted token's CDF is inverted
     rule: str = EXACT,
 ) -> tuple[int, int]:
-    """-> (accepted: how many drafts are kept, next token: the correction after them, or the bonus)."""
+    """-> (accepted: how many drafts are kept, next token: the correction after them, or the bonus). The invariant
+    rule's draws are noise rows, not uniforms: `invariant_step`."""
+    if rule == INVARIANT:
+        raise ValueError("rule 'invariant' draws noise per position: use rule.invariant_step")
     k = len(drafted)
     for i in range(k):
         p_x, q_x = float(p[i, drafted[i]]), float(q[i, drafted[i]])
@@ -152,3 +166,48 @@ def inverse_cdf(probs: torch.Tensor, point: float) -> int:
     a token of probability zero is never returned."""
     cdf = torch.cumsum(probs.to(torch.float64), dim=-1)
     return min(int(torch.searchsorted(cdf, point * cdf[-1], right=True)), probs.shape[-1] - 1)
+
+
+NOISE_KEY = 0x9E3779B97F4A7C15          # splitmix64's increment: seed and position mix into one generator seed
+
+
+def noise_key(seed: int, position: int) -> int:
+    """A 63-bit generator seed from (seed, position), by splitmix64's finalizer: nearby seeds and positions give
+    unrelated streams."""
+    mask = (1 << 64) - 1
+    z = ((seed & mask) * NOISE_KEY + position * 0xBF58476D1CE4E5B9 + NOISE_KEY) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def position_noise(seed: int, positions, vocab: int, device="cpu") -> torch.Tensor:
+    """Exponential(1) noise E [len(positions), vocab] float64 for the invariant rule: row j is a function of (seed,
+    positions[j]) alone, drawn on the CPU (so a GPU and a CPU run, a batch and a lone run, see the same numbers)."""
+    rows = []
+    for position in positions:
+        generator = torch.Generator("cpu").manual_seed(noise_key(seed, int(position)))
+        rows.append(torch.empty(vocab, dtype=torch.float64).exponential_(generator=generator))
+    return torch.stack(rows).to(device) if rows else torch.empty(0, vocab, dtype=torch.float64, device=device)
+
+
+def race(p_row: torch.Tensor, noise_row: torch.Tensor) -> int:
+    """The exponential race argmax_x p(x) / E_x, [vocab], [vocab] -> a token drawn with probability p(x) (the
+    Gumbel-max trick: log p(x) - log E_x is log p(x) plus Gumbel noise); a token of probability zero never wins."""
+    return int(torch.argmax(p_row.to(torch.float64) / noise_row))
+
+
+def invariant_step(
+    p: torch.Tensor,            # [k + 1, vocab] the target's warped distributions at the k + 1 positions
+    drafted: list[int],         # [k] x_1..x_k
+    noise: torch.Tensor,        # [k + 1, vocab] position_noise of the k + 1 positions
+) -> tuple[int, int]:
+    """The drafter-invariant rule: -> (accepted, next token). The target's token at position i is race(p_i, E_i);
+    x_i is kept while equal to it, and the first that differs is emitted (after k keeps, the bonus race(p_k, E_k))."""
+    k = len(drafted)
+    assert p.shape[0] == k + 1 and noise.shape == p.shape, (tuple(p.shape), tuple(noise.shape), k)
+    for i in range(k):
+        own = race(p[i], noise[i])
+        if own != drafted[i]:
+            return i, own
+    return k, race(p[k], noise[k])

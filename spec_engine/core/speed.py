@@ -11,6 +11,8 @@ speed layer: `spec_engine/__init__.py` installs the CPU one (`spec_engine/accel`
     products()         a context every model forward runs inside                none
     forward(...)       logits (+ features) of a forward over new tokens, or      model(...) through transformers
                        over a token tree (its positions and visibility given)
+    packed_products(m) the products of a packed forward over many sequences   the modules' own (core/packed.py
+                       (core/packed.py), e.g. fused q|k|v                       Products)
     run_layers(...)    a bare decoder stack over embeddings (the EAGLE head),    the stack's own forward
                        also a tree's (positions and visibility given)
     new_layer(layer)   a KV cache layer to use instead of transformers' one      the layer itself
@@ -57,6 +59,10 @@ class SpeedLayer:
         return None
 
     def run_layers(self, stack, embeds, cache, positions=None, visible=None):
+        return None
+
+    def packed_products(self, model):
+        """A core.packed.Products computing `model`'s layer products faster, or None (the modules' own)."""
         return None
 
     def new_layer(self, layer):

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec_engine.core.rule import EXACT, RULE_INFO, STRICT, TYPICAL, inverse_cdf, residual, typical_threshold
+from spec_engine.core.rule import EXACT, RULE_INFO, STRICT, TYPICAL, inverse_cdf, race, residual, typical_threshold
 
 DRAWS = ("with_replacement", "without_replacement", "deterministic")
 # The deliberately wrong tree rule, kept for the classroom: judge every sibling against p itself (no residual update
@@ -220,3 +220,20 @@ def tree_greedy_step(target_logits: torch.Tensor, tree: TokenTree,
     depth = tree.depths()
     deepest = max((i for i in range(n) if matched[i]), key=lambda i: (depth[i], -i), default=-1)
     return (tree.path_to(deepest), best[deepest + 1])
+
+
+def tree_invariant_step(p: torch.Tensor, tree: TokenTree, noise: torch.Tensor) -> tuple[list[int], int, list[int]]:
+    """The drafter-invariant rule on a tree: p [n + 1, vocab] (row 0 after the root, row i + 1 after node i), noise
+    [depth + 1, vocab] (rule.position_noise of the positions after the root, by depth). From the root, the target's
+    own token at each depth is race(p_row, E_depth); walk to the child holding it while there is one, then emit it.
+    -> (the accepted path, the token after it, the nodes whose tokens were compared, in order)."""
+    node, path, tried = -1, [], []
+    while True:
+        own = race(p[node + 1], noise[len(path)])
+        children = tree.children(node)
+        tried += children
+        match = next((child for child in children if tree.tokens[child] == own), None)
+        if match is None:
+            return path, own, tried
+        path.append(match)
+        node = match

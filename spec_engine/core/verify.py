@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 import torch
 
 from spec_engine.core import speed
-from spec_engine.core.rule import CHAIN_RULES, EXACT, Q_MISMATCH, STRICT, TYPICAL, WRONG, typical_threshold
+from spec_engine.core.rule import (CHAIN_RULES, EXACT, INVARIANT, Q_MISMATCH, STRICT, TYPICAL, WRONG, invariant_step,
+                                  typical_threshold)
 from spec_engine.core.rule import residual as residual_distribution       # normalize(max(0, p - q))
 from spec_engine.core.sampling import SamplingParams, argmax_rows, sample_at, top_entries, top_p_members, unit_draw, warp
-from spec_engine.core.tree_rule import TREE_RULES, TokenTree, tree_greedy_step, tree_step
+from spec_engine.core.tree_rule import TREE_RULES, TokenTree, tree_greedy_step, tree_invariant_step, tree_step
 
 RULES = CHAIN_RULES
 WRONG_RULES = WRONG
@@ -258,6 +259,7 @@ def verify(
     generator: torch.Generator,
     unwarped: torch.Tensor | None = None,   # [n, vocab] the draft's distributions before warping (q_mismatch only)
     display: bool = True,
+    noise: torch.Tensor | None = None,      # [n + 1, vocab] rule.position_noise (the invariant rule only)
 ) -> tuple[Verdict, torch.Tensor | None, list | None]:
     """Dispatch on the rule and the sampling mode. Returns the verdict, target_probs [n + 1, vocab] (warped;
     for greedy, the temperature-1 softmax, shown to people but not used by the decision, and None when nothing is
@@ -277,8 +279,24 @@ def verify(
     members = []
     target_probs = warp(target_logits, params, members)
     members = members if len(members) == target_probs.shape[0] else None
+    if rule == INVARIANT:
+        return verify_invariant(drafted, draft_probs, target_probs, noise), target_probs, members
     verdict = verify_sampled(drafted, draft_probs, target_probs, generator, rule, members, unwarped)
     return verdict, target_probs, members
+
+
+def verify_invariant(drafted: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                     noise: torch.Tensor | None) -> Verdict:
+    """The drafter-invariant rule (rule.invariant_step) with what the display shows: accept_probs are p(x_i), each
+    draft's chance of being the target's own draw; drafted [n], target_probs [n + 1, vocab], noise [n + 1, vocab]."""
+    n = drafted.shape[0]
+    if noise is None or noise.shape != target_probs.shape:
+        raise ValueError("rule 'invariant' needs the noise of every scored position (rule.position_noise)")
+    accepted, token = invariant_step(target_probs, drafted.tolist(), noise.to(target_probs.device))
+    target_p = drafted_probs(target_probs, drafted).tolist()
+    draft_q = [1.0] * n if draft_probs is None else drafted_probs(draft_probs, drafted).tolist()
+    decided = min(accepted + 1, n)
+    return Verdict(accepted, token, target_p[:decided], [], top_candidates(target_probs[accepted]), target_p, draft_q)
 
 
 def _greedy_membership(drafted: torch.Tensor, target_logits: torch.Tensor, membership: SamplingParams) -> Verdict:
@@ -309,7 +327,7 @@ class TreeVerdict:
 
 def verify_tree(rule: str, params: SamplingParams, tree: TokenTree, draft_probs: torch.Tensor | None,
                 target_logits: torch.Tensor, generator: torch.Generator,
-                display: bool = True) -> tuple[TreeVerdict, torch.Tensor | None]:
+                display: bool = True, noise: torch.Tensor | None = None) -> tuple[TreeVerdict, torch.Tensor | None]:
     """tree (n nodes), draft_probs [n + 1, vocab] or None (deterministic), target_logits [n + 1, vocab] -> (verdict,
     the rows the display reads [n + 1, vocab]; greedy with `display=False`: None, nothing computed for it). Greedy:
     `tree_greedy_step`. Sampling: the reference itself, `tree_rule.tree_step`, fed one uniform per node and then the
@@ -323,9 +341,16 @@ def verify_tree(rule: str, params: SamplingParams, tree: TokenTree, draft_probs:
         path, token = tree_greedy_step(target_logits, tree, argmax_rows(target_logits))
         rows = torch.softmax(target_logits.float(), dim=-1) if display else None
         return TreeVerdict(path, token, [], [], [], [(token, 1.0)]), rows
+    target_probs = warp(target_logits, params)                                                   # [n + 1, vocab]
+    if rule == INVARIANT:
+        if noise is None:
+            raise ValueError("rule 'invariant' needs the noise of every depth (rule.position_noise)")
+        path, token, tried = tree_invariant_step(target_probs, tree, noise.to(target_probs.device))
+        chances = [float(target_probs[tree.parents[node] + 1, tree.tokens[node]]) for node in tried]
+        return TreeVerdict(path, token, tried, chances, [], top_candidates(target_probs[(path[-1] + 1) if path else 0])), \
+            target_probs
     if draft_probs is None and any(how != "deterministic" for how in tree.drawn):
         raise ValueError("a sampled tree needs draft_probs for its nodes whose children were drawn")
-    target_probs = warp(target_logits, params)                                                   # [n + 1, vocab]
     uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=torch.float64).tolist()
     point = float(unit_draw(generator, target_probs.device))
     step = tree_step(target_probs, None if draft_probs is None else draft_probs.to(target_probs.dtype), tree,

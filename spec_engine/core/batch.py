@@ -1,0 +1,355 @@
+"""Many sequences at once: continuous batching with speculation inside the batch.
+
+Batching shares one weight read across users; speculation shares one across future positions of one user. A round
+here does both: every active sequence drafts (its own drafter, k, rule, sampling and seed), then ONE target forward
+scores all their rows packed together (core/packed.py: each row attends only to its own sequence's cache), then each
+sequence verifies, commits and trims on its own, with the KV invariant checked for every sequence every round. The
+per-sequence steps are `SpeculativeDecoder.plan` and `.settle`, the same code a lone run takes, so a sequence in a
+batch is verified exactly as it is alone. Requests join between rounds (their prompts are prefilled inside the next
+round's forward, in chunks) and leave when they finish or are cancelled: nobody waits for the batch to drain.
+
+How many drafts a batch should verify depends on the batch. Verify work grows as (rows of all sequences), and a
+CPU's forward grows with rows much sooner than a GPU's: at batch 1 four extra rows are almost free, at batch 32 they
+cost what they yield. `draft_caps` sizes each sequence's drafts from measured numbers (`BatchCosts`: the packed
+forward's seconds by sequences and rows, timed on this machine; each sequence's acceptance so far), adding drafts
+while they raise the batch's expected tokens per second. Where no draft pays, every cap is 0: plain batched
+decoding (vLLM's dynamic speculative decoding and TensorRT-LLM's `draft_len_schedule` do this from a fixed table).
+
+Seeds: under the exact rule a sampled sequence's draws depend on how many drafts each round had, which here depends
+on the batch. Rule "invariant" (core/rule.py) makes the text a function of the seed alone: the same alone, in any
+batch, under any load and after a restart, and equal to `autoregressive_generate(invariant=True)`.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from spec_engine.core import timing
+from spec_engine.core.cache import PREFILL_CHUNK, cache_len, check_invariant, new_cache
+from spec_engine.core.decoder import DecodeState, SpeculativeDecoder, eos_set, validate_request
+from spec_engine.core.drafting import Drafter
+from spec_engine.core.events import GenerationResult, RoundEvent, run_stats
+from spec_engine.core.packed import Segment, forward_packed
+from spec_engine.core.sampling import SamplingParams, make_generator
+
+DRAFT_LENGTHS = ("adaptive", "fixed", "off")
+PREFILL_ROWS_PER_ROUND = PREFILL_CHUNK      # prompt rows a round feeds at most, so joiners never stall a batch long
+ACCEPT_PRIOR = (1.5, 0.5)                   # a sequence's acceptance before its first rounds: Beta(1.5, 0.5), mean 0.75
+ACCEPT_MEMORY = 0.9                         # per round: older rounds' weight in a sequence's acceptance estimate
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sequence to decode in a batch: everything a lone `SpeculativeDecoder.stream` call takes, plus an id."""
+    id: object
+    input_ids: torch.Tensor                 # [1, T]
+    drafter: Drafter                        # its own instance: drafters hold one run's state
+    k: int = 4
+    max_new_tokens: int = 64
+    sampling: SamplingParams | None = None
+    seed: int = 0
+    eos_token_id: object = None
+    rule: str = "exact"
+    display: bool = False
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """A sequence's round inside a batch: its RoundEvent, and the batch it ran in."""
+    request_id: object
+    event: RoundEvent
+    batch_size: int                         # sequences whose rows the round's forward scored (joiners' prefills too)
+    rows: int                               # rows of that forward, all sequences together
+    draft_cap: int                          # drafts the batch allowed this sequence this round (at most its k)
+
+
+@dataclass
+class Member:
+    """A request in the batch: its decoder (the lone-run code), its state, and what the sizing has learnt of it."""
+    request: Request
+    decoder: SpeculativeDecoder
+    state: DecodeState
+    fed: int = 0                            # prompt tokens prefilled so far (all but the last are fed)
+    features: list = field(default_factory=list)
+    kept: float = ACCEPT_PRIOR[0]           # decayed counts of drafts kept and refused
+    refused: float = ACCEPT_PRIOR[1]
+    draft_seconds: float = 0.0              # per drafted token, the latest rounds'
+    rounds: list = field(default_factory=list)
+    started: float = 0.0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.fed < self.state.prompt_len - 1
+
+    @property
+    def acceptance(self) -> float:
+        return self.kept / (self.kept + self.refused)
+
+    def learn(self, event: RoundEvent) -> None:
+        """Update the acceptance estimate from a round: each kept draft a success, a correction one failure."""
+        if not event.drafted:
+            return
+        self.kept = ACCEPT_MEMORY * self.kept + event.accepted
+        self.refused = ACCEPT_MEMORY * self.refused + (1.0 if event.correction is not None else 0.0)
+        self.draft_seconds = event.draft_seconds / len(event.drafted)
+
+
+class BatchCosts:
+    """What a packed forward costs here: seconds[S][r] for S sequences of r rows each, measured (`measure`), and
+    `predict(S, R)` for S sequences of R rows in all, interpolated between the measured points (linear in the
+    sequence count and in the mean rows per sequence)."""
+
+    def __init__(self, sequences: Sequence[int], rows: Sequence[int], seconds: Sequence[Sequence[float]]):
+        assert len(seconds) == len(sequences) and all(len(row) == len(rows) for row in seconds)
+        self.sequences, self.rows = list(sequences), list(rows)
+        self.seconds = [list(map(float, row)) for row in seconds]
+
+    @classmethod
+    def measure(cls, model, sequences: Sequence[int] = (1, 2, 4, 8, 16, 32), rows: Sequence[int] = (1, 2, 4, 8, 16),
+                context: int = 64, repeats: int = 3) -> "BatchCosts":
+        """Time packed forwards of S sequences x r rows after `context` cached tokens each (median of `repeats`,
+        after one warm-up), row counts interleaved so a passing slowdown touches all of them alike."""
+        vocab = model.get_output_embeddings().weight.shape[0]
+        generator = torch.Generator().manual_seed(0)
+        caches = []
+        for _ in range(max(sequences)):
+            cache = new_cache(model)
+            forward_packed(model, [Segment(torch.randint(0, vocab, (context,), generator=generator).tolist(), cache, 1)])
+            caches.append(cache)
+        ids = torch.randint(0, vocab, (max(rows),), generator=generator).tolist()
+        times = {(s, r): [] for s in sequences for r in rows}
+        for attempt in range(repeats + 1):
+            for s in sequences:
+                for r in rows:
+                    segments = [Segment(ids[:r], cache, r) for cache in caches[:s]]
+                    start = timing.clock(model.device)
+                    forward_packed(model, segments)
+                    seconds = timing.clock(model.device) - start
+                    for cache in caches[:s]:
+                        cache.crop(context - cache_len(cache))
+                    if attempt:
+                        times[(s, r)].append(seconds)
+        return cls(sequences, rows, [[statistics.median(times[(s, r)]) for r in rows] for s in sequences])
+
+    def predict(self, sequences: int, total_rows: int) -> float:
+        """Seconds of a packed forward over `sequences` sequences with `total_rows` rows in all."""
+        assert sequences >= 1 and total_rows >= sequences, (sequences, total_rows)
+        si, sw = bracket(self.sequences, sequences)
+        per = total_rows / sequences
+        ri, rw = bracket(self.rows, per)
+
+        def at(s_index: int) -> float:
+            row = self.seconds[s_index]
+            return row[ri] + rw * (row[ri + 1] - row[ri])
+        return at(si) + sw * (at(si + 1) - at(si))
+
+
+def bracket(points: list[int], x: float) -> tuple[int, float]:
+    """(i, w): x lies w of the way from points[i] to points[i + 1] (w beyond [0, 1] extrapolates past the ends)."""
+    if len(points) == 1:
+        return 0, 0.0
+    i = max(0, min(len(points) - 2, next((j - 1 for j, p in enumerate(points) if p >= x), len(points) - 2)))
+    return i, (x - points[i]) / (points[i + 1] - points[i])
+
+
+def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limits: Sequence[int],
+               forward_seconds: Callable[[int], float]) -> list[int]:
+    """How many drafts each of the batch's sequences may propose this round, for the most expected tokens per
+    second of the whole batch. Sequence i with acceptance a_i yields sum_{j <= m} a_i^j tokens from m drafts (the
+    geometric model E = (1 - a^(m+1)) / (1 - a)), each draft costs it draft_seconds[i] and one verify row;
+    forward_seconds(R) is the packed forward over R rows of these sequences. Drafts are added greedily, the best
+    marginal tokens per marginal second first, while they raise the batch's rate; the all-plain (every cap 0) and
+    all-full (every cap its limit) plans are scored too, and the best of the three wins."""
+    n = len(acceptance)
+    base_rows = n
+
+    def rate(caps: list[int]) -> float:
+        tokens = sum((1 - a ** (m + 1)) / (1 - a) if a < 1 else m + 1.0 for a, m in zip(acceptance, caps))
+        seconds = forward_seconds(base_rows + sum(caps)) + sum(d * m for d, m in zip(draft_seconds, caps))
+        return tokens / seconds
+
+    caps = [0] * n
+    tokens, rows, spent = float(n), base_rows, 0.0
+    current = tokens / forward_seconds(rows)
+    row_seconds = forward_seconds(n) / n                     # what one more row costs, roughly, at this batch
+
+    def value(i: int, j: int) -> tuple[float, float, int]:   # (-gain per second, -gain, i) of sequence i's j-th draft
+        gain = acceptance[i] ** j
+        return -gain / (row_seconds + draft_seconds[i]), -gain, i
+
+    heap = [value(i, 1) for i in range(n) if limits[i] > 0]
+    heapq.heapify(heap)
+    while heap:
+        _, gain, i = heapq.heappop(heap)
+        proposed = (tokens - gain) / (forward_seconds(rows + 1) + spent + draft_seconds[i])
+        if proposed <= current or not math.isfinite(proposed):
+            break
+        caps[i] += 1
+        tokens, rows, spent, current = tokens - gain, rows + 1, spent + draft_seconds[i], proposed
+        if caps[i] < limits[i]:
+            heapq.heappush(heap, value(i, caps[i] + 1))
+    plans = [caps, [0] * n, list(limits)]
+    return max(plans, key=rate)
+
+
+class BatchDecoder:
+    """Decode many requests together on one target model (module docstring). `draft_length`: "adaptive" (the batch
+    sizes each sequence's drafts by `draft_caps` under `costs`, measured on first use when not given), "fixed" (each
+    sequence drafts as it would alone, up to its k) or "off" (plain batched decoding: no drafts).
+
+        batch = BatchDecoder(target)
+        for item in batch.stream([Request("a", ids_a, make_drafter("eagle", target)), ...]):
+            item.request_id, item.event        # add() more between rounds: they join the next one
+    """
+
+    def __init__(self, target_model, draft_length: str = "adaptive", costs: BatchCosts | None = None,
+                 max_batch: int = 64):
+        if draft_length not in DRAFT_LENGTHS:
+            raise ValueError(f"draft_length must be one of {DRAFT_LENGTHS}, got {draft_length!r}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        self.target = target_model
+        self.draft_length = draft_length
+        self.costs = costs
+        self.max_batch = max_batch
+        self.members: dict[object, Member] = {}
+        self.finished: dict[object, GenerationResult] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self.members)
+
+    def add(self, request: Request) -> None:
+        """Admit a request: validated now (ValueError names the request), prefilled inside the next rounds."""
+        if request.id in self.members:
+            raise ValueError(f"request id {request.id!r} is already decoding")
+        if len(self.members) >= self.max_batch:
+            raise ValueError(f"the batch is full ({self.max_batch} sequences): request {request.id!r} must wait")
+        try:
+            decoder = SpeculativeDecoder(self.target, request.drafter, request.rule)
+            sampling = request.sampling or SamplingParams()
+            committed = validate_request(self.target, request.input_ids, request.k, request.max_new_tokens, sampling)
+        except ValueError as error:
+            raise ValueError(f"request {request.id!r}: {error}") from None
+        device = self.target.device
+        state = DecodeState(committed, len(committed), new_cache(self.target), make_generator(device, request.seed),
+                            eos_set(request.eos_token_id), request.k, request.max_new_tokens, sampling,
+                            prefill_seconds=0.0, display=request.display, seed=request.seed)
+        member = Member(request, decoder, state, started=timing.clock(device))
+        if not member.prefilling:                       # a one-token prompt: nothing to feed before its first round
+            request.drafter.begin(committed, None)
+        self.members[request.id] = member
+
+    def cancel(self, request_id) -> None:
+        """Stop a request between rounds; its result says "cancelled"."""
+        member = self.members.pop(request_id, None)
+        if member is not None:
+            member.state.stop_reason = "cancelled"
+            self.finished[request_id] = self.result(member)
+
+    def step(self) -> list[BatchEvent]:
+        """One round for every active sequence: prompt chunks of those still prefilling and the drafted rows of the
+        rest, in one packed forward; then each decoding sequence verifies, commits and trims."""
+        if not self.members:
+            return []
+        device = self.target.device
+        round_start = timing.clock(device)
+        decoding = [m for m in self.members.values() if not m.prefilling]
+        caps = self.caps(decoding)
+        planned = [m.decoder.plan(m.state, cap) for m, cap in zip(decoding, caps)]
+        prefills, budget = [], PREFILL_ROWS_PER_ROUND
+        for member in self.members.values():
+            if member.prefilling and budget > 0:
+                take = min(budget, member.state.prompt_len - 1 - member.fed)
+                prefills.append((member, member.state.committed[member.fed:member.fed + take]))
+                budget -= take
+        segments = [p.segment for p in planned] + [Segment(ids, m.state.target_cache, 1) for m, ids in prefills]
+        feature_layers = self.feature_layers()
+        forward_start = timing.clock(device)
+        scored = forward_packed(self.target, segments, feature_layers) if segments else []
+        forward_seconds = timing.clock(device) - forward_start
+        rows = sum(len(segment.tokens) for segment in segments)
+        for (member, ids), out in zip(prefills, scored[len(planned):]):
+            self.prefilled(member, ids, out, forward_seconds, round_start)
+        events = []
+        for member, cap, plan, out in zip(decoding, caps, planned, scored):
+            own = self.own_output(member, out, feature_layers)
+            event = member.decoder.settle(member.state, plan, own, report=False)
+            check_invariant(member.state.target_cache, len(member.state.committed) - 1, f"request {member.request.id!r}")
+            member.learn(event)
+            member.rounds.append(event)
+            events.append(BatchEvent(member.request.id, event, len(segments), rows, cap))
+            if member.state.stop_reason is not None:
+                del self.members[member.request.id]
+                self.finished[member.request.id] = self.result(member)
+        return events
+
+    def caps(self, decoding: list[Member]) -> list[int]:
+        """Each decoding sequence's draft cap this round (its k at most)."""
+        limits = [min(m.state.k, m.state.max_new_tokens - m.state.generated - 1) for m in decoding]
+        if self.draft_length == "off":
+            return [0] * len(decoding)
+        if self.draft_length == "fixed" or not decoding:
+            return limits
+        if self.costs is None:
+            self.costs = BatchCosts.measure(self.target)
+        count = len(decoding)
+        return draft_caps([m.acceptance for m in decoding], [m.draft_seconds for m in decoding], limits,
+                          lambda rows: self.costs.predict(count, rows))
+
+    def feature_layers(self) -> tuple[int, ...]:
+        """Every hidden-state layer any member's drafter reads (each gets its own back, `own_output`)."""
+        wanted = []
+        for member in self.members.values():
+            wanted += [i for i in member.request.drafter.feature_layers if i not in wanted]
+        return tuple(wanted)
+
+    @staticmethod
+    def own_output(member: Member, out, feature_layers: tuple[int, ...]):
+        """A segment's packed output as its own drafter's forward would give it: logits, and (logits, features of
+        its drafter's layers) when it reads any."""
+        logits, features = out if feature_layers else (out, None)
+        own = member.request.drafter.feature_layers
+        if not own:
+            return logits
+        width = features.shape[-1] // len(feature_layers)
+        parts = [features[:, feature_layers.index(i) * width:(feature_layers.index(i) + 1) * width] for i in own]
+        return logits, torch.cat(parts, dim=-1)
+
+    def prefilled(self, member: Member, ids: list[int], out, forward_seconds: float, round_start: float) -> None:
+        """A prompt chunk went through; once the whole prompt has, the drafter begins."""
+        member.fed += len(ids)
+        features = self.own_output(member, out, self.feature_layers())
+        if member.request.drafter.feature_layers:
+            member.features.append(features[1])
+        member.state.prefill_seconds += forward_seconds
+        if not member.prefilling:
+            check_invariant(member.state.target_cache, len(member.state.committed) - 1, f"request {member.request.id!r}")
+            member.decoder.drafter.begin(member.state.committed, torch.cat(member.features) if member.features else None)
+            member.features = []
+
+    def result(self, member: Member) -> GenerationResult:
+        total = timing.clock(self.target.device) - member.started
+        rounds = member.rounds
+        return GenerationResult(tokens=[t for r in rounds for t in r.emitted], rounds=rounds,
+                                prompt_len=member.state.prompt_len, prefill_seconds=member.state.prefill_seconds,
+                                total_seconds=total, stop_reason=member.state.stop_reason or "cancelled",
+                                stats=run_stats(rounds, total))
+
+    def stream(self, requests: Sequence[Request] = ()) -> Iterator[BatchEvent]:
+        """Add `requests`, then yield every round's events until no request is left (add() more meanwhile)."""
+        for request in requests:
+            self.add(request)
+        while self.members:
+            yield from self.step()
+
+    def run(self, requests: Sequence[Request]) -> dict:
+        """Decode `requests` together; {request id: GenerationResult}."""
+        for _ in self.stream(requests):
+            pass
+        return {request.id: self.finished.pop(request.id) for request in requests}

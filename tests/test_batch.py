@@ -1,0 +1,208 @@
+"""The batched engine (core/batch.py, core/packed.py) and the drafter-invariant rule, on tiny models.
+
+What must hold: a sequence in a batch gets the tokens it gets alone (greedy), whatever else shares the batch and
+however the batch sizes its drafts; a row never sees another sequence's cache (a planted leak is caught); sampled
+sequences in a batch follow the target's distribution (chi-square, false-failure odds ALPHA per test); under rule
+"invariant" a seed fixes the text: alone, in any batch, and as plain decoding of that seed.
+"""
+import pytest
+import torch
+
+import spec_engine as se
+from spec_engine.core import packed
+from spec_engine.core.batch import BatchCosts, BatchDecoder, Request, draft_caps
+from spec_engine.core.rule import invariant_step, position_noise, race
+from test_statistical import ALPHA, exact_joint, chi_square_pvalue
+from tiny import tiny_llama
+
+VOCAB = 40
+GREEDY = se.SamplingParams(0.0)
+PROMPTS = [[1], [1, 2], [3, 4, 5], [1, 2, 3, 1, 2], [7, 8, 9, 7, 8, 9, 7, 8], [4, 4, 4, 4], [2, 5, 2, 5, 2, 5],
+           [9, 1, 9, 1, 9, 1, 9]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(vocab=VOCAB, layers=2, seed=1)
+
+
+@pytest.fixture(scope="module")
+def draft_model():
+    return tiny_llama(vocab=VOCAB, layers=1, seed=2)
+
+
+def mixed_drafter(i: int, draft_model):
+    """Chains and trees, deterministic and sampled drafts, side by side in one batch."""
+    kinds = [lambda: se.PromptLookupDrafter(), lambda: se.ModelDrafter(draft_model), lambda: se.TreeLookupDrafter(),
+             lambda: se.ModelTreeDrafter(draft_model)]
+    return kinds[i % len(kinds)]()
+
+
+def ids(prompt):
+    return torch.tensor([prompt])
+
+
+def alone(target, draft_model, sampling=GREEDY, rule="exact", tokens=20, seed=0):
+    return [se.SpeculativeDecoder(target, mixed_drafter(i, draft_model), rule).generate(
+        ids(p), k=3, max_new_tokens=tokens, sampling=sampling, seed=seed + i).tokens for i, p in enumerate(PROMPTS)]
+
+
+def batched(target, draft_model, mode, sampling=GREEDY, rule="exact", tokens=20, seed=0, order=None, costs=None):
+    order = order or list(range(len(PROMPTS)))
+    batch = BatchDecoder(target, draft_length=mode, costs=costs)
+    results = batch.run([Request(i, ids(PROMPTS[i]), mixed_drafter(i, draft_model), k=3, max_new_tokens=tokens,
+                                 sampling=sampling, seed=seed + i, rule=rule) for i in order])
+    return [results[i].tokens for i in range(len(PROMPTS))]
+
+
+FLAT = BatchCosts([1, 64], [1, 32], [[1.0, 1.0], [1.0, 1.0]])            # rows are free: every draft pays
+LINEAR = BatchCosts([1, 64], [1, 32], [[1.0, 32.0], [64.0, 2048.0]])     # a row costs a step: no draft pays
+
+
+@pytest.mark.parametrize("mode,costs", [("fixed", None), ("off", None), ("adaptive", FLAT), ("adaptive", LINEAR)])
+def test_greedy_in_a_batch_gives_the_tokens_alone_gives(target, draft_model, mode, costs):
+    plain = [se.autoregressive_generate(target, ids(p), max_new_tokens=20, sampling=GREEDY).tokens for p in PROMPTS]
+    assert alone(target, draft_model) == plain
+    assert batched(target, draft_model, mode, costs=costs) == plain
+
+
+def test_requests_join_a_running_batch_and_leave_when_done(target, draft_model):
+    plain = [se.autoregressive_generate(target, ids(p), max_new_tokens=12 + i, sampling=GREEDY).tokens
+             for i, p in enumerate(PROMPTS)]
+    batch, sizes = BatchDecoder(target, draft_length="fixed"), []
+    for i in range(4):
+        batch.add(Request(i, ids(PROMPTS[i]), mixed_drafter(i, draft_model), k=3, max_new_tokens=12 + i,
+                              sampling=GREEDY))
+    pending = list(range(4, len(PROMPTS)))
+    while batch.active:
+        events = batch.step()
+        sizes.append(batch.active)
+        if pending and len(sizes) % 2 == 0:                                     # joins every other round
+            i = pending.pop(0)
+            batch.add(Request(i, ids(PROMPTS[i]), mixed_drafter(i, draft_model), k=3, max_new_tokens=12 + i,
+                              sampling=GREEDY))
+        assert all(e.event.target_cache_len == e.event.committed_len - 1 for e in events)
+    assert not pending and [batch.finished[i].tokens for i in range(len(PROMPTS))] == plain
+
+
+def test_a_row_that_sees_another_sequences_cache_is_caught(target, draft_model, monkeypatch):
+    """The planted bug: every sequence's queries also see the first sequence's cached keys."""
+    honest = packed.attend
+
+    def leaky(attn, products, x, cos, sin, segments, bounds, masks):
+        first = segments[0].cache
+
+        class Leak:
+            def __init__(self, own):
+                self.own = own
+
+            def update(self, key, value, layer):
+                keys, values = self.own.update(key, value, layer)
+                if self.own is first:
+                    return keys, values
+                other = first.layers[layer]
+                return torch.cat([other.keys, keys], dim=2), torch.cat([other.values, values], dim=2)
+        def held(cache):                                                  # this layer's length before its update
+            return cache.layers[attn.layer_idx].get_seq_length() if attn.layer_idx < len(cache.layers) else 0
+        leaked = [packed.Segment(s.tokens, Leak(s.cache), s.keep, s.parents, s.depths) for s in segments]
+        extra = held(first) + len(segments[0].tokens)
+        wide = [m if s.cache is first else torch.cat(
+                    [torch.ones(len(s.tokens), extra, dtype=torch.bool),
+                     torch.ones(len(s.tokens), held(s.cache) + len(s.tokens), dtype=torch.bool).tril(held(s.cache))
+                     if m is None else m], 1)
+                for s, m in zip(segments, masks)]
+        return honest(attn, products, x, cos, sin, leaked, bounds, wide)
+    plain = [se.autoregressive_generate(target, ids(p), max_new_tokens=20, sampling=GREEDY).tokens for p in PROMPTS]
+    monkeypatch.setattr(packed, "attend", leaky)
+    assert batched(target, draft_model, "off") != plain
+
+
+def test_sampled_sequences_in_a_batch_follow_the_target():
+    model = tiny_llama(vocab=5, layers=1, seed=3)
+    draft = tiny_llama(vocab=5, layers=1, seed=4)
+    params = se.SamplingParams(temperature=1.0)
+    prompt = torch.tensor([[1, 2, 3, 1, 2]])
+    joint = exact_joint(model, prompt, params)
+    samples = []
+    for start in range(0, 1500, 50):
+        batch = BatchDecoder(model, draft_length="fixed")
+        requests = [Request(s, prompt, se.ModelDrafter(draft) if s % 2 else se.PromptLookupDrafter(), k=2,
+                            max_new_tokens=3, sampling=params, seed=s) for s in range(start, start + 50)]
+        samples += [tuple(r.tokens) for r in batch.run(requests).values()]
+    assert chi_square_pvalue(samples, joint) > ALPHA
+
+
+def test_the_race_draws_from_p_and_a_wrong_race_is_rejected():
+    from scipy.stats import chisquare
+    p = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    n = 4000
+    counts = torch.zeros(5)
+    wrong = torch.zeros(5)
+    for seed in range(n):
+        noise = position_noise(seed, [7], 5)[0]
+        counts[race(p, noise)] += 1
+        wrong[race(p ** 2, noise)] += 1
+    assert counts[4] == 0
+    assert chisquare(counts[:4].tolist(), (p[:4] * n).tolist()).pvalue > ALPHA
+    assert chisquare(wrong[:4].tolist(), (p[:4] * n).tolist()).pvalue < ALPHA
+
+
+def test_invariant_step_keeps_drafts_equal_to_the_race():
+    p = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.5, 0.5]], dtype=torch.float64)
+    noise = torch.tensor([[1.0, 5.0], [1.0, 1.0], [3.0, 1.0]], dtype=torch.float64)
+    own = [race(p[i], noise[i]) for i in range(3)]                      # [0, 1, 1]
+    assert own == [0, 1, 1]
+    assert invariant_step(p, [0, 1], noise) == (2, 1)
+    assert invariant_step(p, [0, 0], noise) == (1, 1)
+    assert invariant_step(p, [1, 1], noise) == (0, 0)
+
+
+def test_a_seed_fixes_the_text_under_the_invariant_rule(target, draft_model):
+    """8 seeded sampled requests: alone (each drafter, k = 3), in batches of other orders and draft sizings, and
+    plain decoding of that seed all give the same text."""
+    params = se.SamplingParams(temperature=0.9, top_p=0.95)
+    plain = [se.autoregressive_generate(target, ids(p), max_new_tokens=20, sampling=params, seed=100 + i,
+                                        invariant=True).tokens for i, p in enumerate(PROMPTS)]
+    assert alone(target, draft_model, params, "invariant", seed=100) == plain
+    for mode, order, costs in [("fixed", None, None), ("adaptive", [7, 3, 5, 1, 0, 2, 6, 4], FLAT),
+                               ("adaptive", None, LINEAR)]:
+        assert batched(target, draft_model, mode, params, "invariant", seed=100, order=order, costs=costs) == plain
+    assert len({tuple(t) for t in plain}) > 1
+
+
+def test_under_the_exact_rule_the_batch_can_change_a_sampled_text(target, draft_model):
+    """Why the invariant rule exists: the exact rule's draws follow the draft lengths, which a batch sizes."""
+    params = se.SamplingParams(temperature=1.0)
+    fixed = batched(target, draft_model, "fixed", params, seed=100)
+    assert batched(target, draft_model, "off", params, seed=100) != fixed
+
+
+def test_draft_caps_follow_the_cost_of_rows():
+    limits = [4, 4, 4]
+    flat = draft_caps([0.8, 0.8, 0.8], [0.0] * 3, limits, lambda rows: 1.0)
+    assert flat == limits
+    linear = draft_caps([0.8, 0.8, 0.8], [0.0] * 3, limits, lambda rows: float(rows))
+    assert linear == [0, 0, 0]
+    # a step that costs 1 plus 0.1 per row beyond the batch: the likelier sequence gets more drafts
+    mixed = draft_caps([0.9, 0.2, 0.6], [0.0] * 3, limits, lambda rows: 1.0 + 0.1 * (rows - 3))
+    assert mixed[0] >= mixed[2] >= mixed[1] and mixed[0] > 0 and mixed[1] == 0
+
+
+def test_batch_costs_interpolate_between_measured_points():
+    costs = BatchCosts([1, 4], [1, 3], [[1.0, 2.0], [2.0, 6.0]])
+    assert costs.predict(1, 1) == 1.0 and costs.predict(4, 12) == 6.0
+    assert costs.predict(1, 2) == pytest.approx(1.5)
+    assert costs.predict(4, 4) == pytest.approx(2.0)
+
+
+def test_a_bad_request_names_itself(target):
+    batch = BatchDecoder(target)
+    with pytest.raises(ValueError, match="request 'x': k"):
+        batch.add(Request("x", ids([1, 2]), se.PromptLookupDrafter(), k=0))
+    batch.add(Request("y", ids([1, 2]), se.PromptLookupDrafter()))
+    with pytest.raises(ValueError, match="already decoding"):
+        batch.add(Request("y", ids([1, 2]), se.PromptLookupDrafter()))
+    with pytest.raises(ValueError, match="draft_length"):
+        BatchDecoder(target, draft_length="sometimes")
+    batch.cancel("y")
+    assert batch.finished["y"].stop_reason == "cancelled" and not batch.active
