@@ -206,3 +206,39 @@ def test_a_bad_request_names_itself(target):
         BatchDecoder(target, draft_length="sometimes")
     batch.cancel("y")
     assert batch.finished["y"].stop_reason == "cancelled" and not batch.active
+
+
+def test_on_the_speed_layer_a_packed_row_gets_its_lone_numbers_bit_for_bit():
+    """The compiled layers (accel/native_layers.py run_packed) compute each row as a lone forward does, whatever the
+    other sequences' rows: chains of 1-4 rows and a tree, after caches of different lengths. Where that path does not
+    run (SPEC_ENGINE_ACCEL=0, no compiler), the generic packed loop's products are padded differently and only
+    close: then this asserts closeness (the greedy identity tests above hold the tokens)."""
+    import copy
+    from spec_engine.accel import lean_llama, native_layers
+    from spec_engine.core.cache import forward_logits, forward_tree_logits, new_cache, prefill
+    model = tiny_llama(vocab=VOCAB, layers=2, seed=5, hidden=64)    # head_dim 16: the compiled layers take it
+    caches = []
+    for length in (3, 9, 17, 30, 5):
+        cache = new_cache(model)
+        prefill(model, list(range(1, length + 1)), cache)
+        caches.append(cache)
+    segments = [packed.Segment([4], caches[0], 1), packed.Segment([4, 5], caches[1], 2),
+                packed.Segment([6, 7, 8, 9], caches[2], 4), packed.Segment([1], caches[3], 1),
+                packed.Segment([2, 3, 4, 5], caches[4], 4, parents=[-1, -1, 0], depths=[1, 1, 2])]
+    lone = []
+    for segment in segments:
+        cache = copy.deepcopy(segment.cache)
+        if segment.parents is None:
+            lone.append(forward_logits(model, segment.tokens, cache, segment.keep))
+        else:
+            lone.append(forward_tree_logits(model, segment.tokens[0], segment.tokens[1:], segment.parents,
+                                            segment.depths, cache))
+    together = packed.forward_packed(model, segments)
+    bitwise = se.speed_layer() != "off" and native_layers.library() is not None
+    assert not bitwise or native_layers.Stack.qualifies(model.model, lean_llama.lean_layers(model), native_layers.library())
+    for alone, batched_row in zip(lone, together):
+        if bitwise:
+            assert torch.equal(alone, batched_row)
+        else:
+            torch.testing.assert_close(alone, batched_row, rtol=1e-5, atol=1e-5)
+    assert [packed.cache_len(s.cache) for s in segments] == [4, 11, 21, 31, 9]

@@ -56,6 +56,14 @@ class CpuSpeedLayer(speed.SpeedLayer):
             return None
         return lean_llama.run_layers(stack, embeds, cache, positions=positions, visible=visible)[0]
 
+    def run_packed(self, model, embeds, caches, starts, sizes, visibles, positions, wanted):
+        if not lean_llama.enabled(model):
+            return None
+        return lean_llama.run_packed(model, embeds, caches, starts, sizes, visibles, positions, wanted)
+
+    def packed_products(self, model):
+        return lean_llama.packed_products(model)
+
     def new_layer(self, layer):
         return growing_cache.growing(layer)
 

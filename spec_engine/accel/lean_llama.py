@@ -38,6 +38,7 @@ from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecod
 
 from spec_engine.accel import native_layers
 from spec_engine.accel.cpu_gemm import ENGINE_LINEARS, PackedLinear, product
+from spec_engine.core.packed import Products
 
 LEAN_ATTRIBUTE = ENGINE_LINEARS     # cpu_gemm.prepack packs the fused projections stored under it
 SDPA_IMPLEMENTATIONS = ("sdpa", "spec_engine_sdpa")   # the lean path computes attention as SDPA does
@@ -286,3 +287,61 @@ def forward_logits(model, input_ids: torch.Tensor, cache, logits_to_keep: int, f
     count = len(inner.layers) + 1
     features = torch.cat([states[i % count][0] for i in feature_layers], dim=-1) if feature_layers else None
     return logits[0], features
+
+
+def run_packed(model, embeds: torch.Tensor, caches: list, starts: list[int], sizes: list[int], visibles: list,
+               positions: torch.Tensor, wanted: set[int]) -> tuple[torch.Tensor, dict] | None:
+    """core/packed.py's stack over many sequences' rows (speed.SpeedLayer.run_packed) in one compiled call
+    (native_layers.run_packed), with the final norm; None where that call declines (the packed loop runs, with
+    LeanProducts)."""
+    inner = model.model
+    cos, sin = rotary(inner.rotary_emb, embeds.dtype, positions)                      # [1, N, D] each
+    compiled = native_layers.run_packed(inner, lean_layers(model), embeds, caches, starts, sizes, visibles, cos, sin,
+                                        wanted)
+    if compiled is None:
+        return None
+    hidden, states = compiled
+    hidden = rms_norm(inner.norm, hidden)
+    last = len(inner.layers)
+    if last in wanted:
+        states[last] = hidden
+    return hidden, states
+
+
+class LeanProducts(Products):
+    """The products of core/packed.py's many-sequence forward on the lean path: q|k|v and gate|up fused, every
+    product by the kernel cpu_gemm picks for the batch's row count (the blocked kernel's many-row tiles), RMSNorm in
+    torch's fused kernel. Row-independent kernels: a row's numbers do not depend on the other rows of the batch."""
+
+    def __init__(self, lean: LeanLayers):
+        self.lean = lean
+
+    def qkv(self, attn, x):
+        fused = self.lean.fused[self._layers[attn.layer_idx]]
+        qkv = project(fused.qkv_proj, x)                                               # [1, N, (Hq + 2 Hkv) D]
+        kv = fused.kv_heads * attn.head_dim
+        return qkv.split([qkv.shape[-1] - 2 * kv, kv, kv], dim=-1)
+
+    def out(self, attn, x):
+        return project(attn.o_proj, x)
+
+    def mlp(self, block, x):
+        return mlp(block, self._mlps[block], x)
+
+    def norm(self, module, x):
+        return rms_norm(module, x)
+
+    def head(self, model, x):
+        return project(model.lm_head, x)
+
+    def bind(self, inner: LlamaModel) -> "LeanProducts":
+        self._layers = list(inner.layers)
+        self._mlps = {layer.mlp: self.lean.fused[layer] for layer in inner.layers}
+        return self
+
+
+def packed_products(model) -> LeanProducts | None:
+    """LeanProducts for a model switched on by `use_lean_forward` (and still fresh), else None."""
+    if not enabled(model):
+        return None
+    return LeanProducts(lean_layers(model)).bind(model.model)

@@ -82,6 +82,10 @@ def build(isa: str, source, gemm_source, name: str = "lean_layers"):
     built.lean_layers.argtypes = [pointer, *[integer] * 8, number, number, pointer, pointer, pointer, pointer,
                                   pointer, integer]
     built.lean_layers.restype = None
+    built.lean_layers_packed.argtypes = [pointer, integer, integer, pointer, pointer, pointer, pointer, pointer,
+                                         pointer, *[integer] * 5, number, number, pointer, pointer, pointer, pointer,
+                                         integer]
+    built.lean_layers_packed.restype = None
     built.lean_layers_bf16.restype = ctypes.c_int
     built.move_positions.argtypes = [pointer, pointer, pointer, *[integer] * 3, pointer, pointer, integer]
     built.move_positions.restype = None
@@ -173,40 +177,68 @@ def run(inner, lean, embeds: torch.Tensor, cache, start: int, cos: torch.Tensor,
     """lean_llama.run_layers' work before the final norm, in one call: embeds [1, n, H] placed after the `start`
     cached positions -> (the last layer's output [1, n, H], {index: state [1, n, H]} for the wanted indices below
     the layer count); None where this path does not apply (the caller runs the torch operations)."""
+    if embeds.shape[1] > cpu_gemm.MAX_ROWS:
+        return None                         # prefill blocks: the torch operations (MKL / oneDNN products)
+    return run_packed(inner, lean, embeds, [cache], [start], [embeds.shape[1]], [visible], cos, sin, wanted)
+
+
+def run_packed(inner, lean, embeds: torch.Tensor, caches: list, starts: list[int], sizes: list[int], visibles: list,
+               cos: torch.Tensor, sin: torch.Tensor, wanted: set[int]) -> tuple[torch.Tensor, dict] | None:
+    """The same over several sequences' rows packed side by side (core/packed.py): embeds [1, N, H] holds one run
+    of rows per cache, in order, run s (sizes[s] rows) placed after the starts[s] positions that caches[s] holds and
+    seeing them as visibles[s] says ([rows, starts[s] + rows] bool, or None: causal); each run's keys and values go to its own
+    cache. -> (the last layer's output [1, N, H], states) or None where this path does not apply."""
     n = embeds.shape[1]
     built = library()
-    if built is None or embeds.device.type != "cpu" or not cpu_gemm.enabled() or cache is None:
+    if built is None or embeds.device.type != "cpu" or not cpu_gemm.enabled() or any(c is None for c in caches):
         return None
     stack = stack_for(inner, lean, built)
     if stack is None or embeds.dtype != stack.dtype:
         return None
-    if n > cpu_gemm.MAX_ROWS or stack.dtype == torch.float32 and not all(
-            cpu_gemm.kernel_for(linear, n) == "blocked" for linear in stack.first_linears):
-        return None                         # prefill blocks: the torch operations (MKL / oneDNN products)
-    layers = [cache.layers[index] if index < len(cache.layers) else None for index in stack.cache_indices]
-    if not all(type(layer) is GrowingLayer for layer in layers):
+    if stack.dtype == torch.float32 and not all(cpu_gemm.kernel_for(linear, n) == "blocked"
+                                                for linear in stack.first_linears):
+        return None                         # the plan picked another kernel at this row count: the torch operations
+    # A batch's rows may number more than MAX_ROWS (many sequences' decode and verify rows: prompts are fed alone,
+    # core/batch.py); the blocked kernel's many-row tiles serve them.
+    per_cache = [[cache.layers[index] if index < len(cache.layers) else None for index in stack.cache_indices]
+                 for cache in caches]
+    if not all(type(layer) is GrowingLayer for layers in per_cache for layer in layers):
+        return None
+    bounds = [0]
+    for rows in sizes:
+        bounds.append(bounds[-1] + rows)
+    if bounds[-1] != n:
         return None
     # The compiled layers keep fp32 keys and values, a bf16 stack's too (its rows are fp32 between the products);
     # reserve converts a layer that a torch forward filled in bf16, once.
     like = torch.empty((1, stack.kv_heads, 0, stack.head_dim), dtype=torch.float32)
     slots = sorted(index for index in wanted if index < len(stack.layers))
     array = type(stack.array).from_buffer_copy(stack.array)       # this call's own: other threads share the stack
-    for i, (slot, layer) in enumerate(zip(array, layers)):
-        if layer.reserve(like, n) != start:
-            return None                     # layers out of step: let the torch path's checks speak
-        slot.keys, slot.values = layer.key_buffer.data_ptr(), layer.value_buffer.data_ptr()
-        slot.capacity = layer.key_buffer.shape[-2]
+    for i, slot in enumerate(array):
         slot.capture = slots.index(i) if i in wanted else -1
-    hidden = embeds.to(torch.float32, copy=True).contiguous()                        # [1, n, H], written in place
+    count, layer_count = len(caches), len(stack.layers)
+    keys, values = (ctypes.c_void_p * (count * layer_count))(), (ctypes.c_void_p * (count * layer_count))()
+    capacities = (ctypes.c_int * (count * layer_count))()
+    for s, layers in enumerate(per_cache):
+        for i, layer in enumerate(layers):
+            if layer.reserve(like, bounds[s + 1] - bounds[s]) != starts[s]:
+                return None                 # layers out of step: let the torch path's checks speak
+            at = s * layer_count + i
+            keys[at], values[at] = layer.key_buffer.data_ptr(), layer.value_buffer.data_ptr()
+            capacities[at] = layer.key_buffer.shape[-2]
+    hidden = embeds.to(torch.float32, copy=True).contiguous()                        # [1, N, H], written in place
     captured = torch.empty((len(slots), n, stack.hidden)) if slots else None
-    mask = visible.contiguous().view(torch.uint8) if visible is not None else None   # [n, start + n]
-    cos, sin = cos.reshape(n, -1).float().contiguous(), sin.reshape(n, -1).float().contiguous()   # [n, D]
-    built.lean_layers(ctypes.addressof(array), len(stack.layers), n, start, stack.hidden, stack.heads,
-                      stack.kv_heads, stack.head_dim, stack.intermediate, stack.eps, stack.scale, cos.data_ptr(),
-                      sin.data_ptr(), mask.data_ptr() if mask is not None else None, hidden.data_ptr(),
-                      captured.data_ptr() if captured is not None else None, torch.get_num_threads())
-    for layer in layers:
-        layer.extend(n)
+    masks = [v.contiguous().view(torch.uint8) if v is not None else None for v in visibles]   # [rows, start + rows]
+    sees = (ctypes.c_void_p * count)(*(m.data_ptr() if m is not None else None for m in masks))
+    cos, sin = cos.reshape(n, -1).float().contiguous(), sin.reshape(n, -1).float().contiguous()   # [N, D]
+    built.lean_layers_packed(ctypes.addressof(array), layer_count, count, (ctypes.c_int * (count + 1))(*bounds),
+                             (ctypes.c_int * count)(*starts), keys, values, capacities, sees, stack.hidden,
+                             stack.heads, stack.kv_heads, stack.head_dim, stack.intermediate, stack.eps, stack.scale,
+                             cos.data_ptr(), sin.data_ptr(), hidden.data_ptr(),
+                             captured.data_ptr() if captured is not None else None, torch.get_num_threads())
+    for s, layers in enumerate(per_cache):
+        for layer in layers:
+            layer.extend(bounds[s + 1] - bounds[s])
     states = {index: captured[j][None].to(embeds.dtype) for j, index in enumerate(slots)}
     return hidden.to(embeds.dtype), states
 

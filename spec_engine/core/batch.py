@@ -5,8 +5,8 @@ here does both: every active sequence drafts (its own drafter, k, rule, sampling
 scores all their rows packed together (core/packed.py: each row attends only to its own sequence's cache), then each
 sequence verifies, commits and trims on its own, with the KV invariant checked for every sequence every round. The
 per-sequence steps are `SpeculativeDecoder.plan` and `.settle`, the same code a lone run takes, so a sequence in a
-batch is verified exactly as it is alone. Requests join between rounds (their prompts are prefilled inside the next
-round's forward, in chunks) and leave when they finish or are cancelled: nobody waits for the batch to drain.
+batch is verified exactly as it is alone. Requests join between rounds (their prompts are prefilled before the next
+round's forward, in a lone run's chunks and by its forward) and leave when they finish or are cancelled: nobody waits for the batch to drain.
 
 How many drafts a batch should verify depends on the batch. Verify work grows as (rows of all sequences), and a
 CPU's forward grows with rows much sooner than a GPU's: at batch 1 four extra rows are almost free, at batch 32 they
@@ -34,11 +34,11 @@ from spec_engine.core.cache import PREFILL_CHUNK, cache_len, check_invariant, ne
 from spec_engine.core.decoder import DecodeState, SpeculativeDecoder, eos_set, validate_request
 from spec_engine.core.drafting import Drafter
 from spec_engine.core.events import GenerationResult, RoundEvent, run_stats
-from spec_engine.core.packed import Segment, forward_packed
+from spec_engine.core.packed import Segment, forward_packed, one_forward
 from spec_engine.core.sampling import SamplingParams, make_generator
 
 DRAFT_LENGTHS = ("adaptive", "fixed", "off")
-PREFILL_ROWS_PER_ROUND = PREFILL_CHUNK      # prompt rows a round feeds at most, so joiners never stall a batch long
+PREFILL_ROWS_PER_ROUND = PREFILL_CHUNK      # prompt rows a round feeds (whole chunks), so joiners never stall a batch long
 ACCEPT_PRIOR = (1.5, 0.5)                   # a sequence's acceptance before its first rounds: Beta(1.5, 0.5), mean 0.75
 ACCEPT_MEMORY = 0.9                         # per round: older rounds' weight in a sequence's acceptance estimate
 
@@ -63,7 +63,7 @@ class BatchEvent:
     """A sequence's round inside a batch: its RoundEvent, and the batch it ran in."""
     request_id: object
     event: RoundEvent
-    batch_size: int                         # sequences whose rows the round's forward scored (joiners' prefills too)
+    batch_size: int                         # sequences whose rows the round's packed forward scored
     rows: int                               # rows of that forward, all sequences together
     draft_cap: int                          # drafts the batch allowed this sequence this round (at most its k)
 
@@ -258,24 +258,25 @@ class BatchDecoder:
         if not self.members:
             return []
         device = self.target.device
-        round_start = timing.clock(device)
         decoding = [m for m in self.members.values() if not m.prefilling]
         caps = self.caps(decoding)
         planned = [m.decoder.plan(m.state, cap) for m, cap in zip(decoding, caps)]
-        prefills, budget = [], PREFILL_ROWS_PER_ROUND
-        for member in self.members.values():
-            if member.prefilling and budget > 0:
-                take = min(budget, member.state.prompt_len - 1 - member.fed)
-                prefills.append((member, member.state.committed[member.fed:member.fed + take]))
-                budget -= take
-        segments = [p.segment for p in planned] + [Segment(ids, m.state.target_cache, 1) for m, ids in prefills]
         feature_layers = self.feature_layers()
-        forward_start = timing.clock(device)
+        budget = PREFILL_ROWS_PER_ROUND
+        for member in [m for m in self.members.values() if m.prefilling]:
+            if budget <= 0:
+                break
+            # The prompt in the chunks a lone run feeds (cache.prefill), through the lone forward: its cache is then
+            # the lone run's bit for bit, on every path, whatever else is in the batch.
+            ids = member.state.committed[member.fed:member.fed + min(PREFILL_CHUNK, member.state.prompt_len - 1
+                                                                      - member.fed)]
+            chunk_start = timing.clock(device)
+            out = one_forward(self.target, Segment(ids, member.state.target_cache, 1), feature_layers)
+            self.prefilled(member, ids, out, timing.clock(device) - chunk_start)
+            budget -= len(ids)
+        segments = [p.segment for p in planned]
         scored = forward_packed(self.target, segments, feature_layers) if segments else []
-        forward_seconds = timing.clock(device) - forward_start
         rows = sum(len(segment.tokens) for segment in segments)
-        for (member, ids), out in zip(prefills, scored[len(planned):]):
-            self.prefilled(member, ids, out, forward_seconds, round_start)
         events = []
         for member, cap, plan, out in zip(decoding, caps, planned, scored):
             own = self.own_output(member, out, feature_layers)
@@ -321,7 +322,7 @@ class BatchDecoder:
         parts = [features[:, feature_layers.index(i) * width:(feature_layers.index(i) + 1) * width] for i in own]
         return logits, torch.cat(parts, dim=-1)
 
-    def prefilled(self, member: Member, ids: list[int], out, forward_seconds: float, round_start: float) -> None:
+    def prefilled(self, member: Member, ids: list[int], out, forward_seconds: float) -> None:
         """A prompt chunk went through; once the whole prompt has, the drafter begins."""
         member.fed += len(ids)
         features = self.own_output(member, out, self.feature_layers())

@@ -70,6 +70,9 @@ class Products:
     def norm(self, module, x):
         return module(x)
 
+    def head(self, model, x):               # [1, R, H] -> [1, R, vocab]
+        return model.lm_head(x)
+
 
 def packed_support(model) -> str | None:
     """Why `model` cannot run a packed forward (then each sequence gets its own forward), or None."""
@@ -102,23 +105,19 @@ def forward_packed(model, segments: list[Segment], feature_layers: tuple[int, ..
     laid = [segment.rows(start, device) for segment, start in zip(segments, starts)]
     positions = torch.tensor([p for rows, _ in laid for p in rows], dtype=torch.long, device=device)   # [N]
     masks = [visible for _, visible in laid]
+    last = len(inner.layers)
+    wanted = {index % (last + 1) for index in feature_layers}
     with speed.active().products():
         hidden = inner.embed_tokens(ids)                                                   # [1, N, H]
-        cos, sin = inner.rotary_emb(hidden, positions[None])                               # [1, N, D] each
-        last, states = len(inner.layers), {}
-        wanted = {index % (last + 1) for index in feature_layers}
-        for i, layer in enumerate(inner.layers):
-            if i in wanted:
-                states[i] = hidden
-            normed = products.norm(layer.input_layernorm, hidden)
-            hidden = hidden + products.out(layer.self_attn, attend(layer.self_attn, products, normed, cos, sin,
-                                                                   segments, bounds, masks))
-            hidden = hidden + products.mlp(layer.mlp, products.norm(layer.post_attention_layernorm, hidden))
-        hidden = products.norm(inner.norm, hidden)
-        states[last] = hidden
+        ran = speed.active().run_packed(model, hidden, [segment.cache for segment in segments], starts, sizes,
+                                        masks, positions, wanted)
+        if ran is not None:
+            hidden, states = ran
+        else:
+            hidden, states = run_layers(inner, products, hidden, positions, segments, bounds, masks, wanted)
         kept = torch.cat([torch.arange(bounds[s + 1] - segment.keep, bounds[s + 1])
                           for s, segment in enumerate(segments)]).to(device)               # [R]
-        logits = model.lm_head(hidden[:, kept])[0]                                         # [R, vocab]: one read
+        logits = products.head(model, hidden[:, kept])[0]                                  # [R, vocab]: one read
     out, row = [], 0
     for s, segment in enumerate(segments):
         seg_logits = logits[row:row + segment.keep]
@@ -129,6 +128,24 @@ def forward_packed(model, segments: list[Segment], feature_layers: tuple[int, ..
         else:
             out.append(seg_logits)
     return out
+
+
+def run_layers(inner, products: Products, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment],
+               bounds: list[int], masks: list, wanted: set[int]) -> tuple[torch.Tensor, dict]:
+    """The decoder stack over packed rows hidden [1, N, H] -> (post-norm final states [1, N, H], {index: state}),
+    each segment's rows attending to its own cache (`attend`)."""
+    cos, sin = inner.rotary_emb(hidden, positions[None])                                   # [1, N, D] each
+    last, states = len(inner.layers), {}
+    for i, layer in enumerate(inner.layers):
+        if i in wanted:
+            states[i] = hidden
+        normed = products.norm(layer.input_layernorm, hidden)
+        hidden = hidden + products.out(layer.self_attn, attend(layer.self_attn, products, normed, cos, sin,
+                                                               segments, bounds, masks))
+        hidden = hidden + products.mlp(layer.mlp, products.norm(layer.post_attention_layernorm, hidden))
+    hidden = products.norm(inner.norm, hidden)
+    states[last] = hidden
+    return hidden, states
 
 
 def attend(attn, products: Products, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[Segment],

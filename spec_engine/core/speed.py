@@ -11,8 +11,10 @@ speed layer: `spec_engine/__init__.py` installs the CPU one (`spec_engine/accel`
     products()         a context every model forward runs inside                none
     forward(...)       logits (+ features) of a forward over new tokens, or      model(...) through transformers
                        over a token tree (its positions and visibility given)
-    packed_products(m) the products of a packed forward over many sequences   the modules' own (core/packed.py
-                       (core/packed.py), e.g. fused q|k|v                       Products)
+    run_packed(...)    a decoder stack over many sequences' rows packed side   the packed loop's products and
+                       by side, each run after its own cache (core/packed.py)   attention (core/packed.py)
+    packed_products(m) the products of that loop where run_packed declines,     the modules' own (core/packed.py
+                       e.g. fused q|k|v                                         Products)
     run_layers(...)    a bare decoder stack over embeddings (the EAGLE head),    the stack's own forward
                        also a tree's (positions and visibility given)
     new_layer(layer)   a KV cache layer to use instead of transformers' one      the layer itself
@@ -59,6 +61,12 @@ class SpeedLayer:
         return None
 
     def run_layers(self, stack, embeds, cache, positions=None, visible=None):
+        return None
+
+    def run_packed(self, model, embeds, caches, starts, sizes, visibles, positions, wanted):
+        """embeds [1, N, H]: runs of sizes[s] rows, run s after the starts[s] positions caches[s] holds, seeing them
+        as visibles[s] says ([rows, starts[s] + rows] bool, or None: causal), rotary positions [N] -> (post-norm
+        final states [1, N, H], {index: hidden state [1, N, H]} for `wanted`) or None."""
         return None
 
     def packed_products(self, model):

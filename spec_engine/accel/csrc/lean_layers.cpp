@@ -298,60 +298,86 @@ static void attend(int count, const float* const* q, const float* keys, const fl
   }
 }
 
-// hidden [n][H] (the rows' embeddings) -> the last layer's output rows, in place; rows are placed after the `start`
-// cached positions of every layer, whose buffers must have room for start + n. cos / sin [n][D]: the rows' rotary
-// tables (transformers' rotary embedding). visible [n][start + n] (nonzero: row i sees position j) or null: causal.
-// captured [slots][n][H] receives the input rows of each layer whose `capture` is a slot.
-extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int start, int H, int Hq, int Hkv, int D,
-                            int I, float eps, float scale, const float* cos, const float* sin,
-                            const unsigned char* visible, float* hidden, float* captured, int threads) {
-  const int qkv_width = (Hq + 2 * Hkv) * D, L = start + n, groups = Hq / Hkv;
+// Many sequences' rows in one call (core/packed.py): hidden [n][H] holds `segments` runs of rows, run s being rows
+// bounds[s] .. bounds[s + 1] - 1, placed after the starts[s] positions cached in its own KV buffers (layer l of run s:
+// keys[s * n_layers + l], values[...], [Hkv][capacities[s * n_layers + l]][D], with room for starts[s] + its rows).
+// visible[s] [rows of s][starts[s] + rows of s] (nonzero: the row sees that position) or null: causal. Products and
+// norms run over all n rows at once (one read of each weight for the whole batch); each row attends only to its own
+// run's cache. cos / sin [n][D]: each row's rotary table. captured [slots][n][H] receives the input rows of each
+// layer whose `capture` is a slot. A row's arithmetic is the same whatever the other rows and runs are (see above),
+// so a sequence in a batch gets, bit for bit, the numbers it gets alone.
+struct Task {        // one attention task: `count` consecutive queries (row by row, then query head) of one KV head
+  int segment, kv, u0, count;
+};
+
+extern "C" void lean_layers_packed(const LeanLayer* layers, int n_layers, int segments, const int* bounds,
+                                   const int* starts, float* const* keys, float* const* values,
+                                   const int* capacities, const unsigned char* const* visible, int H, int Hq, int Hkv,
+                                   int D, int I, float eps, float scale, const float* cos, const float* sin,
+                                   float* hidden, float* captured, int threads) {
+  const int n = bounds[segments], qkv_width = (Hq + 2 * Hkv) * D, groups = Hq / Hkv;
   std::vector<float> normed((size_t)n * H), qkv((size_t)n * qkv_width), attended((size_t)n * Hq * D),
       delta((size_t)n * H), gate_up((size_t)n * 2 * I), act((size_t)n * I);
-  // Attention tasks: each KV head's n x groups query rows (row by row, then query head) in `slices` runs of
-  // consecutive queries, enough runs for every thread to have two or so (a one-row forward: one query a task, its
-  // heads spread over the threads); tasks go KV head by KV head, so a thread's tasks read few KV heads' keys and
-  // values. Scratch per thread, for its largest run.
-  const int per_kv = n * groups, teams = threads > 0 ? threads : 1;
-  const int slices = n == 1 ? per_kv : std::min(per_kv, std::max(1, (2 * teams + Hkv - 1) / Hkv));
-  const int most = (per_kv + slices - 1) / slices;
-  const size_t room = (size_t)(L + 15) / 16 * 16;
+  // Attention tasks: per run, each KV head's rows x groups queries in `slices` runs of consecutive queries, enough
+  // for every thread to have two or so (a one-row run: one query a task, its heads spread over the threads); tasks
+  // go run by run and KV head by KV head, so a thread's tasks read few KV heads' keys and values. Scratch per thread,
+  // for the largest task and the longest cache.
+  const int teams = threads > 0 ? threads : 1;
+  std::vector<Task> tasks;
+  int most = 1, longest = 1;
+  for (int g = 0; g < segments; g++) {
+    const int rows = bounds[g + 1] - bounds[g], per_kv = rows * groups;
+    const int slices = rows == 1 ? per_kv : std::min(per_kv, std::max(1, (2 * teams + Hkv - 1) / Hkv));
+    for (int kv = 0; kv < Hkv; kv++)
+      for (int slice = 0; slice < slices; slice++) {
+        const int u0 = (int)((long)per_kv * slice / slices), count = (int)((long)per_kv * (slice + 1) / slices) - u0;
+        tasks.push_back({g, kv, u0, count});
+        most = std::max(most, count);
+      }
+    longest = std::max(longest, starts[g] + rows);
+  }
+  const int task_count = (int)tasks.size();
+  const size_t room = (size_t)(longest + 15) / 16 * 16;
   std::vector<float> scores(teams * most * room), inverse(teams * most), chains(teams * most * 2 * (size_t)D);
   std::vector<int> places(scores.size()), counts(teams * most), lasts(teams * most);
   std::vector<const float*> queries(teams * most);
   std::vector<float*> outs(teams * most);
   std::vector<const unsigned char*> sees(teams * most);
+  std::vector<int> run_of(n);
+  for (int g = 0; g < segments; g++)
+    for (int r = bounds[g]; r < bounds[g + 1]; r++) run_of[r] = g;
   for (int l = 0; l < n_layers; l++) {
     const LeanLayer& layer = layers[l];
     if (layer.capture >= 0)
       std::memcpy(captured + (size_t)layer.capture * n * H, hidden, (size_t)n * H * sizeof(float));
     rms_norm(hidden, layer.input_norm, normed.data(), n, H, eps);
     product(layer, normed.data(), layer.qkv, layer.qkv_bias, qkv.data(), n, H, qkv_width, threads);
-    for (int r = 0; r < n; r++) {  // rotate queries and keys; append keys and values to the cache
+    for (int r = 0; r < n; r++) {  // rotate queries and keys; append keys and values to the row's own cache
+      const int g = run_of[r], at_layer = g * n_layers + l, place = starts[g] + r - bounds[g];
       float* row = qkv.data() + (size_t)r * qkv_width;
       for (int h = 0; h < Hq + Hkv; h++) rotate(row + h * D, cos + (size_t)r * D, sin + (size_t)r * D, D);
       for (int h = 0; h < Hkv; h++) {
-        const size_t at = ((size_t)h * layer.capacity + start + r) * D;
-        std::memcpy(layer.keys + at, row + (Hq + h) * D, D * sizeof(float));
-        std::memcpy(layer.values + at, row + (Hq + Hkv + h) * D, D * sizeof(float));
+        const size_t at = ((size_t)h * capacities[at_layer] + place) * D;
+        std::memcpy(keys[at_layer] + at, row + (Hq + h) * D, D * sizeof(float));
+        std::memcpy(values[at_layer] + at, row + (Hq + Hkv + h) * D, D * sizeof(float));
       }
     }
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && Hkv * slices > 1)
-    for (int task = 0; task < Hkv * slices; task++) {
-      const int kv = task / slices, slice = task % slices;
-      const int u0 = (int)((long)per_kv * slice / slices), count = (int)((long)per_kv * (slice + 1) / slices) - u0;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && task_count > 1)
+    for (int t = 0; t < task_count; t++) {
+      const Task task = tasks[t];
+      const int g = task.segment, first = bounds[g], at_layer = g * n_layers + l, L = starts[g] + bounds[g + 1] - first;
       const size_t own = (size_t)omp_get_thread_num() * most;
-      for (int u = 0; u < count; u++) {
-        const int r = (u0 + u) / groups, h = kv * groups + (u0 + u) % groups;
-        queries[own + u] = qkv.data() + (size_t)r * qkv_width + h * D;
-        sees[own + u] = visible ? visible + (size_t)r * L : nullptr;
-        lasts[own + u] = start + r;
-        outs[own + u] = attended.data() + ((size_t)r * Hq + h) * D;
+      for (int u = 0; u < task.count; u++) {
+        const int r = (task.u0 + u) / groups, h = task.kv * groups + (task.u0 + u) % groups;
+        queries[own + u] = qkv.data() + (size_t)(first + r) * qkv_width + h * D;
+        sees[own + u] = visible[g] ? visible[g] + (size_t)r * L : nullptr;
+        lasts[own + u] = starts[g] + r;
+        outs[own + u] = attended.data() + ((size_t)(first + r) * Hq + h) * D;
       }
-      attend(count, queries.data() + own, layer.keys + (size_t)kv * layer.capacity * D,
-             layer.values + (size_t)kv * layer.capacity * D, L, sees.data() + own, lasts.data() + own, D, scale,
-             scores.data() + own * room, places.data() + own * room, counts.data() + own, inverse.data() + own,
-             chains.data() + own * 2 * D, outs.data() + own);
+      attend(task.count, queries.data() + own, keys[at_layer] + (size_t)task.kv * capacities[at_layer] * D,
+             values[at_layer] + (size_t)task.kv * capacities[at_layer] * D, L, sees.data() + own,
+             lasts.data() + own, D, scale, scores.data() + own * room, places.data() + own * room,
+             counts.data() + own, inverse.data() + own, chains.data() + own * 2 * D, outs.data() + own);
     }
     product(layer, attended.data(), layer.o, layer.o_bias, delta.data(), n, Hq * D, H, threads);
     for (size_t i = 0; i < (size_t)n * H; i++) hidden[i] += delta[i];
@@ -367,6 +393,24 @@ extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int st
     product(layer, act.data(), layer.down, layer.down_bias, delta.data(), n, I, H, threads);
     for (size_t i = 0; i < (size_t)n * H; i++) hidden[i] += delta[i];
   }
+}
+
+// One sequence: hidden [n][H] (the rows' embeddings) -> the last layer's output rows, in place; rows are placed after
+// the `start` cached positions of every layer (LeanLayer's own buffers), which must have room for start + n.
+// visible [n][start + n] or null: causal. The one-run case of lean_layers_packed.
+extern "C" void lean_layers(const LeanLayer* layers, int n_layers, int n, int start, int H, int Hq, int Hkv, int D,
+                            int I, float eps, float scale, const float* cos, const float* sin,
+                            const unsigned char* visible, float* hidden, float* captured, int threads) {
+  std::vector<float*> keys(n_layers), values(n_layers);
+  std::vector<int> capacities(n_layers);
+  for (int l = 0; l < n_layers; l++) {
+    keys[l] = layers[l].keys;
+    values[l] = layers[l].values;
+    capacities[l] = layers[l].capacity;
+  }
+  const int bounds[2] = {0, n};
+  lean_layers_packed(layers, n_layers, 1, bounds, &start, keys.data(), values.data(), capacities.data(), &visible, H,
+                     Hq, Hkv, D, I, eps, scale, cos, sin, hidden, captured, threads);
 }
 
 // A token tree's accepted path moved into place (core/cache.py keep_path): in each of `count` layers' key and value
