@@ -106,3 +106,27 @@ def test_same_seed_same_sampled_text_on_both_paths(target, draft):
     default = run()
     with static_cache.use(128):
         assert run() == default
+
+
+def test_greedy_identity_with_stock_hugging_face_generate(target, draft):
+    """Stock transformers `generate()` (do_sample=False, its own DynamicCache, one forward a token) on the tiny
+    target gives the static path's plain and speculative tokens."""
+    stock = target.generate(GREEDY_PROMPT, attention_mask=torch.ones_like(GREEDY_PROMPT), do_sample=False,
+                            max_new_tokens=30, min_new_tokens=30, pad_token_id=0)[0, GREEDY_PROMPT.shape[1]:].tolist()
+    with static_cache.use(128):
+        base, runs = greedy_identity_runs(target, lambda: se.ModelDrafter(draft), GREEDY_PROMPT)
+    assert base.tokens == stock
+    assert all(result.tokens == stock for result in runs.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["model", "prompt-lookup"])
+def test_sampled_chi_square_on_the_static_path(target, draft, kind):
+    """The first three sampled tokens on the static path follow the exact target distribution (enumerated), by
+    tests/test_statistical.py's chi-square test: a correct sampler fails it with probability ALPHA = 1e-4 per test,
+    so these two fail falsely with probability below 2e-4 (the seeds are fixed: a pass is reproducible)."""
+    from test_statistical import ALPHA, PROMPT, SAMPLED as SETTINGS, chi_square_pvalue, exact_joint, speculative_samples
+    params = SETTINGS[1]                                         # T 0.7, top-p 0.9
+    with static_cache.use(64):
+        samples = speculative_samples(target, lambda: KINDS[kind](target, draft), params)
+    assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
