@@ -9,7 +9,7 @@ import spec_engine as se
 from spec_engine.core import speed, static_cache
 from spec_engine.core.cache import cache_len, forward_logits, new_cache
 from spec_engine.core.static_cache import StaticLayer, bucket
-from tiny import greedy_identity_runs, tiny_llama
+from tiny import greedy_identity_runs
 
 GREEDY_PROMPT = torch.tensor([[6, 7, 7, 6, 0, 1, 5, 1, 5, 0]])
 SAMPLED = se.SamplingParams(0.9, top_k=6, top_p=0.95)
