@@ -130,3 +130,14 @@ def test_sampled_chi_square_on_the_static_path(target, draft, kind):
     with static_cache.use(64):
         samples = speculative_samples(target, lambda: KINDS[kind](target, draft), params)
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
+
+
+@pytest.mark.parametrize("value, active", [("1", "static"), ("0", "cpu")])
+def test_spec_engine_static_selects_the_path_at_import(value, active):
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "SPEC_ENGINE_STATIC": value, "SPEC_ENGINE_ACCEL": "1"}
+    out = subprocess.run([sys.executable, "-c", "import spec_engine; from spec_engine.core import speed; "
+                          "print(speed.active().name)"], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == active
