@@ -17,12 +17,14 @@ from spec_engine.drafters.registry import DraftSpec, make_drafter, parse_draft, 
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
 from spec_engine.core.metrics import (acceptance_by_position, acceptance_rate, expected_tokens_by_position,
                                       expected_tokens_per_round, judged_acceptance, speedup_model)
+from spec_engine.core import static_cache
 from spec_engine.core.rule import LIBRARY_RULES, RULE_INFO, RuleInfo
 from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.core.verify import RULES, WRONG_RULES
 from spec_engine.core.tree_rule import TREE_RULES, WRONG_TREE as WRONG_TREE_RULES
 
 accel.install_from_env()      # the CPU speed layer, unless SPEC_ENGINE_ACCEL=0 (core/speed.py is the seam)
+static_cache.install_from_env()   # the static KV cache path instead, with SPEC_ENGINE_STATIC=1 (core/static_cache.py)
 
 __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES", "TREE_RULES", "WRONG_TREE_RULES",
