@@ -7,6 +7,7 @@ classroom/ (lab, sweeps, traces, explanations, toy models).
 """
 from spec_engine import accel
 from spec_engine.core import speed
+from spec_engine.core.batch import BatchCosts, BatchDecoder, BatchEvent, Request
 from spec_engine.core.decoder import (MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate,
                                      context_length, validate_request)
 from spec_engine.drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, LookupFirstDrafter, ModelDrafter,
@@ -35,6 +36,7 @@ __all__ = [
     "acceptance_by_position", "expected_tokens_by_position", "RULE_INFO", "RuleInfo", "LIBRARY_RULES",
     "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "register_draft", "draft_modes", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
     "load_model", "LoadedModel", "prepare", "speed_layer",
+    "BatchDecoder", "BatchEvent", "BatchCosts", "Request",
 ]
 
 
