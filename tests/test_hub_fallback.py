@@ -162,14 +162,14 @@ def test_gated_needs_a_hub_id(tmp_path):
 
 
 def test_the_mismatch_demo_takes_gemma_where_packaged_else_gpt2(monkeypatch, hub_cache, hub_online):
-    from ui.playground import handlers, registry
+    from ui.playground import mismatch, registry
     if models.load_source("gemma-3-270m")[0] == "package":
         assert registry.mismatch_draft_model() == "gemma-3-270m"
     hide(monkeypatch, *GEMMA_MODULES)
     assert registry.mismatch_draft_model() == "gpt2"                        # the Hub, no token: GPT-2
     monkeypatch.setattr(presets, "_hub_token", lambda: "hf_example")
     assert registry.mismatch_draft_model() == "gpt2"                        # a token: still the one that is not gated
-    drafts = handlers.mismatch_drafts(models.DEFAULT_MODEL)
+    drafts = mismatch.mismatch_drafts(models.DEFAULT_MODEL)
     assert [d for d, _, _ in drafts] == ["gpt2:naive-ids", "gpt2:cross-tokenizer", "prompt-lookup", "layer-skip"]
     assert drafts[0][2] == "GPT-2 124M's token ids, reused as SmolLM2 135M Instruct ids"
     pairs = {p.draft for p in models.list_pairs() if p.target == models.DEFAULT_MODEL}
