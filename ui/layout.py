@@ -12,7 +12,6 @@ import gradio as gr
 
 import spec_engine as se
 from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
-from spec_engine.drafters.registry import EARLY_EXIT_AFTER
 
 from ui import page_head
 from ui.classroom import tabs as classroom, sweeps
@@ -144,7 +143,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                                                   placeholder=f"default: {skip_default}",
                                                   info="e.g. 21, 23, 25-27; empty = the default set")
                     c["exit_after"] = gr.Slider(0, 64, value=0, step=1, label="Early exit: after this many layers",
-                                                info=f"0 = the default: {EARLY_EXIT_AFTER} layers "
+                                                info=f"0 = the default: {se.EARLY_EXIT_AFTER} layers "
                                                      "(one less than the target has, if fewer)")
                 with gr.Row():
                     baseline_btn = gr.Button("Measure the speedup again", size="sm", elem_id="spec-baseline")

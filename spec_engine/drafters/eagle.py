@@ -257,6 +257,7 @@ class EagleDrafter(Drafter):
         self.min_path_confidence = min_path_confidence   # ... or before a step, once their product falls below it
         self.size_by_cost = size_by_cost
         self.costs: tuple[float, ...] | None = None  # the target's verify-cost curve, from check_target
+        self.pinned_sizing = None                   # sizing.pin_sizing: a run's earlier curve
         self.head = head.eval()
         layer = speed.active()
         layer.adopt(self.head)          # a speed layer's preparation (the CPU's: packed products, lean steps),
@@ -289,7 +290,7 @@ class EagleDrafter(Drafter):
         if int(self.vocab_index.max()) >= vocab_size(target_model):
             raise ValueError("the head's vocabulary index lists ids beyond the target's vocabulary")
         if self.size_by_cost:
-            self.costs = sizing_view(verify_costs(target_model))
+            self.costs = sizing_view(verify_costs(target_model), self.pinned_sizing)
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.cache = self.head.new_cache()

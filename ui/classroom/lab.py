@@ -250,7 +250,7 @@ def current_models(current: Current) -> LabSetup:
     loaded = gpu_calls.loaded(current.target)
     draft = gpu_calls.loaded(spec.model) if spec.model else None
     options = reg.DraftOptions(skip_layers=current.skip_layers, exit_after=current.exit_after)
-    return LabSetup(loaded.model, lambda: kind.build(spec, loaded, draft, options),
+    return LabSetup(loaded.model, lambda: reg.build_drafter(spec, loaded, draft, options),
                     loaded.encode_prompt(current.prompt, chat=current.chat), None, "", "")
 
 

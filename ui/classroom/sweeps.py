@@ -175,7 +175,7 @@ def sweep_job(job: SweepJob, stop: compute.Stop):
 
     def make_drafter(name: str) -> se.Drafter:
         kind, spec = drafts[name]
-        return kind.build(spec, target, models.get(spec.model), options)
+        return reg.build_drafter(spec, target, models.get(spec.model), options)
 
     input_ids = torch.tensor([list(job.prompt_ids)], dtype=torch.long, device=target.device)
     for p in job.points:

@@ -12,8 +12,8 @@ the least recently used idle one is dropped to make room. A run holds the models
 under another session's generation. Before a load, the free memory is compared with an estimate of the
 model's size (its parameter count), and a clear error replaces an out-of-memory crash.
 
-Drafts come from the engine's one registry (spec_engine.drafters.registry): `draft_kinds()` offers every registered
-mode, with the playground's own builders where it has options (a layer set, an exit depth). A draft choice value is
+Drafts come from the engine's one registry (`se.draft_modes()`): `draft_kinds()` offers every registered mode and
+`build_drafter` builds one with the playground's options (a layer set, an exit depth). A draft choice value is
 a draft name as the engine spells it. Adding a drafter touches the engine only: its module and one registration.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import gc
 import logging
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -50,9 +51,8 @@ class ModelMemoryError(ValueError):
 def default_draft(target: str) -> tuple[str, int]:
     """(draft, k) the playground starts with: the measured best. When the trained EAGLE head drafts for this target,
     the draft and k recorded beside its weights (bench/results/, README); else prompt lookup."""
-    if eagle_available(target)[0]:
-        from spec_engine.drafters.eagle import recommended_settings
-        settings = recommended_settings()
+    if se.draft_modes()["eagle"].available(target)[0]:
+        settings = se.eagle_recommended_settings()
         return str(settings.get("draft", "eagle")), int(settings.get("k", 2))
     return "prompt-lookup", 4
 
@@ -94,66 +94,30 @@ class DraftOptions:
     fixed_length: bool = False   # drafters that size their drafts by cost or confidence draft k every round
 
 
-@dataclass(frozen=True)
-class DraftKind:
-    key: str                                     # a draft mode registered in spec_engine.drafters.registry
-    label: str                                   # shown in the draft dropdown ({draft} = draft display name)
-    lesson: str                                  # one sentence: what this draft teaches
-    build: Callable[..., se.Drafter]             # build(spec, target, draft_or_None, options) -> Drafter
-    needs_model: bool = False                    # the draft name names a draft preset
-    available: Callable[[str], tuple[bool, str]] = lambda target: (True, "")   # for self drafts: by target name
-    tree: bool = False                           # proposes draft trees (the Draft tree view draws them)
+def build_drafter(spec, target, draft, options: DraftOptions, sizing=None) -> se.Drafter:
+    """A fresh drafter for `spec` (the engine's make_drafter) with the playground's options: a layer set typed in
+    (parsed against the target), an exit depth, fixed draft lengths; `sizing`: a run's earlier verify-cost curve."""
+    if spec.mode == "early-exit" and options.exit_after:
+        spec = dataclasses.replace(spec, arg=options.exit_after)
+    layers = None
+    if spec.mode in se.LAYER_SKIP_MODES and options.skip_layers.strip():
+        layers = parse_layers(options.skip_layers, len(target.model.model.layers))
+    return se.make_drafter(spec, target, draft, fixed_length=options.fixed_length, skip_layers=layers, sizing=sizing)
 
 
-def build_layer_skip(spec, target, _draft, options: DraftOptions):
-    if not options.skip_layers.strip():
-        return se.make_drafter(spec, target)
-    return se.LayerSkipDrafter(target.model, parse_layers(options.skip_layers, len(target.model.model.layers)))
+def draft_kinds() -> list[se.DraftMode]:
+    """The engine's registered draft modes (se.draft_modes(): name, label, lesson, needs_model, available, tree), as
+    the playground offers them. Draft values are spelled as the registry and presets/models.yaml spell them:
+    "layer-skip", "early-exit[:N]", "prompt-lookup[:N]", "<preset>", "<preset>:cross-tokenizer", "<preset>:naive-ids"."""
+    return list(se.draft_modes().values())
 
 
-def build_layer_skip_tree(spec, target, _draft, options: DraftOptions):
-    if not options.skip_layers.strip():
-        return se.make_drafter(spec, target)
-    return se.LayerSkipTreeDrafter(target.model, parse_layers(options.skip_layers, len(target.model.model.layers)))
-
-
-def build_early_exit(spec, target, _draft, options: DraftOptions):
-    n_layers = len(target.model.model.layers)
-    exit_after = options.exit_after or spec.arg
-    if exit_after and not 1 <= exit_after < n_layers:
-        raise ValueError(f"early exit: exit after 1 to {n_layers - 1} of the target's {n_layers} layers, got {exit_after}")
-    return se.make_drafter(se.DraftSpec("early-exit", None, exit_after or None), target)
-
-
-def build_from_factory(spec, target, draft, options: DraftOptions):
-    return se.make_drafter(spec, target, draft, fixed_length=options.fixed_length)
-
-
-def eagle_available(target: str) -> tuple[bool, str]:
-    """The shipped EAGLE head drafts for the model it was trained on (its JSON record names it)."""
-    return se.draft_modes()["eagle"].available(target)
-
-
-# Overrides of the engine's builders where the playground has options of its own (a layer set, an exit depth).
-UI_BUILDERS = {"layer-skip": build_layer_skip, "layer-skip-tree": build_layer_skip_tree, "early-exit": build_early_exit}
-
-
-def draft_kinds() -> list[DraftKind]:
-    """The engine's registered draft modes (spec_engine.drafters.registry), as the playground offers them. Draft
-    values are spelled as the registry and presets/models.yaml spell them: "layer-skip", "early-exit[:N]",
-    "prompt-lookup[:N]", "<preset>", "<preset>:cross-tokenizer", "<preset>:naive-ids"."""
-    return [DraftKind(mode.name, mode.label, mode.lesson, UI_BUILDERS.get(mode.name, build_from_factory),
-                      needs_model=mode.needs_model, available=mode.available or (lambda target: (True, "")),
-                      tree=mode.tree)
-            for mode in se.draft_modes().values()]
-
-
-def kind_by_key(key: str) -> DraftKind | None:
-    return next((kind for kind in draft_kinds() if kind.key == key), None)
+def kind_by_key(key: str) -> se.DraftMode | None:
+    return se.draft_modes().get(key)
 
 
 def split_draft(value: str):
-    """A draft name -> (DraftKind, DraftSpec); ValueError for a malformed name or a mode the UI lacks."""
+    """A draft name -> (DraftMode, DraftSpec); ValueError for a malformed name or a mode the UI lacks."""
     spec = se.parse_draft(value)
     kind = kind_by_key(spec.mode)
     if kind is None:
@@ -201,9 +165,8 @@ def short_name(name: str) -> str:
 
 
 def availability(name: str) -> tuple[bool, str]:
-    """Whether `name` loads here, and why: the engine's answer (spec_engine.models.load_source), which agrees with
+    """Whether `name` loads here, and why: the engine's answer (spec_engine.se.load_source), which agrees with
     its loader; custom Hub ids only where the server allows them."""
-    from spec_engine import models
     if REGISTRY.loaded(name) is not None:        # in memory: nothing to install or download
         return True, "loaded"
     if REGISTRY.closed:
@@ -211,12 +174,12 @@ def availability(name: str) -> tuple[bool, str]:
     if name not in preset_names():
         if not limits.current().allow_custom_models:
             return False, "not a preset, and custom models are switched off on this server"
-        source, why = models.hub_source(name)
+        source, why = se.hub_source(name)
         if source is None:
-            return False, f"{models.OFFLINE_HUB_REASON}: {models.hub_offline_reason()}"
+            return False, f"{se.OFFLINE_HUB_REASON}: {se.hub_offline_reason()}"
         return True, why
     try:
-        return models.is_offline_available(name)
+        return se.is_offline_available(name)
     except ValueError as exc:
         return False, str(exc)
 
@@ -230,8 +193,7 @@ MISMATCH_DRAFT_MODELS = ("gemma-3-270m", "gpt2")
 def mismatch_draft_model() -> str:
     """The first of MISMATCH_DRAFT_MODELS that loads without a download, else the first a download gives (not gated
     first), else the first (its load then says what is missing)."""
-    from spec_engine import models
-    sources = {name: models.load_source(name)[0] for name in MISMATCH_DRAFT_MODELS}
+    sources = {name: se.load_source(name)[0] for name in MISMATCH_DRAFT_MODELS}
     local = [name for name in MISMATCH_DRAFT_MODELS if sources[name] in ("package", "hub-cache")]
     download = sorted((name for name in MISMATCH_DRAFT_MODELS if sources[name] == "hub"),
                       key=lambda name: se.resolve_preset(name).gated)
@@ -242,8 +204,7 @@ def mismatch_draft_model() -> str:
 
 def parse_params(text: str) -> int | None:
     """'135M' -> 135_000_000, '1.7B' -> 1_700_000_000; None when the preset does not say."""
-    from spec_engine.models import parse_parameter_count
-    return parse_parameter_count(text)
+    return se.parse_parameter_count(text)
 
 
 @functools.lru_cache(maxsize=64)
@@ -301,7 +262,7 @@ def draft_choices(target: str) -> list[tuple[str, str]]:
             continue
         ok, reason = kind.available(target)
         if ok:
-            choices.append((kind.label, kind.key))
+            choices.append((kind.label, kind.name))
     for pair in se.list_pairs():
         if pair.target != target or pair.draft_model is None:
             continue
@@ -310,11 +271,6 @@ def draft_choices(target: str) -> list[tuple[str, str]]:
         label = kind.label.format(draft=display_name(spec.model))
         choices.append((label if ok else f"{label} — unavailable: {reason}", pair.draft))
     return choices
-
-
-def draft_label(value: str) -> str:
-    """A short name for tables and plots."""
-    return value
 
 
 @dataclass
@@ -350,8 +306,7 @@ class ModelRegistry:
         self._load_gate = threading.Lock()          # one load at a time: memory is measured between loads
         self._loading: dict[str, _Loading] = {}
         self._labelers: dict[str, TokenLabeler] = {}
-        from spec_engine.models import default_model_name
-        self._pinned = set(pinned if pinned is not None else [default_model_name()])
+        self._pinned = set(pinned if pinned is not None else [se.default_model_name()])
         self._max_extra = max_extra
         self._free_memory = free_memory or free_memory_bytes
         self._estimate = estimate or self.estimate_bytes
@@ -365,16 +320,14 @@ class ModelRegistry:
         """Where and in what dtype models load (app.py's --device / --dtype, SPEC_DEVICE / SPEC_DTYPE), before the
         first load. None keeps load_model's default: CUDA when present, else the CPU; float32 on the CPU and for
         models of 0.5B parameters or less, bfloat16 above. Both are checked here, so a typo fails at start-up."""
-        from spec_engine import models
-        device_checked = models.resolve_device(device)
+        device_checked = se.resolve_device(device)
         if dtype is not None:
-            models.resolve_dtype(dtype, device_checked)
+            se.resolve_dtype(dtype, device_checked)
         self._device, self._dtype = device, dtype
 
     def load_device(self):
         """The torch.device models load to (the configured one, else CUDA when present, else the CPU)."""
-        from spec_engine import models
-        return models.resolve_device(self._device)
+        return se.resolve_device(self._device)
 
     # ---- loading
 
@@ -623,8 +576,7 @@ class ModelRegistry:
         params = parameter_count(name)
         if params is None:
             return None
-        from spec_engine import models
-        dtype = models.resolve_dtype(self._dtype, self.load_device(), params)
+        dtype = se.resolve_dtype(self._dtype, self.load_device(), params)
         return int(params * dtype.itemsize * MEMORY_FACTOR)
 
 
@@ -652,16 +604,13 @@ def warm_up(loaded, prepack: bool = False, progress: Callable[[str], None] = lam
     the verify-cost curve that sizes prompt-lookup drafts (a few seconds, measured once)."""
     import torch
 
-    from spec_engine.drafters.sizing import verify_costs
     with torch.inference_mode():
         ids = torch.tensor([PRELOAD_PROMPT], dtype=torch.long, device=loaded.device)
         loaded.model(input_ids=ids)
     if not (prepack and isinstance(loaded.model, torch.nn.Module)):
         return
-    progress("warming up (once): packing weights for batched verification")
+    progress("warming up (once): packing weights and measuring the verify-cost curve")
     se.prepare(loaded.model)
-    progress("warming up (once): measuring the verify-cost curve")
-    verify_costs(loaded.model)
 
 
 def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message: None) -> None:
@@ -674,7 +623,7 @@ def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message
     progress(f"warming up (once): a short {draft} run and plain decoding")
     prompt = loaded.encode_prompt(WARM_UP_PROMPT, chat=False)
     for sampling in (se.SamplingParams(temperature=0.0), se.SamplingParams(temperature=0.7, top_p=0.9)):
-        decoder = se.SpeculativeDecoder(loaded.model, kind.build(spec, loaded, None, DraftOptions()))
+        decoder = se.SpeculativeDecoder(loaded.model, build_drafter(spec, loaded, None, DraftOptions()))
         decoder.generate(prompt, k=k, max_new_tokens=WARM_UP_TOKENS, sampling=sampling)
         se.autoregressive_generate(loaded.model, prompt, max_new_tokens=4, sampling=sampling)
     progress("warmed up")

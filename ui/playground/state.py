@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ui.views import metrics
+import spec_engine as se
 from spec_engine import acceptance_rate, judged_acceptance
 
 MAX_HISTORY = 100        # finished runs kept per session (the oldest go first): a session's memory is bounded
@@ -125,8 +126,7 @@ def default_presets():
 
 
 def default_target() -> str:
-    from spec_engine.models import default_model_name
-    return default_model_name()
+    return se.default_model_name()
 
 
 def clock(at: float | None) -> str:

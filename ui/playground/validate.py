@@ -311,8 +311,7 @@ def other_tokenizer_message(draft_model: str, target: str, detail: str) -> str:
 
 def check_same_tokenizer(target, draft, draft_model: str) -> None:
     """After loading: a same-tokenizer draft must share the target's vocabulary (custom models have no family)."""
-    from spec_engine.drafters import vocab_size
-    sizes = (vocab_size(draft.model), vocab_size(target.model))
+    sizes = (se.vocab_size(draft.model), se.vocab_size(target.model))
     if sizes[0] != sizes[1] or len(draft.tokenizer) != len(target.tokenizer):
         raise InputError("draft", other_tokenizer_message(
             draft_model, target.name, f"vocabulary {sizes[0]:,} vs {sizes[1]:,}"))
