@@ -38,11 +38,11 @@ def test_one_registration_reaches_the_parser_the_factory_and_the_playground(regi
     assert isinstance(se.make_drafter("repeat-last", Loaded(target)), RepeatLastDrafter)
     with pytest.raises(ValueError, match="whole number"):
         se.parse_draft("repeat-last:x")
-    from ui.playground import registry as ui_registry
-    kind = ui_registry.kind_by_key("repeat-last")
+    from ui.playground import drafts
+    kind = drafts.kind_by_key("repeat-last")
     assert kind is not None and kind.lesson.startswith("The simplest guess")
-    assert ("Repeat the newest token", "repeat-last") in ui_registry.draft_choices("smollm2-135m-instruct")
-    assert ui_registry.check_draft_value("repeat-last") is None
+    assert ("Repeat the newest token", "repeat-last") in drafts.draft_choices("smollm2-135m-instruct")
+    assert drafts.check_draft_value("repeat-last") is None
 
 
 def test_the_registered_drafter_is_exact_under_greedy_decoding(registered, target):

@@ -207,11 +207,11 @@ def test_the_gpt2_preset_loads_from_the_hub_cache_offline_and_drafts_for_smollm2
     """The `gpt2` preset's whole path with HF_HUB_OFFLINE=1: availability, load_model from the cache (GPT2LMHeadModel,
     safetensors, its own tokenizer), the playground's draft list, and both different-tokenizer drafts against
     SmolLM2, which must reproduce plain greedy decoding (the rule is exact whatever the draft proposes)."""
-    from ui.playground import registry
+    from ui.playground import drafts
     assert models.load_source("gpt2") == (None, models.OFFLINE_HUB_REASON)
     fill_hub_cache(hub_cache, "openai-community/gpt2", tiny_gpt2(tmp_path / "gpt2"))
     assert models.load_source("gpt2") == ("hub-cache", "loads openai-community/gpt2 from the local Hugging Face cache")
-    choices = {value: label for label, value in registry.draft_choices(models.DEFAULT_MODEL)}
+    choices = {value: label for label, value in drafts.draft_choices(models.DEFAULT_MODEL)}
     assert "unavailable" not in choices["gpt2:cross-tokenizer"] and "unavailable" not in choices["gpt2:naive-ids"]
     gpt2 = models.load_model("gpt2", device="cpu")
     assert gpt2.source == "hub-cache:openai-community/gpt2" and type(gpt2.model).__name__ == "GPT2LMHeadModel"

@@ -20,6 +20,7 @@ from ui.views import plots, render
 from ui.classroom import lab as exactness_lab
 from ui.classroom import whatif as whatif_tab
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground.presets import Presets, load_presets
 from ui.playground.state import HISTORY_COLUMNS, SessionState, expire as expire_session
 
@@ -121,10 +122,10 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                                           info="Hub models are listed but need network access"
                                           + ("; or type a Hub id (owner/name)" if custom else ""),
                                           allow_custom_value=custom, elem_id="spec-target")
-                start_draft, start_k = reg.default_draft(default_target)
-                c["draft"] = gr.Dropdown(reg.draft_choices(default_target), value=start_draft, label="Draft",
+                start_draft, start_k = drafts.default_draft(default_target)
+                c["draft"] = gr.Dropdown(drafts.draft_choices(default_target), value=start_draft, label="Draft",
                                          allow_custom_value=custom, elem_id="spec-draft")
-                draft_info = gr.Markdown(reg.kind_by_key(start_draft).lesson, elem_id="spec-draft-info")
+                draft_info = gr.Markdown(drafts.kind_by_key(start_draft).lesson, elem_id="spec-draft-info")
                 c["k"] = gr.Slider(1, se.MAX_K, value=start_k, step=1, label="k: draft tokens per round (at most; drafts are cut to what pays)", elem_id="spec-k")
                 with gr.Row():
                     c["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
@@ -276,7 +277,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
 
 
 def describe_default_skip(target: str) -> str:
-    return f"layers {', '.join(map(str, reg.default_skip_layers()))} (spec_engine.DEFAULT_SKIP_LAYERS)"
+    return f"layers {', '.join(map(str, drafts.default_skip_layers()))} (spec_engine.DEFAULT_SKIP_LAYERS)"
 
 
 def about_text(default_target: str, skip_default: str) -> str:

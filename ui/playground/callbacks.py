@@ -9,6 +9,7 @@ import gradio as gr
 import spec_engine as se
 
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground import validate
 from ui.playground.handlers import compare_figure, history_frame, status_text
 from ui.playground.presets import Presets
@@ -51,7 +52,7 @@ def on_target(target, draft, state: SessionState):
         gr.Warning(render.esc(f"{reg.display_name(target)} is unavailable here: {validate.public_message(reason)}"))
         return gr.update(value=previous), gr.update()
     state.target = target
-    choices = reg.draft_choices(target)
+    choices = drafts.draft_choices(target)
     values = [value for _, value in choices]
     return gr.update(), gr.update(choices=choices, value=draft if draft in values else values[0])
 
@@ -59,7 +60,7 @@ def on_target(target, draft, state: SessionState):
 def on_draft(draft, target):
     """Describe the chosen draft; warn if its model cannot load here."""
     try:
-        kind, spec = reg.split_draft(draft)
+        kind, spec = drafts.split_draft(draft)
     except ValueError:
         return gr.update()
     if spec.model is not None:
@@ -75,7 +76,7 @@ def apply_scenario(scenario_id, presets: Presets, default_target: str):
         return (gr.skip(),) * 12
     s = presets.scenario(scenario_id)
     target = s.target or default_target
-    choices = reg.draft_choices(target)
+    choices = drafts.draft_choices(target)
     return (s.prompt, target, gr.update(choices=choices, value=s.draft), s.k, s.temperature, s.top_p, s.top_k,
             s.max_new_tokens, s.seed, s.rule, s.chat, f"**{s.label}.** {s.caption}")
 

@@ -37,6 +37,7 @@ import spec_engine as se
 
 from ui.playground import coalesce, engine_thread, runner
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground.state import RunSettings
 
 log = logging.getLogger("ui.playground.compute")
@@ -188,11 +189,11 @@ def build(settings: RunSettings, prompt_ids, sizing: se.Sizing | None = None) ->
     """(decoder, input_ids, target, Built) for `settings`, from the models the registry holds; with `sizing`, its
     drafts are sized by that verify-cost curve instead of the target's curve as it stands."""
     import torch
-    kind, spec = reg.split_draft(settings.draft)
+    kind, spec = drafts.split_draft(settings.draft)
     target = loaded(settings.target)
     draft = loaded(spec.model) if spec.model else None
-    options = reg.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
-    drafter = reg.build_drafter(spec, target, draft, options, sizing=sizing)
+    options = drafts.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
+    drafter = drafts.build_drafter(spec, target, draft, options, sizing=sizing)
     decoder = se.SpeculativeDecoder(target.model, drafter, rule=settings.rule)
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)
     se.validate_request(target.model, input_ids, settings.k, settings.max_new_tokens, settings.sampling())

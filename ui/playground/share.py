@@ -22,6 +22,7 @@ import gradio as gr
 import spec_engine as se
 
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground import validate
 from ui.playground.presets import Presets
 from ui.playground.state import RunSettings
@@ -97,7 +98,7 @@ def restorer(presets: Presets, start: Mapping[str, object], default_target: str)
         if found is None:
             return (gr.skip(),) * len(RESTORED)
         clean, scenario = found
-        choices = reg.draft_choices(clean["target"])
+        choices = drafts.draft_choices(clean["target"])
         if clean["draft"] not in [value for _, value in choices]:
             choices = [*choices, (clean["draft"], clean["draft"])]
         controls = [gr.update(choices=choices, value=clean["draft"]) if field == "draft" else clean[field]

@@ -32,7 +32,7 @@ HISTORY_COLUMNS = ["#", "scenario", "target", "draft", "k", "T", "top-p", "top-k
 @dataclass(frozen=True)
 class RunSettings:
     target: str
-    draft: str                       # a draft choice value (see ui.playground.registry.draft_kinds)
+    draft: str                       # a draft choice value (see ui.playground.drafts.draft_kinds)
     k: int
     temperature: float
     top_p: float
