@@ -120,9 +120,9 @@ def configure(argv: list[str]) -> None:
 def zerogpu_models() -> list[str]:
     """What a ZeroGPU Space serves (no model loads after start-up there): SPEC_ZEROGPU_MODELS (comma separated),
     else the default target and the tokenizer-mismatch demo's draft, those of them that can load here."""
-    from spec_engine.models import default_model_name
+    import spec_engine as se
     names = [n.strip() for n in os.environ.get("SPEC_ZEROGPU_MODELS", "").split(",") if n.strip()]
-    names = names or [default_model_name(), registry.mismatch_draft_model()]
+    names = names or [se.default_model_name(), registry.mismatch_draft_model()]
     return [name for name in dict.fromkeys(names) if registry.availability(name)[0]]
 
 

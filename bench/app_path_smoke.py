@@ -106,14 +106,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
     from ui.playground import handlers
-    from ui.playground import registry as reg
+    from ui.playground import drafts
     torch.set_num_threads(min(2, torch.get_num_threads()))
     handlers.SETTLE_SECONDS = 0.0                        # no browser draws here
     global STRICT_GREEDY
     loaded = register_random_target(args.device, args.dtype)
     STRICT_GREEDY = loaded.dtype == torch.float32
     print(json.dumps({"model": loaded.source, "device": str(loaded.device), "dtype": str(loaded.dtype)}), flush=True)
-    drafts = [value for label, value in reg.draft_choices(TARGET) if ":" not in value]   # same tokenizer only
+    drafts = [value for label, value in drafts.draft_choices(TARGET) if ":" not in value]   # same tokenizer only
     drafts.append(TARGET)                                # a separate draft model (itself: every draft accepted)
     checks = [("availability", check_available)]
     for draft in drafts:

@@ -50,7 +50,7 @@ def endpoint_values(client, api_name: str, **changes) -> list:
 
 
 def scenario_settings(scenario) -> dict:
-    """What choosing a scenario sets (ui.playground.handlers.apply_scenario), as /run's parameter names."""
+    """What choosing a scenario sets (ui.playground.callbacks.apply_scenario), as /run's parameter names."""
     settings = {"prompt": scenario.prompt, "draft": scenario.draft, "k": scenario.k,
                 "temperature": scenario.temperature, "top_p": scenario.top_p, "top_k": scenario.top_k,
                 "max_new_tokens": scenario.max_new_tokens, "seed": scenario.seed, "rule": scenario.rule,

@@ -28,10 +28,58 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from bench.eagle_prompts import PATH as PROMPTS, excluded_phrases
 
 DEFAULT_OUT = Path(__file__).parent.parent / "spec_engine" / "drafters" / "weights" / "eagle-smollm2-135m.safetensors"
+
+
+def eagle_loss(head, tokens: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, embed: torch.Tensor,
+               rows: torch.Tensor, noise: float = 0.0, generator: torch.Generator | None = None,
+               distill_weight: float = 0.5, unroll: int = 1, loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Teacher-forced training loss on right-padded sequences, plus optional unrolled steps.
+
+    tokens [B, L] ids, features [B, L, F] the target's hidden states of the head's feature_layers (the final,
+    post-norm ones last: F = len(feature_layers) * H), mask [B, L] 1 on real positions,
+    embed [vocab, H] the target's input embedding, rows [N, H] the reduced LM-head rows; loss_mask [B, L] (default
+    `mask`) marks the positions whose feature is a training target (e.g. only those that predict response tokens).
+    Step 1 feeds pairs (f_t + noise, e(x_{t+1})) and predicts f_{t+1}; step s > 1 feeds the previous step's own
+    (detached) predictions instead, as drafting does past the first token. Loss per step: smooth L1 to the true
+    final feature + distill_weight * cross-entropy of the head's reduced logits to the target's (softmax of rows @ f).
+    Noise goes on the final states only: they are what the head's own predictions stand in for.
+    """
+    batch, length, hidden = *features.shape[:2], head.config.hidden_size
+    features = features.float()
+    inputs = features[:, :-1]                                                          # [B, L - 1, F]
+    if noise:
+        inputs = inputs.clone()
+        inputs[..., -hidden:] += (torch.rand(inputs[..., -hidden:].shape, generator=generator) * 2 - 1) * noise
+    final = features[..., -hidden:]                                                    # [B, L, H]
+    losses, stats = [], {}
+    for step in range(1, unroll + 1):
+        n = length - step
+        if n <= 0:
+            break
+        next_embeds = embed[tokens[:, step:]]                                          # [B, n, H]
+        target = final[:, step:]                                                       # [B, n, H]
+        valid = ((mask if loss_mask is None else loss_mask)[:, step:] * mask[:, :n]).float()   # [B, n]
+        position_ids = torch.arange(n)[None].expand(batch, n)
+        predicted = head(inputs[:, :n], next_embeds, position_ids, attention_mask=mask[:, :n].long())   # [B, n, H]
+        weight = valid / valid.sum().clamp(min=1.0)
+        feature_loss = (F.smooth_l1_loss(predicted, target, reduction="none").mean(-1) * weight).sum()
+        with torch.no_grad():
+            teacher_logits = target @ rows.T                                           # [B, n, N]
+        student_logits = predicted @ rows.T                                            # [B, n, N]
+        teacher = torch.softmax(teacher_logits, dim=-1)
+        distill_loss = (-(teacher * torch.log_softmax(student_logits, dim=-1)).sum(-1) * weight).sum()
+        losses.append(feature_loss + distill_weight * distill_loss)
+        with torch.no_grad():
+            agree = (student_logits.argmax(-1) == teacher_logits.argmax(-1)).float()
+            stats[f"step{step}"] = {"feature": float(feature_loss), "distill": float(distill_loss),
+                                    "top1": float((agree * weight).sum())}
+        inputs = predicted.detach()
+    return torch.stack(losses).mean(), stats
 
 
 def encode_chat(tokenizer, text: str) -> list[int]:
@@ -269,7 +317,7 @@ def batches(samples: list[dict], batch: int, generator: torch.Generator):
 
 
 def cmd_train(args) -> None:
-    from spec_engine.drafters.eagle import EagleHead, eagle_loss, head_config
+    from spec_engine.drafters.eagle import EagleHead, head_config
     from spec_engine.models import load_model
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)          # module initialisation only; data order and noise use explicit generators
@@ -372,7 +420,6 @@ def save(head, vocab_index, samples, train, val, history, start, args) -> None:
 
 @torch.no_grad()
 def evaluate_loss(head, samples, embed, rows, args) -> dict:
-    from spec_engine.drafters.eagle import eagle_loss
     head.eval()
     totals: dict = {}
     generator = torch.Generator().manual_seed(0)

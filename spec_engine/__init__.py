@@ -14,7 +14,12 @@ from spec_engine.drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Dr
                        NaiveIdDrafter, PromptLookupDrafter, Proposal, early_exit_layers, TreeLookupDrafter,
                        LayerSkipTreeDrafter, ModelTreeDrafter)
 from spec_engine.drafters.eagle import EagleDrafter, EagleHead, load_eagle_drafter
-from spec_engine.drafters.registry import DraftSpec, make_drafter, parse_draft, register_draft
+from spec_engine.drafters.base import vocab_size
+from spec_engine.drafters.eagle import recommended_settings as eagle_recommended_settings
+from spec_engine.drafters.lookup import PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM
+from spec_engine.drafters.registry import (EARLY_EXIT_AFTER, LAYER_SKIP_MODES, DraftMode, DraftSpec, make_drafter, parse_draft,
+                                          register_draft)
+from spec_engine.drafters.sizing import Sizing, drafter_sizing
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
 from spec_engine.core.metrics import (acceptance_by_position, acceptance_rate, expected_tokens_by_position,
                                       expected_tokens_per_round, judged_acceptance, speedup_model)
@@ -37,6 +42,9 @@ __all__ = [
     "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "register_draft", "draft_modes", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
     "load_model", "LoadedModel", "prepare", "speed_layer",
     "BatchDecoder", "BatchEvent", "BatchCosts", "Request",
+    "vocab_size", "eagle_recommended_settings", "PROMPT_LOOKUP_MAX_NGRAM", "PROMPT_LOOKUP_MIN_NGRAM", "EARLY_EXIT_AFTER",
+    "LAYER_SKIP_MODES", "DraftMode", "Sizing", "drafter_sizing", "default_model_name", "parse_parameter_count", "load_source",
+    "hub_source", "hub_offline_reason", "is_offline_available", "OFFLINE_HUB_REASON", "resolve_device", "resolve_dtype",
 ]
 
 
@@ -47,8 +55,11 @@ def draft_modes() -> dict:
 
 
 def prepare(model) -> None:
-    """Build now what the speed layer would build on first use (packed weights), so a timed run does not pay it."""
+    """Build now what the engine would build on first use, so a timed run does not pay it: the speed layer's packed
+    weights, and the verify-cost curve that sizes the drafts (measured once per model and thread count)."""
+    from spec_engine.drafters.sizing import verify_costs
     speed.active().warm(model)
+    verify_costs(model)
 
 
 def speed_layer() -> str:
@@ -56,9 +67,14 @@ def speed_layer() -> str:
     return speed.active().name
 
 
+MODEL_NAMES = ("load_model", "LoadedModel", "list_presets", "resolve_preset", "list_pairs", "default_model_name",
+               "parse_parameter_count", "load_source", "hub_source", "hub_offline_reason", "is_offline_available",
+               "OFFLINE_HUB_REASON", "resolve_device", "resolve_dtype")
+
+
 def __getattr__(name):
     # models.py pulls in the GGUF machinery; import it only when asked for.
-    if name in ("load_model", "LoadedModel", "list_presets", "resolve_preset", "list_pairs"):
+    if name in MODEL_NAMES:
         from spec_engine import models
         return getattr(models, name)
     raise AttributeError(name)

@@ -7,8 +7,8 @@ quietly break it. docs/architecture.md explains the layers; this is the rule as 
     spec_engine.drafters    the core, itself and models (the EAGLE head reads the project's dtype names)
     spec_engine.models      the core's seam (a loaded model is offered to the speed layer), itself, paths
     spec_engine.classroom   the core, drafters, models and itself
-    ui/, app.py             the public API (`spec_engine`), spec_engine.classroom, .drafters and .models; never
-                            the core's modules or the speed layer
+    ui/, app.py             the public API (`spec_engine`) and spec_engine.classroom only: never the drafters,
+                            the models, the core's modules or the speed layer
 """
 import ast
 from pathlib import Path
@@ -24,7 +24,7 @@ ALLOWED = {
     "spec_engine.models": {"spec_engine.core.speed", "spec_engine.models", "spec_engine.paths"},
     "spec_engine.classroom": {"spec_engine.core", "spec_engine.drafters", "spec_engine.models",
                               "spec_engine.classroom"},
-    "ui": {"spec_engine", "spec_engine.classroom", "spec_engine.drafters", "spec_engine.models"},
+    "ui": {"spec_engine", "spec_engine.classroom"},
 }
 
 
@@ -84,6 +84,8 @@ def test_the_rule_checker_sees_a_broken_rule(tmp_path):
     assert not allowed("spec_engine.core", "spec_engine.drafters.base")
     assert not allowed("ui", "spec_engine.core.verify") and not allowed("ui", "spec_engine.accel")
     assert allowed("ui", "spec_engine") and allowed("spec_engine.accel", "spec_engine.core.speed")
+    assert allowed("ui", "spec_engine.classroom.lab") and not allowed("ui", "spec_engine.drafters.sizing")
+    assert not allowed("ui", "spec_engine.models") and not allowed("ui", "spec_engine.drafters")
     assert "spec_engine.accel.lean_llama" in imported(ROOT / "spec_engine" / "accel" / "__init__.py")
     assert "spec_engine.core.speed" in imported(ROOT / "spec_engine" / "core" / "cache.py")
 

@@ -82,15 +82,16 @@ def test_a_paused_curve_says_why_with_the_numbers_and_probes_every_few_rounds():
 
 class SteadyDrafter(Drafter):
     """Proposes token 1 up to k times, each with a 90% chance, sized by `curve` as the real drafters size theirs:
-    by a view of it taken when the decoder is built, reset when a run begins."""
+    by a view of it taken when the decoder is built (of `pinned_sizing`'s costs where set), reset when a run begins."""
 
     name = "steady"
 
     def __init__(self, curve):
         self.curve = curve
+        self.pinned_sizing = None
 
     def check_target(self, target_model):
-        self.costs = sizing.sizing_view(self.curve)
+        self.costs = sizing.sizing_view(self.curve, self.pinned_sizing)
 
     def begin(self, prompt_ids, target_features=None):
         sizing.reset_view(self.costs)
@@ -134,7 +135,7 @@ def test_a_grossly_wrong_curve_pauses_one_run_which_probes_and_the_next_drafts_a
 
 def test_a_run_built_again_under_its_first_pass_pin_drafts_the_same_rounds_though_the_curve_moved(monkeypatch):
     """The playground's "measure again" builds a new decoder for a run whose first pass corrected the curve (issue
-    #36, found in the whole suite): built under `pinned_costs` with the first pass's costs it sizes its drafts as
+    #36, found in the whole suite): pinned (sizing.pin_sizing) to the first pass's costs it sizes its drafts as
     the first pass did; built without, it sizes by the corrected curve and its rounds differ."""
     from tiny import tiny_llama
     model = tiny_llama(vocab=8, layers=1, seed=3)
@@ -143,12 +144,14 @@ def test_a_run_built_again_under_its_first_pass_pin_drafts_the_same_rounds_thoug
     ticks = itertools.count()
     monkeypatch.setattr(timing, "perf_counter", lambda: next(ticks) * 0.01)
     prompt = torch.tensor([[1, 2, 3]])
-    with sizing.pinned_costs() as pin:
-        first = se.SpeculativeDecoder(model, SteadyDrafter(curve)).generate(prompt, k=3, max_new_tokens=24)
-    assert pin.sizing.costs == curve.measured and curve.corrected         # the first pass's rounds corrected the curve
-    with sizing.pinned_costs(pin.sizing) as again_pin:
-        again = se.SpeculativeDecoder(model, SteadyDrafter(curve)).generate(prompt, k=3, max_new_tokens=24)
-    assert again_pin.sizing == pin.sizing
+    drafter = SteadyDrafter(curve)
+    first = se.SpeculativeDecoder(model, drafter).generate(prompt, k=3, max_new_tokens=24)
+    pinned = se.drafter_sizing(drafter)
+    assert pinned.costs == curve.measured and curve.corrected             # the first pass's rounds corrected the curve
+    again_drafter = SteadyDrafter(curve)
+    sizing.pin_sizing(again_drafter, pinned)
+    again = se.SpeculativeDecoder(model, again_drafter).generate(prompt, k=3, max_new_tokens=24)
+    assert se.drafter_sizing(again_drafter) == pinned
     assert [(r.drafted, r.note) for r in again.rounds] == [(r.drafted, r.note) for r in first.rounds]
     unpinned = se.SpeculativeDecoder(model, SteadyDrafter(curve)).generate(prompt, k=3, max_new_tokens=24)
     assert [r.drafted for r in unpinned.rounds] != [r.drafted for r in first.rounds]

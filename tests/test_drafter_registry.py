@@ -38,11 +38,11 @@ def test_one_registration_reaches_the_parser_the_factory_and_the_playground(regi
     assert isinstance(se.make_drafter("repeat-last", Loaded(target)), RepeatLastDrafter)
     with pytest.raises(ValueError, match="whole number"):
         se.parse_draft("repeat-last:x")
-    from ui.playground import registry as ui_registry
-    kind = ui_registry.kind_by_key("repeat-last")
+    from ui.playground import drafts
+    kind = drafts.kind_by_key("repeat-last")
     assert kind is not None and kind.lesson.startswith("The simplest guess")
-    assert ("Repeat the newest token", "repeat-last") in ui_registry.draft_choices("smollm2-135m-instruct")
-    assert ui_registry.check_draft_value("repeat-last") is None
+    assert ("Repeat the newest token", "repeat-last") in drafts.draft_choices("smollm2-135m-instruct")
+    assert drafts.check_draft_value("repeat-last") is None
 
 
 def test_the_registered_drafter_is_exact_under_greedy_decoding(registered, target):
@@ -57,3 +57,26 @@ def test_the_registered_drafter_is_exact_under_greedy_decoding(registered, targe
 
 def test_without_the_registration_the_name_is_a_model_preset(target):
     assert se.parse_draft("repeat-last") == se.DraftSpec("same-tokenizer", "repeat-last")
+
+
+def test_make_drafter_takes_its_options_as_arguments_not_hidden_state(monkeypatch):
+    """The options the playground passes (a layer set, a run's earlier verify-cost curve) go through make_drafter's
+    arguments: the curve pinned is the one the drafts are sized by, and a layer set for a mode without layers is an
+    error naming the argument."""
+    from tiny import tiny_llama
+    from spec_engine.drafters import lookup, sizing
+    model = tiny_llama(vocab=8, layers=4, seed=1)
+    curve = sizing.CostCurve((0.0, 1.0, 1.1, 1.2, 1.3, 1.4))
+    monkeypatch.setattr(lookup, "verify_costs", lambda target_model: curve)
+    assert se.make_drafter("layer-skip", Loaded(model), skip_layers=[2]).skip_layers == [2]
+    with pytest.raises(ValueError, match="skip_layers"):
+        se.make_drafter("prompt-lookup", Loaded(model), skip_layers=[2])
+    free = se.make_drafter("prompt-lookup", Loaded(model))
+    se.SpeculativeDecoder(model, free)
+    measured = se.drafter_sizing(free)
+    assert measured is not None and measured.costs == curve.measured
+    wanted = se.Sizing((0.0, 1.0, 2.0, 3.0, 4.0, 5.0), "a run's first pass")
+    pinned = se.make_drafter("prompt-lookup", Loaded(model), sizing=wanted)
+    se.SpeculativeDecoder(model, pinned)
+    assert se.drafter_sizing(pinned) == wanted
+    assert se.drafter_sizing(se.make_drafter("layer-skip", Loaded(model))) is None

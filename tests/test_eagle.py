@@ -14,7 +14,8 @@ import torch
 
 import spec_engine as se
 from spec_engine.core.cache import cache_len
-from spec_engine.drafters.eagle import (DEFAULT_WEIGHTS, EagleDrafter, EagleHead, eagle_loss, head_config, load_head,
+from bench.train_eagle import eagle_loss
+from spec_engine.drafters.eagle import (DEFAULT_WEIGHTS, EagleDrafter, EagleHead, head_config, load_head,
                                random_eagle_drafter, save_head, sha256_file, shared_head)
 from test_statistical import ALPHA, exact_joint, chi_square_pvalue, speculative_samples
 from tiny import greedy_identity_runs, tiny_llama

@@ -21,6 +21,7 @@ import transformers
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
+from spec_engine import models as se_models
 from ui.playground import handlers
 from ui.playground.handlers import RUN_OUTPUTS
 from ui.playground.state import RunSettings, SessionState
@@ -144,7 +145,7 @@ def test_offline_the_snippet_names_the_local_checkpoint_and_says_so(monkeypatch)
     from ui.playground import registry as reg, share
     loaded = SimpleNamespace(source="cache:/cache/smollm2-135m-instruct-abc")
     monkeypatch.setattr(reg.REGISTRY, "loaded", lambda name: loaded if name == TARGET else None)
-    monkeypatch.setattr(share.models, "hub_source", lambda hub_id, gated=False: (None, "offline"))
+    monkeypatch.setattr(se_models, "hub_source", lambda hub_id, gated=False: (None, "offline"))
     assert share.local_checkpoint(TARGET) == "/cache/smollm2-135m-instruct-abc"
     assert share.local_checkpoint("smollm2-360m-instruct") is None              # not loaded here
     snippet = ec.snippets(settings(), target_path=share.local_checkpoint(TARGET))     # what share.equivalent does
@@ -153,7 +154,7 @@ def test_offline_the_snippet_names_the_local_checkpoint_and_says_so(monkeypatch)
     assert "Elsewhere: TARGET = 'HuggingFaceTB/SmolLM2-135M-Instruct'" in code
     assert "model='HuggingFaceTB/SmolLM2-135M-Instruct'" in vllm and "Offline here" in notes
     ast.parse(code)
-    monkeypatch.setattr(share.models, "hub_source", lambda hub_id, gated=False: ("hub-cache", "cached"))
+    monkeypatch.setattr(se_models, "hub_source", lambda hub_id, gated=False: ("hub-cache", "cached"))
     assert share.local_checkpoint(TARGET) is None
 
 

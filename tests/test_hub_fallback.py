@@ -162,14 +162,14 @@ def test_gated_needs_a_hub_id(tmp_path):
 
 
 def test_the_mismatch_demo_takes_gemma_where_packaged_else_gpt2(monkeypatch, hub_cache, hub_online):
-    from ui.playground import handlers, registry
+    from ui.playground import mismatch, registry
     if models.load_source("gemma-3-270m")[0] == "package":
         assert registry.mismatch_draft_model() == "gemma-3-270m"
     hide(monkeypatch, *GEMMA_MODULES)
     assert registry.mismatch_draft_model() == "gpt2"                        # the Hub, no token: GPT-2
     monkeypatch.setattr(presets, "_hub_token", lambda: "hf_example")
     assert registry.mismatch_draft_model() == "gpt2"                        # a token: still the one that is not gated
-    drafts = handlers.mismatch_drafts(models.DEFAULT_MODEL)
+    drafts = mismatch.mismatch_drafts(models.DEFAULT_MODEL)
     assert [d for d, _, _ in drafts] == ["gpt2:naive-ids", "gpt2:cross-tokenizer", "prompt-lookup", "layer-skip"]
     assert drafts[0][2] == "GPT-2 124M's token ids, reused as SmolLM2 135M Instruct ids"
     pairs = {p.draft for p in models.list_pairs() if p.target == models.DEFAULT_MODEL}
@@ -207,11 +207,11 @@ def test_the_gpt2_preset_loads_from_the_hub_cache_offline_and_drafts_for_smollm2
     """The `gpt2` preset's whole path with HF_HUB_OFFLINE=1: availability, load_model from the cache (GPT2LMHeadModel,
     safetensors, its own tokenizer), the playground's draft list, and both different-tokenizer drafts against
     SmolLM2, which must reproduce plain greedy decoding (the rule is exact whatever the draft proposes)."""
-    from ui.playground import registry
+    from ui.playground import drafts
     assert models.load_source("gpt2") == (None, models.OFFLINE_HUB_REASON)
     fill_hub_cache(hub_cache, "openai-community/gpt2", tiny_gpt2(tmp_path / "gpt2"))
     assert models.load_source("gpt2") == ("hub-cache", "loads openai-community/gpt2 from the local Hugging Face cache")
-    choices = {value: label for label, value in registry.draft_choices(models.DEFAULT_MODEL)}
+    choices = {value: label for label, value in drafts.draft_choices(models.DEFAULT_MODEL)}
     assert "unavailable" not in choices["gpt2:cross-tokenizer"] and "unavailable" not in choices["gpt2:naive-ids"]
     gpt2 = models.load_model("gpt2", device="cpu")
     assert gpt2.source == "hub-cache:openai-community/gpt2" and type(gpt2.model).__name__ == "GPT2LMHeadModel"

@@ -9,7 +9,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import lesson_memory  # noqa: E402
 
 from ui.layout import SCENARIO_CONTROLS  # noqa: E402
-from ui.playground import handlers  # noqa: E402
+from ui.playground import callbacks  # noqa: E402
 from ui.playground.presets import load_presets  # noqa: E402
 from spec_engine.models import default_model_name  # noqa: E402
 
@@ -17,7 +17,7 @@ from spec_engine.models import default_model_name  # noqa: E402
 def test_each_scenario_runs_with_the_settings_the_scenario_list_sets():
     presets = load_presets()
     for scenario in presets.scenarios:
-        shown = dict(zip(SCENARIO_CONTROLS, handlers.apply_scenario(scenario.id, presets, default_model_name())))
+        shown = dict(zip(SCENARIO_CONTROLS, callbacks.apply_scenario(scenario.id, presets, default_model_name())))
         shown["draft"] = shown["draft"]["value"]            # a gr.update of the draft list: choices and value
         settings = lesson_memory.scenario_settings(scenario)
         expected = {name: value for name, value in shown.items()

@@ -4,7 +4,7 @@ the same tokens; a hostile link is refused with the fields named and nothing of 
 /usr/bin/chromium, as test_app_browser.py."""
 import pytest
 
-from ui.playground import registry as reg
+from ui.playground import drafts
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
@@ -87,7 +87,7 @@ def test_a_shared_link_opens_the_same_settings_and_tokens_in_a_fresh_session(pla
         shown_b = controls(page)
         assert shown_b == shown_a
         assert (shown_b["k"], shown_b["max_new_tokens"], shown_b["seed"], shown_b["top_k"]) == ("6", "36", "4242", "7")
-        labels = {value: label for label, value in reg.draft_choices("smollm2-135m-instruct")}
+        labels = {value: label for label, value in drafts.draft_choices("smollm2-135m-instruct")}
         assert shown_b["draft"] == labels["prompt-lookup"] and shown_b["scenario"] == SCENARIO
         assert "Which sentence of this text says what the KV cache stores?" in shown_b["prompt"]
         assert "4. Prompt lookup on a quote from the prompt. Look for:" in page.locator("#spec-caption").inner_text()

@@ -141,7 +141,7 @@ def drive(child, port: int, log_path: Path, started: float):
     """Wait until the page serves and the default model is ready, then run the page's defaults through /run."""
     from gradio_client import Client
 
-    from ui.playground import registry as reg
+    from ui.playground import drafts
     from ui.playground.handlers import RUN_INPUTS, RUN_OUTPUTS
     from ui.playground.presets import load_presets
 
@@ -162,7 +162,7 @@ def drive(child, port: int, log_path: Path, started: float):
     labels = {value: label for label, value in target_box["props"]["choices"]}
     assert "unavailable" not in labels[TARGET], labels
     assert "unavailable" in labels["smollm2-360m-instruct"], labels          # a Hub preset, not cached: offline
-    draft, k = reg.default_draft(TARGET)
+    draft, k = drafts.default_draft(TARGET)
     values = dict(prompt=load_presets().prompts[0].text, target=TARGET, draft=draft, k=k, temperature=0, top_p=1.0,
                   top_k=0, max_new_tokens=MAX_NEW_TOKENS, seed=0, rule="exact", chat=True, skip_layers="",
                   exit_after=0, auto_baseline=True, show_spaces=False)

@@ -45,7 +45,7 @@ def measure_both(chromium, url: str, page_seed: int, api_seeds) -> tuple[list[fl
     from gradio_client import Client
 
     from conftest import open_playground, set_number
-    from ui.playground import handlers, registry
+    from ui.playground import handlers, drafts
 
     page = open_playground(chromium, url)
     page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.startsWith('Models:')",
@@ -57,7 +57,7 @@ def measure_both(chromium, url: str, page_seed: int, api_seeds) -> tuple[list[fl
         set_number(page, "#spec-seed", page_seed)
     client = Client(url, verbose=False)
     assert handlers.RUN_OUTPUTS.index("summary") == SUMMARY
-    draft, _ = registry.default_draft("smollm2-135m-instruct")
+    draft, _ = drafts.default_draft("smollm2-135m-instruct")
 
     def over_the_api(seed: int) -> float:
         summary = client.predict(defaults["prompt"], "smollm2-135m-instruct", draft, defaults["k"], 0, 1.0, 0, 64, seed,

@@ -4,7 +4,7 @@ current settings must be the Run at those settings: the same rounds, and timed t
 import pytest
 
 import spec_engine as se
-from ui.playground import handlers, runner
+from ui.playground import handlers, runner, sweep
 from ui.playground.state import SessionState
 
 from test_ui_handlers import run_args
@@ -20,13 +20,13 @@ def test_the_sweep_point_for_the_current_settings_is_the_run(playground_registry
     generate = se.SpeculativeDecoder.generate
     monkeypatch.setattr(se.SpeculativeDecoder, "generate", lambda self, *a, **kw: displays.append(kw.get("display"))
                         or generate(self, *a, **kw))
-    monkeypatch.setattr(handlers, "SWEEP_K", (3, 1))
+    monkeypatch.setattr(sweep, "SWEEP_K", (3, 1))
     monkeypatch.setattr(handlers, "SETTLE_SECONDS", 0.0)
     args = run_args(draft="prompt-lookup", k=3, max_new_tokens=8, auto_baseline=True)
     state = SessionState()
     list(handlers.run(*args, state))
     run_labels, timed[:] = list(timed), []
-    list(handlers.sweep_k(*args, state))
+    list(sweep.sweep_k(*args, state))
     run, point, other = state.history
     assert (run.settings, point.settings.k, other.settings.k) == (point.settings, 3, 1)
     assert point.tokens == run.tokens and len(point.rounds) == len(run.rounds)

@@ -57,9 +57,9 @@ def test_the_mismatch_tab_runs_all_four_drafts_and_naive_ids_come_lowest(page, p
                                                                          monkeypatch):
     """The Tokenizer-mismatch tab's four runs each run to their end (they shared one budget that the first run's
     release cancelled, so three stopped after one round) and the chart's lowest bar is the naive ids."""
-    from ui.playground import handlers
+    from ui.playground import mismatch
     playground_registry.put(gemma)
-    monkeypatch.setattr(handlers, "MISMATCH_MAX_NEW_TOKENS", 12)
+    monkeypatch.setattr(mismatch, "MISMATCH_MAX_NEW_TOKENS", 12)
     page.get_by_role("tab", name="Tokenizer mismatch", exact=True).click()
     page.click("#spec-mismatch")
     page.wait_for_function("document.body.innerText.includes('Done: hover the tokens')", timeout=600_000)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import spec_engine as se
-from ui.playground import handlers, runner
+from ui.playground import callbacks, handlers, mismatch, runner, sweep
 from ui.playground.handlers import RUN_OUTPUTS
 from ui.playground.presets import load_presets
 from ui.playground.state import SessionState
@@ -237,13 +237,13 @@ def test_unavailable_target_warns_and_reverts(monkeypatch):
     state.target = TARGET
     monkeypatch.setattr(handlers.reg, "availability", lambda name: (name == TARGET, "needs the Hugging Face Hub"))
     with pytest.warns(UserWarning, match="unavailable here: needs the Hugging Face Hub"):
-        target_update, draft_update = handlers.on_target("qwen2.5-1.5b-instruct", "layer-skip", state)
+        target_update, draft_update = callbacks.on_target("qwen2.5-1.5b-instruct", "layer-skip", state)
     assert target_update["value"] == TARGET and "choices" not in draft_update
 
 
 def test_scenario_sets_every_control():
     presets = load_presets()
-    values = handlers.apply_scenario("prompt-lookup-edit", presets, TARGET)
+    values = callbacks.apply_scenario("prompt-lookup-edit", presets, TARGET)
     prompt, target, draft, k, temperature, top_p, top_k, max_new, seed, rule, chat, caption = values
     assert "Rewrite" in prompt and target == TARGET and draft["value"] == "prompt-lookup" and k == 8
     assert rule == "exact" and "Prompt lookup" in caption
@@ -253,16 +253,16 @@ def test_scenario_sets_every_control():
 def test_show_spaces_rerenders_the_current_run(playground_registry):
     state = SessionState()
     list(handlers.run(*run_args(draft="prompt-lookup", max_new_tokens=6), state))
-    assert "·" in handlers.rerender(True, state)
-    assert '<span class="ws">·</span>' not in handlers.rerender(False, state)
+    assert "·" in callbacks.rerender(True, state)
+    assert '<span class="ws">·</span>' not in callbacks.rerender(False, state)
 
 
 @pytest.mark.slow
 def test_tokenizer_mismatch_demo(playground_registry, gemma, monkeypatch):
     playground_registry.put(gemma)
-    monkeypatch.setattr(handlers, "MISMATCH_MAX_NEW_TOKENS", 8)
+    monkeypatch.setattr(mismatch, "MISMATCH_MAX_NEW_TOKENS", 8)
     state = SessionState()
-    outputs = list(handlers.mismatch_demo(PROMPT, TARGET, 64, True, state))
+    outputs = list(mismatch.mismatch_demo(PROMPT, TARGET, 64, True, state))
     status, table, figure, views, tokenization, history, _ = outputs[-1]
     assert list(table["draft"].str[:4]) == ["(a) ", "(b) ", "(c) ", "(c')"]
     naive = table["acceptance"][0]
@@ -284,9 +284,9 @@ def test_tokenizer_mismatch_demo(playground_registry, gemma, monkeypatch):
 
 @pytest.mark.slow
 def test_sweep_k_fills_the_history_with_one_baseline(playground_registry, monkeypatch):
-    monkeypatch.setattr(handlers, "SWEEP_K", (1, 3))
+    monkeypatch.setattr(sweep, "SWEEP_K", (1, 3))
     state = SessionState()
-    outputs = list(handlers.sweep_k(*run_args(draft="prompt-lookup", max_new_tokens=6, auto_baseline=True), state))
+    outputs = list(sweep.sweep_k(*run_args(draft="prompt-lookup", max_new_tokens=6, auto_baseline=True), state))
     assert [r.settings.k for r in state.history] == [1, 3]
     assert len(state.baselines) == 1                         # k and the draft do not change plain decoding
     # each k runs to its end: the sweep's runs share one deadline, but releasing one must not cancel the next
@@ -348,11 +348,11 @@ def test_the_speedup_comes_from_runs_timed_without_drawing(playground_registry, 
 def test_export_takes_the_run_on_screen_not_the_newest_in_the_history(playground_registry, gemma, monkeypatch):
     from ui.classroom import replay
     playground_registry.put(gemma)
-    monkeypatch.setattr(handlers, "MISMATCH_MAX_NEW_TOKENS", 4)
+    monkeypatch.setattr(mismatch, "MISMATCH_MAX_NEW_TOKENS", 4)
     state = SessionState()
     list(handlers.run(*run_args(max_new_tokens=6), state))
     shown = state.active.record
-    list(handlers.mismatch_demo(PROMPT, TARGET, 64, True, state))       # adds four runs to the history
+    list(mismatch.mismatch_demo(PROMPT, TARGET, 64, True, state))       # adds four runs to the history
     assert state.history[-1] is not shown
     trace = replay.export_latest(state)
     assert trace.display["run_id"] == shown.run_id and trace.tokens == shown.tokens

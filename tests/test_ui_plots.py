@@ -171,7 +171,7 @@ def test_compare_runs_names_scenario_runs_and_compares_the_selected_ones():
     """Issue #38: after the scenarios the comparison pooled 11 dots and nobody could tell which was scenario 5. A run
     with every setting of a scenario is named by it (in the table, the hover text and on the point: 'S5'); a run
     changed by hand is not; the teacher can pick the runs to compare, and clearing the history clears the pick."""
-    from ui.playground import handlers
+    from ui.playground import callbacks, handlers
     from ui.playground.presets import load_presets
     from spec_engine.models import default_model_name
     scenario = next(s for s in load_presets().scenarios if s.label.startswith("5."))
@@ -195,7 +195,7 @@ def test_compare_runs_names_scenario_runs_and_compares_the_selected_ones():
     assert [value for _, value in picker["choices"]] == [2, 1]
     handlers.set_compare_runs([1], state)
     assert [s["run_id"] for s, _ in state.compared()] == [1]
-    handlers.clear_history(state)
+    callbacks.clear_history(state)
     assert state.compare_runs == [] and state.compared() == []
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground.presets import SCENARIOS_PATH, load_presets
 
 GOOD_SCENARIO = """
@@ -86,22 +87,22 @@ def test_scenarios_path_is_in_the_repo():
 def test_the_playground_starts_with_the_measured_best_draft():
     from spec_engine.drafters.eagle import recommended_settings
     settings = recommended_settings()
-    draft, k = reg.default_draft("smollm2-135m-instruct")
-    assert (draft, k) == (settings["draft"], settings["k"]) and reg.check_draft_value(draft) is None
-    assert draft in [value for _, value in reg.draft_choices("smollm2-135m-instruct")]
-    assert reg.default_draft("gemma-3-270m")[0] == "prompt-lookup"       # the head drafts for SmolLM2 only
+    draft, k = drafts.default_draft("smollm2-135m-instruct")
+    assert (draft, k) == (settings["draft"], settings["k"]) and drafts.check_draft_value(draft) is None
+    assert draft in [value for _, value in drafts.draft_choices("smollm2-135m-instruct")]
+    assert drafts.default_draft("gemma-3-270m")[0] == "prompt-lookup"       # the head drafts for SmolLM2 only
 
 
 def test_draft_catalogue_for_the_offline_default():
-    values = [value for _, value in reg.draft_choices("smollm2-135m-instruct")]
+    values = [value for _, value in drafts.draft_choices("smollm2-135m-instruct")]
     assert values[:5] == ["layer-skip", "layer-skip-tree", "early-exit", "prompt-lookup", "lookup-tree"]   # trees follow
-    assert reg.kind_by_key("layer-skip-tree").tree and reg.kind_by_key("lookup-tree").tree
+    assert drafts.kind_by_key("layer-skip-tree").tree and drafts.kind_by_key("lookup-tree").tree
     assert "gemma-3-270m:cross-tokenizer" in values and "gemma-3-270m:naive-ids" in values
     assert {"eagle", "eagle+lookup"} <= set(values)
-    assert {"eagle", "eagle+lookup"}.isdisjoint(value for _, value in reg.draft_choices("gemma-3-270m"))   # head trained for SmolLM2
+    assert {"eagle", "eagle+lookup"}.isdisjoint(value for _, value in drafts.draft_choices("gemma-3-270m"))   # head trained for SmolLM2
     for value in values:
-        assert reg.check_draft_value(value) is None
-    hub_pair = dict((v, label) for label, v in reg.draft_choices("smollm2-360m-instruct"))
+        assert drafts.check_draft_value(value) is None
+    hub_pair = dict((v, label) for label, v in drafts.draft_choices("smollm2-360m-instruct"))
     assert "smollm2-135m-instruct" in hub_pair and "Separate draft model" in hub_pair["smollm2-135m-instruct"]
 
 
@@ -115,14 +116,14 @@ def test_hub_targets_are_listed_with_a_reason_when_offline():
 
 @pytest.mark.parametrize("spec, n, expected", [("3, 5-7", 30, [3, 5, 6, 7]), ("12", 30, [12]), (" ", 30, [])])
 def test_parse_layers(spec, n, expected):
-    assert reg.parse_layers(spec, n) == expected
+    assert drafts.parse_layers(spec, n) == expected
 
 
 @pytest.mark.parametrize("spec, words", [("0", "lie in [1, 29]"), ("30", "lie in [1, 29]"), ("9-3", "backwards"),
                                          ("x", "not a layer number"), ("1-29", "keep at least two")])
 def test_parse_layers_errors(spec, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
-        reg.parse_layers(spec, 30)
+        drafts.parse_layers(spec, 30)
 
 
 def scenario_text(n: int, **changes) -> str:

@@ -12,15 +12,15 @@ import gradio as gr
 
 import spec_engine as se
 from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
-from spec_engine.drafters.registry import EARLY_EXIT_AFTER
 
 from ui import page_head
 from ui.classroom import tabs as classroom, sweeps
-from ui.playground import handlers, limits, share
+from ui.playground import callbacks, handlers, limits, mismatch, share, sweep
 from ui.views import plots, render
 from ui.classroom import lab as exactness_lab
 from ui.classroom import whatif as whatif_tab
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground.presets import Presets, load_presets
 from ui.playground.state import HISTORY_COLUMNS, SessionState, expire as expire_session
 
@@ -53,7 +53,7 @@ TIME_CAPTION = ("**Where the time goes**, each round of the timed run in plain d
                 "with the rows a round checks; on a GPU verifying a few rows costs about one step (the dashed line).")
 TOKEN_VIEW_HEIGHT = 430      # px; longer outputs scroll (and follow the newest round) so the plots stay in view
 SCENARIO_CONTROLS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed",
-                     "rule", "chat")   # what handlers.apply_scenario sets, in its order (then the caption)
+                     "rule", "chat")   # what callbacks.apply_scenario sets, in its order (then the caption)
 RESIZE_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }"
 RUN_WAITERS = 32            # run handlers at once: each waits at the gate on a thread (anyio's pool has 40)
 # Tab bars wrap onto a second row rather than hide the tabs that do not fit behind Gradio's "⋯" menu: at 1024 px the
@@ -122,10 +122,10 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                                           info="Hub models are listed but need network access"
                                           + ("; or type a Hub id (owner/name)" if custom else ""),
                                           allow_custom_value=custom, elem_id="spec-target")
-                start_draft, start_k = reg.default_draft(default_target)
-                c["draft"] = gr.Dropdown(reg.draft_choices(default_target), value=start_draft, label="Draft",
+                start_draft, start_k = drafts.default_draft(default_target)
+                c["draft"] = gr.Dropdown(drafts.draft_choices(default_target), value=start_draft, label="Draft",
                                          allow_custom_value=custom, elem_id="spec-draft")
-                draft_info = gr.Markdown(reg.kind_by_key(start_draft).lesson, elem_id="spec-draft-info")
+                draft_info = gr.Markdown(drafts.kind_by_key(start_draft).lesson, elem_id="spec-draft-info")
                 c["k"] = gr.Slider(1, se.MAX_K, value=start_k, step=1, label="k: draft tokens per round (at most; drafts are cut to what pays)", elem_id="spec-k")
                 with gr.Row():
                     c["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
@@ -144,11 +144,11 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                                                   placeholder=f"default: {skip_default}",
                                                   info="e.g. 21, 23, 25-27; empty = the default set")
                     c["exit_after"] = gr.Slider(0, 64, value=0, step=1, label="Early exit: after this many layers",
-                                                info=f"0 = the default: {EARLY_EXIT_AFTER} layers "
+                                                info=f"0 = the default: {se.EARLY_EXIT_AFTER} layers "
                                                      "(one less than the target has, if fewer)")
                 with gr.Row():
                     baseline_btn = gr.Button("Measure the speedup again", size="sm", elem_id="spec-baseline")
-                    sweep_btn = gr.Button(f"Sweep k {list(handlers.SWEEP_K)}", size="sm", elem_id="spec-sweep")
+                    sweep_btn = gr.Button(f"Sweep k {list(sweep.SWEEP_K)}", size="sm", elem_id="spec-sweep")
                 with gr.Row():
                     c["auto_baseline"] = gr.Checkbox(True, label="Measure the speedup after each run (nothing drawn)")
                     c["show_spaces"] = gr.Checkbox(False, label="Show spaces as ·")
@@ -210,7 +210,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
                 mm_btn = gr.Button("Run the tokenizer-mismatch demo", variant="primary", elem_id="spec-mismatch")
                 mm: dict[str, gr.components.Component] = {}
                 mm["mm_status"] = gr.Markdown("", elem_id="spec-mismatch-status")
-                mm["mm_table"] = gr.Dataframe(headers=handlers.MISMATCH_COLUMNS, interactive=False, wrap=True,
+                mm["mm_table"] = gr.Dataframe(headers=mismatch.MISMATCH_COLUMNS, interactive=False, wrap=True,
                                               label="Same prompt, three kinds of draft", elem_id="spec-mismatch-table")
                 with gr.Row():
                     mm["mm_plot"] = gr.Plot(plots.mismatch_figure([]), show_label=False, scale=2, elem_id="spec-mismatch-plot")
@@ -244,31 +244,31 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
         run_event = run_btn.click(renewing(handlers.run), run_inputs, run_outputs, api_name="run", **runs, **checked)
         # One click per lesson: choosing a scenario sets the controls, then runs them as the Run button would.
         scenario_event = scenario.input(
-            functools.partial(handlers.apply_scenario, presets=presets, default_target=default_target), [scenario],
+            functools.partial(callbacks.apply_scenario, presets=presets, default_target=default_target), [scenario],
             [c[n] for n in SCENARIO_CONTROLS] + [caption], api_visibility="private",
         ).success(renewing(handlers.run), run_inputs, run_outputs, api_visibility="private", **runs, **checked)
-        sweep_event = sweep_btn.click(renewing(handlers.sweep_k), run_inputs, run_outputs, api_name="sweep_k", **compute,
+        sweep_event = sweep_btn.click(renewing(sweep.sweep_k), run_inputs, run_outputs, api_name="sweep_k", **compute,
                                       **checked)
         base_event = baseline_btn.click(renewing(handlers.measure_baseline), [state], run_outputs, api_name="baseline", **compute)
-        mm_outputs = [mm[name] if name in mm else out[name] for name in handlers.MISMATCH_OUTPUTS] + [state]
-        mm_event = mm_btn.click(renewing(handlers.mismatch_demo), [c["prompt"], c["target"], c["max_new_tokens"], c["chat"], state],
+        mm_outputs = [mm[name] if name in mm else out[name] for name in mismatch.MISMATCH_OUTPUTS] + [state]
+        mm_event = mm_btn.click(renewing(mismatch.mismatch_demo), [c["prompt"], c["target"], c["max_new_tokens"], c["chat"], state],
                                 mm_outputs, api_name="mismatch", **compute, preprocess=False,
                                 validator=handlers.validate_mismatch)
         stop_btn.click(renewing(handlers.stop), [state], run_outputs, api_name="stop", concurrency_limit=None,
                        cancels=[run_event, scenario_event, sweep_event, base_event, mm_event, *lab_events])
 
         private = {"api_visibility": "private"}
-        c["target"].input(handlers.on_target, [c["target"], c["draft"], state], [c["target"], c["draft"]], **private)
-        c["draft"].change(handlers.on_draft, [c["draft"], c["target"]], [draft_info], **private)
+        c["target"].input(callbacks.on_target, [c["target"], c["draft"], state], [c["target"], c["draft"]], **private)
+        c["draft"].change(callbacks.on_draft, [c["draft"], c["target"]], [draft_info], **private)
         present.change(None, [present], None, js=render.PRESENTATION_JS, **private)
-        example.input(functools.partial(handlers.apply_prompt, presets=presets), [example], [c["prompt"], c["chat"]],
+        example.input(functools.partial(callbacks.apply_prompt, presets=presets), [example], [c["prompt"], c["chat"]],
                       **private)
-        c["show_spaces"].change(handlers.rerender, [c["show_spaces"], state], [out["tokens"]], **private)
-        axis.change(handlers.set_compare_axis, [axis, state], [out["compare_plot"]], **private)
-        clear_btn.click(handlers.clear_history, [state], [out["history"], out["compare_plot"]], **private)
+        c["show_spaces"].change(callbacks.rerender, [c["show_spaces"], state], [out["tokens"]], **private)
+        axis.change(callbacks.set_compare_axis, [axis, state], [out["compare_plot"]], **private)
+        clear_btn.click(callbacks.clear_history, [state], [out["history"], out["compare_plot"]], **private)
         out["history"].change(handlers.compare_choices, [state], [compare_runs], **private)
         compare_runs.input(handlers.set_compare_runs, [compare_runs, state], [out["compare_plot"]], **private)
-        demo.load(functools.partial(handlers.model_status, default_target), None, [model_md], **private)
+        demo.load(functools.partial(callbacks.model_status, default_target), None, [model_md], **private)
         for tab in (compare_tab, kv_tab, mm_tab, tree_tab):   # plots drawn while their tab was hidden get their width now
             tab.select(None, None, None, js=RESIZE_JS, **private)
     demo.spec_components = {**c, **out, **mm, **lab, **shared, "scenario": scenario, "example": example,
@@ -277,7 +277,7 @@ def build_demo(default_target: str | None = None, presets: Presets | None = None
 
 
 def describe_default_skip(target: str) -> str:
-    return f"layers {', '.join(map(str, reg.default_skip_layers()))} (spec_engine.DEFAULT_SKIP_LAYERS)"
+    return f"layers {', '.join(map(str, drafts.default_skip_layers()))} (spec_engine.DEFAULT_SKIP_LAYERS)"
 
 
 def about_text(default_target: str, skip_default: str) -> str:

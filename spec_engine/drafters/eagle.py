@@ -182,53 +182,6 @@ def head_dtype(target_model) -> torch.dtype:
     return speed.active().draft_dtype(target_model) or target_model.dtype
 
 
-def eagle_loss(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, embed: torch.Tensor,
-               rows: torch.Tensor, noise: float = 0.0, generator: torch.Generator | None = None,
-               distill_weight: float = 0.5, unroll: int = 1, loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """Teacher-forced training loss on right-padded sequences, plus optional unrolled steps.
-
-    tokens [B, L] ids, features [B, L, F] the target's hidden states of the head's feature_layers (the final,
-    post-norm ones last: F = len(feature_layers) * H), mask [B, L] 1 on real positions,
-    embed [vocab, H] the target's input embedding, rows [N, H] the reduced LM-head rows; loss_mask [B, L] (default
-    `mask`) marks the positions whose feature is a training target (e.g. only those that predict response tokens).
-    Step 1 feeds pairs (f_t + noise, e(x_{t+1})) and predicts f_{t+1}; step s > 1 feeds the previous step's own
-    (detached) predictions instead, as drafting does past the first token. Loss per step: smooth L1 to the true
-    final feature + distill_weight * cross-entropy of the head's reduced logits to the target's (softmax of rows @ f).
-    Noise goes on the final states only: they are what the head's own predictions stand in for.
-    """
-    batch, length, hidden = *features.shape[:2], head.config.hidden_size
-    features = features.float()
-    inputs = features[:, :-1]                                                          # [B, L - 1, F]
-    if noise:
-        inputs = inputs.clone()
-        inputs[..., -hidden:] += (torch.rand(inputs[..., -hidden:].shape, generator=generator) * 2 - 1) * noise
-    final = features[..., -hidden:]                                                    # [B, L, H]
-    losses, stats = [], {}
-    for step in range(1, unroll + 1):
-        n = length - step
-        if n <= 0:
-            break
-        next_embeds = embed[tokens[:, step:]]                                          # [B, n, H]
-        target = final[:, step:]                                                       # [B, n, H]
-        valid = ((mask if loss_mask is None else loss_mask)[:, step:] * mask[:, :n]).float()   # [B, n]
-        position_ids = torch.arange(n)[None].expand(batch, n)
-        predicted = head(inputs[:, :n], next_embeds, position_ids, attention_mask=mask[:, :n].long())   # [B, n, H]
-        weight = valid / valid.sum().clamp(min=1.0)
-        feature_loss = (F.smooth_l1_loss(predicted, target, reduction="none").mean(-1) * weight).sum()
-        with torch.no_grad():
-            teacher_logits = target @ rows.T                                           # [B, n, N]
-        student_logits = predicted @ rows.T                                            # [B, n, N]
-        teacher = torch.softmax(teacher_logits, dim=-1)
-        distill_loss = (-(teacher * torch.log_softmax(student_logits, dim=-1)).sum(-1) * weight).sum()
-        losses.append(feature_loss + distill_weight * distill_loss)
-        with torch.no_grad():
-            agree = (student_logits.argmax(-1) == teacher_logits.argmax(-1)).float()
-            stats[f"step{step}"] = {"feature": float(feature_loss), "distill": float(distill_loss),
-                                    "top1": float((agree * weight).sum())}
-        inputs = predicted.detach()
-    return torch.stack(losses).mean(), stats
-
-
 class EagleDrafter(Drafter):
     """Drafts by rolling an EagleHead forward from the target's features (see the module docstring).
 
@@ -257,6 +210,7 @@ class EagleDrafter(Drafter):
         self.min_path_confidence = min_path_confidence   # ... or before a step, once their product falls below it
         self.size_by_cost = size_by_cost
         self.costs: tuple[float, ...] | None = None  # the target's verify-cost curve, from check_target
+        self.pinned_sizing = None                   # sizing.pin_sizing: a run's earlier curve
         self.head = head.eval()
         layer = speed.active()
         layer.adopt(self.head)          # a speed layer's preparation (the CPU's: packed products, lean steps),
@@ -289,7 +243,7 @@ class EagleDrafter(Drafter):
         if int(self.vocab_index.max()) >= vocab_size(target_model):
             raise ValueError("the head's vocabulary index lists ids beyond the target's vocabulary")
         if self.size_by_cost:
-            self.costs = sizing_view(verify_costs(target_model))
+            self.costs = sizing_view(verify_costs(target_model), self.pinned_sizing)
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.cache = self.head.new_cache()

@@ -74,12 +74,13 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram, self.min_ngram, self.sizing = max_ngram, min_ngram, sizing
         self.name = f"prompt-lookup(n<={max_ngram})"
         self.costs: tuple[float, ...] | None = None      # the target's verify-cost curve, from check_target
+        self.pinned_sizing = None                   # sizing.pin_sizing: a run's earlier curve
         self.odds = LookupOdds()
         self.pending: tuple[int, int, list[int]] | None = None   # (match length, committed length, proposed)
 
     def check_target(self, target_model) -> None:
         if self.sizing == "cost":
-            self.costs = sizing_view(verify_costs(target_model))
+            self.costs = sizing_view(verify_costs(target_model), self.pinned_sizing)
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.odds, self.pending = LookupOdds(), None

@@ -30,8 +30,8 @@ drafter is its module plus one registration.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
 
 from spec_engine.drafters.base import Drafter
 from spec_engine.drafters.cross_tokenizer import CrossTokenizerDrafter, NaiveIdDrafter
@@ -39,6 +39,7 @@ from spec_engine.drafters.lookup import (PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_
                                          LookupFirstDrafter, PromptLookupDrafter, TreeLookupDrafter,
                                          fixed_length_lookup)
 from spec_engine.drafters.model import DEFAULT_SKIP_LAYERS, LayerSkipDrafter, ModelDrafter, early_exit_layers
+from spec_engine.drafters.sizing import Sizing, pin_sizing
 from spec_engine.drafters.suffix import SuffixDrafter, SuffixFirstDrafter
 from spec_engine.drafters.tree import LayerSkipTreeDrafter
 
@@ -51,6 +52,7 @@ class DraftSpec:
     model: str | None = None     # the draft model's preset name or path, for model drafts
     arg: int | None = None       # early-exit layers, prompt-lookup n-gram size, lookup-tree branches or eagle confidence
     min_ngram: int | None = None # prompt lookup: the shortest n-gram that may propose
+    layers: tuple[int, ...] | None = None   # layer-skip modes: the layers skipped (None: DEFAULT_SKIP_LAYERS)
 
     @property
     def needs_model(self) -> bool:
@@ -70,6 +72,10 @@ def no_argument(mode: str, tail: str, instead: str = "") -> tuple[None, None]:
     return None, None
 
 
+def always_available(target: str) -> tuple[bool, str]:
+    return True, ""
+
+
 @dataclass(frozen=True)
 class DraftMode:
     name: str                                               # the draft name's head: "prompt-lookup", "eagle", ...
@@ -78,7 +84,7 @@ class DraftMode:
     lesson: str                                             # one sentence: what this draft teaches
     needs_model: bool = False                               # spelled <preset>[:mode]: a second model drafts
     parse: Callable[[str, str], tuple] = whole_number       # (mode, tail after ":") -> (arg, min_ngram)
-    available: Callable[[str], tuple[bool, str]] | None = None   # by target preset name: (usable, why not)
+    available: Callable[[str], tuple[bool, str]] = always_available   # by target preset name: (usable, why not)
     tree: bool = False                                      # proposes draft trees (core/tree_rule.py), not chains
 
 
@@ -89,7 +95,8 @@ def register(name: str, label: str, lesson: str, needs_model: bool = False, pars
              tree: bool = False):
     """Decorator: register `build(spec, target, draft, fixed_length) -> Drafter` as the draft mode `name`."""
     def add(build):
-        MODES_BY_NAME[name] = DraftMode(name, build, label, lesson, needs_model, parse, available, tree)
+        MODES_BY_NAME[name] = DraftMode(name, build, label, lesson, needs_model, parse,
+                                        available or always_available, tree)
         return build
     return add
 
@@ -120,20 +127,39 @@ def parse_draft(name: str) -> DraftSpec:
     return DraftSpec("same-tokenizer", head)
 
 
-def make_drafter(spec: DraftSpec | str, target, draft=None, fixed_length: bool = False) -> Drafter:
+def make_drafter(spec: DraftSpec | str, target, draft=None, fixed_length: bool = False, *,
+                 skip_layers: Sequence[int] | None = None, sizing: Sizing | None = None) -> Drafter:
     """A fresh drafter for one run. `target` and `draft` are LoadedModel-like (`.model`, `.tokenizer`).
 
     `fixed_length`: the drafters that size their drafts (prompt lookup by cost, the EAGLE head by cost and by its
     confidence stops, eagle:C's included) draft k every round instead, where they can (a lookup without a match, or
     with a shorter continuation, still drafts what it found); the others do not size their drafts (a cross-tokenizer
     draft may still re-tokenize to fewer). With equal draft lengths the measured tokens per forward can be held
-    against (1 - a^(k+1)) / (1 - a)."""
+    against (1 - a^(k+1)) / (1 - a).
+
+    `skip_layers`: the layers a layer-skip mode skips (default DEFAULT_SKIP_LAYERS). `sizing`: the verify-cost curve
+    the drafts are sized by (a run's earlier `drafter_sizing`), instead of the target's curve as it stands when the
+    decoder is built."""
     spec = parse_draft(spec) if isinstance(spec, str) else spec
     if spec.mode not in MODES_BY_NAME:
         raise ValueError(f"unknown draft mode {spec.mode!r}; registered: {', '.join(modes())}")
     if spec.needs_model and draft is None:
         raise ValueError(f"draft mode {spec.mode} needs the draft model {spec.model!r} loaded")
-    return MODES_BY_NAME[spec.mode].build(spec, target, draft, fixed_length)
+    if skip_layers is not None:
+        if spec.mode not in LAYER_SKIP_MODES:
+            raise ValueError(f"skip_layers: only {' and '.join(LAYER_SKIP_MODES)} skip layers, not {spec.mode}")
+        spec = replace(spec, layers=tuple(int(i) for i in skip_layers))
+    drafter = MODES_BY_NAME[spec.mode].build(spec, target, draft, fixed_length)
+    pin_sizing(drafter, sizing)
+    return drafter
+
+
+LAYER_SKIP_MODES = ("layer-skip", "layer-skip-tree")
+
+
+def skipped_layers(spec: DraftSpec, target) -> list[int]:
+    n_layers = len(target.model.model.layers)
+    return list(spec.layers) if spec.layers is not None else [i for i in DEFAULT_SKIP_LAYERS if i < n_layers]
 
 
 # ---- the registrations: one per draft mode ----
@@ -142,8 +168,7 @@ def make_drafter(spec: DraftSpec | str, target, draft=None, fixed_length: bool =
           "The target drafts for itself with some layers skipped: no second model, shared weights.",
           parse=lambda mode, tail: no_argument(mode, tail, "build LayerSkipDrafter(target, skip_layers) for other sets"))
 def build_layer_skip(spec, target, draft, fixed_length):
-    n_layers = len(target.model.model.layers)
-    return LayerSkipDrafter(target.model, [i for i in DEFAULT_SKIP_LAYERS if i < n_layers])
+    return LayerSkipDrafter(target.model, skipped_layers(spec, target))
 
 
 @register("layer-skip-tree", "Layer-skip tree (the self-draft's top 2 tokens at every node)",
@@ -153,8 +178,7 @@ def build_layer_skip(spec, target, draft, fixed_length):
           parse=lambda mode, tail: no_argument(mode, tail, "build LayerSkipTreeDrafter(target, skip_layers, width)"),
           tree=True)
 def build_layer_skip_tree(spec, target, draft, fixed_length):
-    n_layers = len(target.model.model.layers)
-    return LayerSkipTreeDrafter(target.model, [i for i in DEFAULT_SKIP_LAYERS if i < n_layers])
+    return LayerSkipTreeDrafter(target.model, skipped_layers(spec, target))
 
 
 @register("early-exit", "Early-exit self-draft (first layers + the LM head)",

@@ -32,7 +32,6 @@ import statistics
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from typing import NamedTuple, Sequence
 
 import torch
@@ -253,42 +252,41 @@ class Sizing(NamedTuple):
     source: str
 
 
-class Pin:
-    """What the drafters built inside `pinned_costs` size by: the Sizing given, or the first view handed out."""
-
-    def __init__(self, sizing: Sizing | None):
-        self.sizing = sizing
-
-
-_PIN = threading.local()
-
-
-@contextmanager
-def pinned_costs(sizing: Sizing | None = None):
-    """Every drafter built within sizes by `sizing` (a run's earlier view: the playground's "measure again" must
-    size the run's drafts as its first pass did, though the session's forwards have corrected the curve since), or
-    by the curve as it stands when `sizing` is None. Yields a Pin whose `.sizing` is what they size by (None if no
-    drafter sizes by a curve)."""
-    pin, previous = Pin(sizing), getattr(_PIN, "pin", None)
-    _PIN.pin = pin
-    try:
-        yield pin
-    finally:
-        _PIN.pin = previous
-
-
-def sizing_view(costs):
-    """What a drafter sizes by for one decoder: a CostCurve's view (or the pinned one, see pinned_costs), or a
-    fixed curve as it is."""
+def sizing_view(costs, pinned: Sizing | None = None):
+    """What a drafter sizes by for one decoder: a CostCurve's view (or, given `pinned`, a view of those costs: the
+    playground's "measure again" sizes a run's drafts as its first pass did, though the session's forwards have
+    corrected the curve since), or a fixed curve as it is."""
     if not isinstance(costs, CostCurve):
         return costs
-    pin = getattr(_PIN, "pin", None)
-    if pin is not None and pin.sizing is not None and len(pin.sizing.costs) == len(costs):
-        return CostView(pin.sizing.costs, pin.sizing.source, costs.probe_every)
-    view = costs.view()
-    if pin is not None:
-        pin.sizing = Sizing(view.costs, view.source)
-    return view
+    if pinned is not None and len(pinned.costs) == len(costs):
+        return CostView(pinned.costs, pinned.source, costs.probe_every)
+    return costs.view()
+
+
+def sub_drafters(drafter) -> list:
+    """`drafter` and the drafters it holds (a lookup-first drafter's two, ...), depth first."""
+    found = [drafter]
+    for value in getattr(drafter, "__dict__", {}).values():
+        if hasattr(value, "check_target") and hasattr(value, "propose") and value is not drafter:
+            found.extend(sub_drafters(value))
+    return found
+
+
+def pin_sizing(drafter, sizing: Sizing | None) -> None:
+    """Every drafter in `drafter` that sizes by a verify-cost curve sizes by `sizing` (None: the curve as it stands
+    when the decoder is built). Set before the decoder is built (its check_target takes the view)."""
+    for part in sub_drafters(drafter):
+        if hasattr(part, "pinned_sizing"):
+            part.pinned_sizing = sizing
+
+
+def drafter_sizing(drafter) -> Sizing | None:
+    """The verify-cost curve `drafter` sizes its drafts by, once its decoder is built (None if it sizes by none)."""
+    for part in sub_drafters(drafter):
+        costs = getattr(part, "costs", None)
+        if isinstance(costs, CostView):
+            return Sizing(costs.costs, costs.source)
+    return None
 
 
 def reset_view(costs) -> None:

@@ -189,6 +189,7 @@ class SuffixDrafter(Drafter):
         self.max_match, self.max_spec_factor, self.min_token_prob = max_match, max_spec_factor, min_token_prob
         self.size_by_cost, self.name, self.remember_runs = size_by_cost, name, remember_runs
         self.costs: tuple[float, ...] | None = None     # the target's verify-cost curve, from check_target
+        self.pinned_sizing = None                   # sizing.pin_sizing: a run's earlier curve
         self.earlier = SuffixIndex(max_match + SPEC_ROOM)   # outputs of this drafter's earlier runs
         self.runs = 0
         self._reset([])
@@ -205,7 +206,7 @@ class SuffixDrafter(Drafter):
 
     def check_target(self, target_model) -> None:
         if self.size_by_cost:
-            self.costs = sizing.sizing_view(sizing.verify_costs(target_model))    # from the module: tests fix it there
+            self.costs = sizing.sizing_view(sizing.verify_costs(target_model), self.pinned_sizing)    # from the module: tests fix it there
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         if self.remember_runs and len(self.text) > self.prompt_len:     # the previous output joins the earlier ones

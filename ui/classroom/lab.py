@@ -24,6 +24,7 @@ from ui.playground import compute as gpu_calls
 from ui.playground import coalesce, handlers, limits, runner, validate
 from ui.views import lab_plots
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.views.render import esc, show_text
 
 # The defaults are a lesson that fits a class: N = 1000 with k = 4 took 81 s on two cores (every draw prefills
@@ -233,7 +234,7 @@ def current_setup(prompt, target, draft, chat, skip_layers, exit_after, held: li
     note): the GPU function builds the models' side from the Current (`current_models`)."""
     prompt, target = validate.check_prompt(prompt), validate.check_target(target)
     draft = validate.check_draft(draft, target)
-    kind, spec = reg.split_draft(draft)
+    kind, spec = drafts.split_draft(draft)
     models = yield from runner.load([target] + ([spec.model] if spec.model else []), reg.REGISTRY, held)
     loaded = models[target]
     skip_layers, exit_after = validate.check_layers(skip_layers, exit_after, draft, loaded)
@@ -246,11 +247,11 @@ def current_setup(prompt, target, draft, chat, skip_layers, exit_after, held: li
 
 def current_models(current: Current) -> LabSetup:
     """In the GPU function: the target, a drafter factory and the prompt's ids for a checked Current."""
-    kind, spec = reg.split_draft(current.draft)
+    kind, spec = drafts.split_draft(current.draft)
     loaded = gpu_calls.loaded(current.target)
     draft = gpu_calls.loaded(spec.model) if spec.model else None
-    options = reg.DraftOptions(skip_layers=current.skip_layers, exit_after=current.exit_after)
-    return LabSetup(loaded.model, lambda: kind.build(spec, loaded, draft, options),
+    options = drafts.DraftOptions(skip_layers=current.skip_layers, exit_after=current.exit_after)
+    return LabSetup(loaded.model, lambda: drafts.build_drafter(spec, loaded, draft, options),
                     loaded.encode_prompt(current.prompt, chat=current.chat), None, "", "")
 
 
@@ -354,7 +355,7 @@ def run_lab(model, toy_prompt, n, depth, k, temperature, top_p, top_k, seed, wro
                 if chosen is None:
                     return
                 current, label, model_note, prompt_note = chosen
-                settings = replace(settings, tree=reg.split_draft(current.draft)[0].tree)   # the draft's own shape
+                settings = replace(settings, tree=drafts.split_draft(current.draft)[0].tree)   # the draft's own shape
             else:
                 setup = toy_setup(toy_prompt, settings.tree)
                 current, label, model_note, prompt_note = None, setup.label, setup.model_note, setup.prompt_note

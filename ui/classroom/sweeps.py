@@ -19,6 +19,7 @@ from ui.playground import coalesce, compute, engine_thread, handlers, runner, va
 from ui.views import lab_plots
 from ui.classroom import lab as exactness_lab
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground.state import RunSettings
 from ui.views.render import esc
 
@@ -43,8 +44,8 @@ v and the speedups read low there; the server's `--threads 1` helps."""
 def available_drafts(target: str) -> list[str]:
     """The draft values of the main panel's list that can run here for `target`."""
     out = []
-    for _, value in reg.draft_choices(target):
-        _, spec = reg.split_draft(value)
+    for _, value in drafts.draft_choices(target):
+        _, spec = drafts.split_draft(value)
         if spec.model is None or reg.availability(spec.model)[0]:
             out.append(value)
     return out
@@ -74,10 +75,10 @@ def parse_values(axis: str, text, target: str) -> list:
             raise gr.Error(f"temperatures must lie in [0, {MAX_TEMPERATURE:g}], got {bad[0]:g}")
         return values
     for item in items:
-        problem = reg.check_draft_value(item)
+        problem = drafts.check_draft_value(item)
         if problem:
             raise gr.Error(f"Draft {item!r}: {problem}")
-        kind, _ = reg.split_draft(item)
+        kind, _ = drafts.split_draft(item)
         ok, reason = kind.available(target)
         if not ok:
             raise gr.Error(f"Draft {item!r} is not available for {reg.display_name(target)}: {reason}")
@@ -168,14 +169,14 @@ def sweep_job(job: SweepJob, stop: compute.Stop):
     job's deadline."""
     import torch
     s = job.settings
-    drafts = {p.draft: reg.split_draft(p.draft) for p in job.points}
+    drafts = {p.draft: drafts.split_draft(p.draft) for p in job.points}
     target = compute.loaded(s.target)
     models = {spec.model: compute.loaded(spec.model) for _, spec in drafts.values() if spec.model}
-    options = reg.DraftOptions(skip_layers=s.skip_layers, exit_after=s.exit_after, fixed_length=job.fixed_length)
+    options = drafts.DraftOptions(skip_layers=s.skip_layers, exit_after=s.exit_after, fixed_length=job.fixed_length)
 
     def make_drafter(name: str) -> se.Drafter:
         kind, spec = drafts[name]
-        return kind.build(spec, target, models.get(spec.model), options)
+        return drafts.build_drafter(spec, target, models.get(spec.model), options)
 
     input_ids = torch.tensor([list(job.prompt_ids)], dtype=torch.long, device=target.device)
     for p in job.points:
@@ -195,7 +196,7 @@ def sweep_runs(axis: str, values: list, settings, budget, held: list[str], progr
         points = sweep.sweep_points(axis, values, settings.draft, settings.k, settings.sampling())
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    names = [settings.target] + [spec.model for _, spec in (reg.split_draft(p.draft) for p in points) if spec.model]
+    names = [settings.target] + [spec.model for _, spec in (drafts.split_draft(p.draft) for p in points) if spec.model]
     models = yield from handlers.relay(runner.load(names, reg.REGISTRY, held), lambda m: (esc(m),) + skip,
                                        budget.stop_event)
     if models is None:

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import spec_engine as se
-from spec_engine.drafters.sizing import Sizing, pinned_costs
 
 from ui.playground import coalesce, engine_thread, runner
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground.state import RunSettings
 
 log = logging.getLogger("ui.playground.compute")
@@ -150,7 +150,7 @@ class Built:
     verify-cost curve its drafts are sized by (None if not sized by cost; kept so "measure again" sizes alike)."""
     label: str
     dtype: str
-    sizing: Sizing | None = None
+    sizing: se.Sizing | None = None
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class RunJob:
     settle: float = 0.0             # seconds between the live run and the timed one (the browser finishes drawing)
     show_timed: bool = False        # the timed run's rounds are the ones shown (no live pass drew any): they carry
                                     #   the display parts; otherwise it decodes as plain decoding does, nothing extra
-    sizing: Sizing | None = None    # size drafts by this curve (a run measured again: its first pass's)
+    sizing: se.Sizing | None = None    # size drafts by this curve (a run measured again: its first pass's)
 
 
 def loaded(name: str):
@@ -185,27 +185,26 @@ def loaded(name: str):
     return model
 
 
-def build(settings: RunSettings, prompt_ids, sizing: Sizing | None = None) -> tuple:
+def build(settings: RunSettings, prompt_ids, sizing: se.Sizing | None = None) -> tuple:
     """(decoder, input_ids, target, Built) for `settings`, from the models the registry holds; with `sizing`, its
     drafts are sized by that verify-cost curve instead of the target's curve as it stands."""
     import torch
-    kind, spec = reg.split_draft(settings.draft)
+    kind, spec = drafts.split_draft(settings.draft)
     target = loaded(settings.target)
     draft = loaded(spec.model) if spec.model else None
-    options = reg.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
-    with pinned_costs(sizing) as pin:
-        drafter = kind.build(spec, target, draft, options)
-        decoder = se.SpeculativeDecoder(target.model, drafter, rule=settings.rule)
+    options = drafts.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
+    drafter = drafts.build_drafter(spec, target, draft, options, sizing=sizing)
+    decoder = se.SpeculativeDecoder(target.model, drafter, rule=settings.rule)
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)
     se.validate_request(target.model, input_ids, settings.k, settings.max_new_tokens, settings.sampling())
-    label = reg.draft_label(settings.draft)
-    if kind.key == "layer-skip" and settings.skip_layers.strip():
+    label = settings.draft
+    if kind.name == "layer-skip" and settings.skip_layers.strip():
         label += f" skip {','.join(map(str, drafter.skip_layers))}"
-    elif kind.key == "early-exit":
+    elif kind.name == "early-exit":
         label = f"early-exit:{len(target.model.model.layers) - len(drafter.skip_layers)}"
     dtype = getattr(target, "dtype", None)
     return decoder, input_ids, target, Built(label, str(dtype).removeprefix("torch.") if dtype is not None else "",
-                                             pin.sizing)
+                                             se.drafter_sizing(drafter))
 
 
 @gpu(job_seconds)

@@ -1,4 +1,6 @@
-"""Gradio handlers: generators that turn settings into streamed UI updates.
+"""The run path's Gradio handlers (Run, Stop, Measure again) and the helpers the other handlers share
+(`friendly_errors`, `relay`, `fold`, `run_view`): generators that turn settings into streamed UI updates. The
+tokenizer-mismatch demo is in `mismatch`, Sweep k in `sweep`, the controls' callbacks in `callbacks`.
 
 They validate inputs with `validate` (user mistakes become `gr.Error`; the same checks run earlier as the
 events' `validator=`), prepare a run with `runner`, ask a GPU function (`compute.run_job`) for its results, fold
@@ -25,9 +27,8 @@ import pandas as pd
 import spec_engine as se
 
 from ui.playground import coalesce, compute, limits, runner, validate
-from ui.views import metrics, plots, render, tree
+from ui.views import plots, render, tree
 from ui.playground import registry as reg
-from ui.playground.presets import Presets
 from ui.playground.state import HISTORY_COLUMNS, RunSettings, SessionState
 
 log = logging.getLogger("ui.playground.handlers")
@@ -38,16 +39,12 @@ RENDER_INTERVAL = 0.15          # seconds between streamed UI updates (the final
 # streamed (long tasks, measured in headless Chromium), so a click on Stop waited seconds for its turn.
 PLOT_INTERVAL = 1.0
 UI_MAX_NEW_TOKENS = 1024        # the engine allows 2048; the server's cap is limits.current().max_new_tokens
-SWEEP_K = (1, 2, 3, 4, 6, 8, 12)
-MISMATCH_MAX_NEW_TOKENS = 40
 
 RUN_INPUTS = ("prompt", "target", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "rule",
               "chat", "skip_layers", "exit_after", "auto_baseline", "show_spaces")
 RUN_OUTPUTS = ("tokens", "stats", "text", "acceptance_plot", "accepted_plot", "forward_plot", "speed_plot",
                "kv_plot", "kv_table", "history", "compare_plot", "summary", "explain", "tree_plot", "position_plot",
                "time_plot")
-MISMATCH_OUTPUTS = ("mm_status", "mm_table", "mm_plot", "mm_views", "mm_tokenization", "history", "compare_plot")
-MISMATCH_COLUMNS = ["draft", "what the target receives", "acceptance", "tokens/forward", "tok/s", "rounds", "note"]
 
 RULE_CHOICES = [(se.RULE_INFO[name].label, name) for name in se.RULES]      # spec_engine.core.rule.RULE_INFO
 
@@ -509,274 +506,3 @@ def measure_baseline(state: SessionState):
 
 def progress_line(prep: runner.Prepared, event: se.RoundEvent, label: str) -> str:
     return f"{label}: round {event.index + 1}, {event.committed_len - len(prep.prompt_ids)} tokens"
-
-
-SWEEP_PHASES = {"timed": "decoding without drawing", "plain": "measuring plain decoding once for the sweep"}
-
-
-def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
-            exit_after, auto_baseline, show_spaces, state: SessionState):
-    """Run the current settings for several k (one plain-decoding baseline serves all) into the history. The
-    runs share one time budget. Each point is measured as Run measures its speed: decoded by `decoder.generate` in
-    a worker thread while the handler only wakes every runner.BASELINE_POLL s (compute.run_job's timed pass), with
-    no live pass. Issue #36: driving each point's rounds through the handler (one yield to Gradio per round) made
-    the speculative side 5-10 times slower than Run's measurement of the same settings on two busy cores."""
-    base = parse_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
-                          skip_layers, exit_after)
-    state.stop_event.clear()
-    budget = runner.Budget(state.stop_event)
-
-    with friendly_errors():
-        for n, k_value in enumerate(SWEEP_K):
-            if state.stop_event.is_set() or budget.timed_out:
-                break
-            settings = dataclasses.replace(base, k=k_value)
-            label = f"Sweep {n + 1}/{len(SWEEP_K)}: k = {k_value}"
-            preparing = runner.prepare(settings, state, reg.REGISTRY, bool(show_spaces), hold=True)
-            prep = yield from relay(preparing, lambda m: message_view(f"{label}: {m}"), state.stop_event)
-            if prep is None:
-                return
-            try:
-                plain = settings.baseline_key(prep.prompt_ids) not in state.baselines
-                job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, (1 + plain) * settings.max_new_tokens),
-                                     live=False, timed=True, plain=plain, show_timed=True)
-                doing = "decoding without drawing"
-                yield message_view(f"{label}: {doing}…")
-                for item in fold(prep, state, job, budget):
-                    if isinstance(item, compute.Built):
-                        state.active = prep
-                        yield SKIP_RUN
-                    elif isinstance(item, compute.Phase):
-                        doing = SWEEP_PHASES[item.name]
-                        yield message_view(f"{label}: {doing}…")
-                    elif isinstance(item, str):
-                        yield message_view(f"{label}: {doing}… {item}")
-                    else:
-                        yield SKIP_RUN
-                if prep.record is None or prep.record.recorded:
-                    return
-                runner.end_rounds(prep, state, budget.timed_out)
-                state.finish(prep.record)
-                yield run_view(prep, state, status=f"{label} done", final=True)
-            finally:
-                runner.release(prep, reg.REGISTRY)
-        if budget.timed_out:
-            yield message_view(f"Sweep stopped at this server's time limit ({budget.seconds:g} s); "
-                               "the finished runs are in the history.")
-
-
-def mismatch_drafts(target: str) -> list[tuple[str, str, str]]:
-    """(draft value, label, what the target receives) for the tokenizer-mismatch demo; the different-tokenizer draft
-    is the packaged Gemma where installed, else GPT-2 from the Hub (reg.mismatch_draft_model)."""
-    draft = reg.mismatch_draft_model()
-    them, us = reg.short_name(draft), reg.short_name(target)
-    return [
-        (f"{draft}:naive-ids", "(a) naive ids", f"{them}'s token ids, reused as {us} ids"),
-        (f"{draft}:cross-tokenizer", "(b) cross-tokenizer", f"{them}'s text, re-tokenized by {us}"),
-        ("prompt-lookup", "(c) same tokenizer", f"{us} ids copied from the context"),
-        ("layer-skip", "(c') same tokenizer", f"{us} ids from the target minus some layers"),
-    ]
-
-
-def mismatch_demo(prompt, target, max_new_tokens, chat, state: SessionState):
-    """Same prompt, greedy, k=4, with a naive-id draft, a cross-tokenizer draft and same-tokenizer drafts.
-
-    Every model the demo needs loads first, saying which while it loads (the other-tokenizer draft's first load is
-    the slow part of a cold start), so the time limit counts decoding only. Then the runs decode, the quick
-    same-tokenizer drafts first, each with an equal share of the time still left: what a quick run leaves goes to
-    the other-tokenizer runs, whose every round pays for k forwards of a larger draft."""
-    clean, problems = validate.check_mismatch(prompt, target, max_new_tokens, chat)
-    if problems:
-        field = next(iter(problems))
-        raise validate.InputError(field, problems[field])
-    n_tokens = min(clean["max_new_tokens"], MISMATCH_MAX_NEW_TOKENS)
-    state.stop_event.clear()
-    budget = runner.Budget(state.stop_event)
-    skip = (gr.skip(),) * (len(MISMATCH_OUTPUTS) - 1)
-    preps: dict[str, runner.Prepared] = {}
-    done_runs: dict[str, tuple] = {}
-
-    with friendly_errors():
-        drafts = mismatch_drafts(clean["target"])
-        try:
-            other = reg.mismatch_draft_model()
-            if reg.REGISTRY.loaded(other) is None:
-                yield (f"Loading {reg.short_name(other)}, the draft with another tokenizer, before the four runs: "
-                       "a first load reads and unpacks its weights, a minute or more on a small CPU; it then stays "
-                       "loaded while in use.",) + skip
-            for draft, label, receives in drafts:
-                settings = RunSettings(target=clean["target"], draft=draft, k=4, temperature=0.0, top_p=1.0, top_k=0,
-                                       max_new_tokens=n_tokens, seed=0, rule="exact", chat=clean["chat"],
-                                       prompt=clean["prompt"])
-                prep = yield from relay(runner.prepare(settings, state, reg.REGISTRY, hold=True),
-                                        lambda m: (f"Before the runs: {m}",) + skip, state.stop_event)
-                if prep is None:
-                    return
-                preps[label] = prep
-            runs = sorted(drafts, key=lambda d: ":" in d[0])      # same-tokenizer drafts first (a stable sort)
-            for n, (draft, label, receives) in enumerate(runs):
-                if state.stop_event.is_set() or budget.timed_out:
-                    break
-                prep, share = preps[label], budget.remaining / (len(runs) - n)
-                yield (f"{label}: decoding {n_tokens} tokens…",) + skip
-                job = compute.RunJob(prep.settings, prep.prompt_ids, compute.call_seconds(budget, n_tokens, share))
-                last = 0.0
-                for item in fold(prep, state, job, budget):
-                    now = perf_counter()
-                    if isinstance(item, se.RoundEvent) and (item.finished or now - last >= RENDER_INTERVAL):
-                        last = now
-                        yield (progress_line(prep, item, label),) + skip
-                    else:
-                        yield (gr.skip(),) + skip
-                runner.release(prep, reg.REGISTRY)
-                if prep.record is None:
-                    break
-                runner.keep_live_timing(prep.record, state)         # nothing was drawn while it ran
-                state.finish(prep.record)
-                done_runs[label] = (receives, share)
-        finally:
-            for prep in preps.values():
-                runner.release(prep, reg.REGISTRY)
-        results, views = [], []
-        for draft, label, receives in drafts:                         # shown in the lesson's order
-            if label not in done_runs:
-                continue
-            prep, share = preps[label], done_runs[label][1]
-            summary = state.summary(prep.record)
-            notes = sorted({r.note for r in prep.record.rounds if r.note})
-            if prep.record.stop_reason == runner.TIME_LIMIT:
-                notes.append(f"stopped at its share of the time limit ({share:.0f} s)")
-            low, high = metrics.acceptance_interval(prep.record.rounds)
-            results.append(dict(summary, label=label, receives=receives, note="; ".join(notes), low=low, high=high,
-                                pair=":" in draft))
-            views.append((label, receives, summary, prep))
-        table = pd.DataFrame([[r["label"] + ": " + r["draft"], r["receives"], round(r["acceptance_rate"], 3),
-                               round(r["tokens_per_forward"], 2), round(r["tokens_per_second"], 1), r["rounds"],
-                               r["note"]] for r in results], columns=MISMATCH_COLUMNS)
-        done = "Done: hover the tokens to see why each draft was accepted or rejected."
-        if budget.timed_out:
-            done = f"Stopped at this server's time limit ({budget.seconds:g} s). " + done
-        yield (done, table, plots.mismatch_figure(results, reg.short_name(reg.mismatch_draft_model())),
-               mismatch_views_html(views), tokenization_demo(views, clean["target"]), history_frame(state),
-               compare_figure(state))
-
-
-def mismatch_views_html(views) -> str:
-    parts = []
-    for label, receives, summary, prep in views:
-        head = (f'<div class="mm-head"><b>{render.esc(label)}</b>: {render.esc(receives)} · acceptance '
-                f'{summary["acceptance_rate"]:.0%} · {summary["tokens_per_forward"]:.2f} tokens per target forward</div>')
-        parts.append(head + f'<div class="mm-box">{render.view_html(prep.record.fragments, legend=False)}</div>')
-    return "".join(parts)
-
-
-def tokenization_demo(views, target: str) -> str:
-    """The same generated text cut by both tokenizers: different boundaries, and different ids for a piece."""
-    same = next((prep for label, _, _, prep in views if "same" in label), None)
-    if same is None:
-        return ""
-    text = same.labeler.text(same.record.tokens[:14])
-    rows = []
-    drafts = [prep.record.settings.draft.partition(":")[0] for _, _, _, prep in views if ":" in prep.record.settings.draft]
-    for name in (target, *drafts[:1]):
-        loaded = reg.REGISTRY.loaded(name)
-        if loaded is None:
-            continue
-        ids = loaded.tokenizer.encode(text, add_special_tokens=False)
-        labeler = reg.REGISTRY.labeler(loaded)
-        rows.append((reg.display_name(name), [(i, labeler(i)) for i in ids]))
-    return render.tokenization_html(text, rows)
-
-
-def rerender(show_spaces, state: SessionState):
-    """'Show spaces' toggle: re-render the current run's rounds."""
-    prep = getattr(state, "active", None)
-    if prep is None or prep.record is None or not prep.record.rounds:
-        return gr.skip()
-    prep.options = dataclasses.replace(prep.options, show_spaces=bool(show_spaces))
-    prep.record.fragments = [render.round_html(ev, prep.labeler, prep.options) for ev in prep.record.rounds]
-    status = status_text(prep.record, state.summary(prep.record), running=not prep.record.recorded)
-    return render.view_html(prep.record.fragments, render.prompt_html(prep.prompt_text, len(prep.record.prompt_ids),
-                                                                      prep.record.settings.chat), status, legend=False)
-
-
-def set_compare_axis(axis, state: SessionState):
-    state.compare_axis = axis
-    return compare_figure(state)
-
-
-def clear_history(state: SessionState):
-    state.clear_history()
-    return history_frame(state), compare_figure(state)
-
-
-def on_target(target, draft, state: SessionState):
-    """A target that cannot load here warns and reverts; otherwise the draft list follows the target."""
-    previous = getattr(state, "target", None) or next(iter(reg.preset_names()))
-    try:
-        target = validate.check_target(target)
-    except validate.InputError as exc:
-        gr.Warning(render.esc(exc.message))
-        return gr.update(value=previous), gr.update()
-    ok, reason = reg.availability(target)
-    if not ok:
-        gr.Warning(render.esc(f"{reg.display_name(target)} is unavailable here: {validate.public_message(reason)}"))
-        return gr.update(value=previous), gr.update()
-    state.target = target
-    choices = reg.draft_choices(target)
-    values = [value for _, value in choices]
-    return gr.update(), gr.update(choices=choices, value=draft if draft in values else values[0])
-
-
-def on_draft(draft, target):
-    """Describe the chosen draft; warn if its model cannot load here."""
-    try:
-        kind, spec = reg.split_draft(draft)
-    except ValueError:
-        return gr.update()
-    if spec.model is not None:
-        ok, reason = reg.availability(spec.model)
-        if not ok:
-            gr.Warning(render.esc(f"{reg.display_name(spec.model)} is unavailable here: {reason}"))
-    return kind.lesson
-
-
-def apply_scenario(scenario_id, presets: Presets, default_target: str):
-    """Scenario dropdown: set every control it names, and show its caption."""
-    if not scenario_id:
-        return (gr.skip(),) * 12
-    s = presets.scenario(scenario_id)
-    target = s.target or default_target
-    choices = reg.draft_choices(target)
-    return (s.prompt, target, gr.update(choices=choices, value=s.draft), s.k, s.temperature, s.top_p, s.top_k,
-            s.max_new_tokens, s.seed, s.rule, s.chat, f"**{s.label}.** {s.caption}")
-
-
-def apply_prompt(prompt_id, presets: Presets):
-    if not prompt_id:
-        return gr.skip(), gr.skip()
-    p = presets.prompt(prompt_id)
-    return p.text, p.chat
-
-
-def model_status(default_target: str):
-    """Page load: show the default target's loading progress until it is ready."""
-    entry = reg.REGISTRY.start(default_target)
-    while not entry.done.wait(0.5):
-        status = validate.public_message(reg.REGISTRY.status(default_target))
-        yield f"⏳ {reg.display_name(default_target)}: {status}; {STARTUP_EXPECTED}"
-    yield model_status_line(default_target)
-
-
-# Measured on a 2-core CPU (README, "Set up"): the first start dequantizes the GGUF and packs and measures once.
-STARTUP_EXPECTED = ("not ready until warmed up: on 2 CPU cores about 2-4 minutes on a machine's first start, "
-                    "about 1 minute later")
-
-
-def model_status_line(default_target: str) -> str:
-    parts = []
-    for preset in se.list_presets():
-        status = reg.REGISTRY.status(preset.name)
-        if status != "not loaded":
-            parts.append(f"{preset.display_name}: {validate.public_message(status)}")
-    return "Models: " + (" · ".join(parts) if parts else "none loaded yet")

@@ -117,7 +117,8 @@ def load_presets(path: str | Path | None = None, draft_check=None, target_check=
         raise ValueError(f"{label}: unknown top-level key(s) {unknown}; expected 'prompts' and 'scenarios'")
     if draft_check is None or target_check is None:
         from ui.playground import registry
-        draft_check = draft_check or registry.check_draft_value
+        from ui.playground import drafts
+        draft_check = draft_check or drafts.check_draft_value
         target_check = target_check or registry.check_target_name
     prompts = [parse_prompt(entry, f"{label}: prompts[{i}]") for i, entry in enumerate(as_list(data, "prompts", label))]
     unique([p.id for p in prompts], f"{label}: prompts")

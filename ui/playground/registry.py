@@ -1,4 +1,5 @@
-"""Process-wide model registry and the draft catalogue.
+"""Process-wide model registry: which models are loaded, their memory, availability and warm-up (the draft
+catalogue is drafts.py).
 
 Models are loaded once per process (one entry per name, loading in a background thread so a handler can
 stream progress, one load at a time; on ZeroGPU all of them at start-up on the main thread, see `preload`) and
@@ -11,9 +12,7 @@ the least recently used idle one is dropped to make room. A run holds the models
 `release`), and a held model is never dropped, so a switch of model in one session never pulls a model from
 under another session's generation. Before a load, the free memory is compared with an estimate of the
 model's size (its parameter count), and a clear error replaces an out-of-memory crash.
-
-Drafts come from the engine's one registry (spec_engine.drafters.registry): `draft_kinds()` offers every registered
-mode, with the playground's own builders where it has options (a layer set, an exit depth). A draft choice value is
+ A draft choice value is
 a draft name as the engine spells it. Adding a drafter touches the engine only: its module and one registration.
 """
 from __future__ import annotations
@@ -47,133 +46,8 @@ class ModelMemoryError(ValueError):
     """Not enough free memory to load a model (checked before loading, instead of crashing)."""
 
 
-def default_draft(target: str) -> tuple[str, int]:
-    """(draft, k) the playground starts with: the measured best. When the trained EAGLE head drafts for this target,
-    the draft and k recorded beside its weights (bench/results/, README); else prompt lookup."""
-    if eagle_available(target)[0]:
-        from spec_engine.drafters.eagle import recommended_settings
-        settings = recommended_settings()
-        return str(settings.get("draft", "eagle")), int(settings.get("k", 2))
-    return "prompt-lookup", 4
-
-
-def default_skip_layers() -> list[int]:
-    """The engine's layer-skip set (measured on the offline default by bench/choose_skip_layers.py)."""
-    return list(se.DEFAULT_SKIP_LAYERS)
-
-
-def parse_layers(spec: str, n_layers: int) -> list[int]:
-    """'3, 5-9' -> [3, 5, 6, 7, 8, 9]; ValueError with the reason otherwise. Each number is checked against the
-    model's `n_layers` before a range is expanded, so '1-99999999' costs no more than '1-9'."""
-    layers: set[int] = set()
-    for part in spec.replace(";", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        try:
-            start, stop = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise ValueError(f"layers to skip: {part[:20]!r} is not a layer number or a range like 5-9") from None
-        if start > stop:
-            raise ValueError(f"layers to skip: range {part[:20]!r} runs backwards")
-        if not 0 < start <= stop < n_layers:
-            bad = start if not 0 < start < n_layers else stop
-            raise ValueError(f"layers to skip must lie in [1, {n_layers - 1}] (layer 0 always runs); "
-                             f"got {str(bad)[:20]} in {part[:20]!r}")
-        layers.update(range(start, stop + 1))
-    if len(layers) >= n_layers - 1:
-        raise ValueError(f"layers to skip: keep at least two of the {n_layers} layers")
-    return sorted(layers)
-
-
-@dataclass(frozen=True)
-class DraftOptions:
-    skip_layers: str = ""   # layer-skip: "" = the default set
-    exit_after: int = 0     # early exit: 0 = the engine's default depth
-    fixed_length: bool = False   # drafters that size their drafts by cost or confidence draft k every round
-
-
-@dataclass(frozen=True)
-class DraftKind:
-    key: str                                     # a draft mode registered in spec_engine.drafters.registry
-    label: str                                   # shown in the draft dropdown ({draft} = draft display name)
-    lesson: str                                  # one sentence: what this draft teaches
-    build: Callable[..., se.Drafter]             # build(spec, target, draft_or_None, options) -> Drafter
-    needs_model: bool = False                    # the draft name names a draft preset
-    available: Callable[[str], tuple[bool, str]] = lambda target: (True, "")   # for self drafts: by target name
-    tree: bool = False                           # proposes draft trees (the Draft tree view draws them)
-
-
-def build_layer_skip(spec, target, _draft, options: DraftOptions):
-    if not options.skip_layers.strip():
-        return se.make_drafter(spec, target)
-    return se.LayerSkipDrafter(target.model, parse_layers(options.skip_layers, len(target.model.model.layers)))
-
-
-def build_layer_skip_tree(spec, target, _draft, options: DraftOptions):
-    if not options.skip_layers.strip():
-        return se.make_drafter(spec, target)
-    return se.LayerSkipTreeDrafter(target.model, parse_layers(options.skip_layers, len(target.model.model.layers)))
-
-
-def build_early_exit(spec, target, _draft, options: DraftOptions):
-    n_layers = len(target.model.model.layers)
-    exit_after = options.exit_after or spec.arg
-    if exit_after and not 1 <= exit_after < n_layers:
-        raise ValueError(f"early exit: exit after 1 to {n_layers - 1} of the target's {n_layers} layers, got {exit_after}")
-    return se.make_drafter(se.DraftSpec("early-exit", None, exit_after or None), target)
-
-
-def build_from_factory(spec, target, draft, options: DraftOptions):
-    return se.make_drafter(spec, target, draft, fixed_length=options.fixed_length)
-
-
-def eagle_available(target: str) -> tuple[bool, str]:
-    """The shipped EAGLE head drafts for the model it was trained on (its JSON record names it)."""
-    return se.draft_modes()["eagle"].available(target)
-
-
-# Overrides of the engine's builders where the playground has options of its own (a layer set, an exit depth).
-UI_BUILDERS = {"layer-skip": build_layer_skip, "layer-skip-tree": build_layer_skip_tree, "early-exit": build_early_exit}
-
-
-def draft_kinds() -> list[DraftKind]:
-    """The engine's registered draft modes (spec_engine.drafters.registry), as the playground offers them. Draft
-    values are spelled as the registry and presets/models.yaml spell them: "layer-skip", "early-exit[:N]",
-    "prompt-lookup[:N]", "<preset>", "<preset>:cross-tokenizer", "<preset>:naive-ids"."""
-    return [DraftKind(mode.name, mode.label, mode.lesson, UI_BUILDERS.get(mode.name, build_from_factory),
-                      needs_model=mode.needs_model, available=mode.available or (lambda target: (True, "")),
-                      tree=mode.tree)
-            for mode in se.draft_modes().values()]
-
-
-def kind_by_key(key: str) -> DraftKind | None:
-    return next((kind for kind in draft_kinds() if kind.key == key), None)
-
-
-def split_draft(value: str):
-    """A draft name -> (DraftKind, DraftSpec); ValueError for a malformed name or a mode the UI lacks."""
-    spec = se.parse_draft(value)
-    kind = kind_by_key(spec.mode)
-    if kind is None:
-        raise ValueError(f"draft mode {spec.mode!r} has no entry in the playground's draft list")
-    return kind, spec
-
-
 def preset_names() -> list[str]:
     return [p.name for p in se.list_presets()]
-
-
-def check_draft_value(value: str) -> str | None:
-    """None if `value` is a usable draft name, else the reason (for validating scenarios and inputs)."""
-    try:
-        _, spec = split_draft(value)
-    except ValueError as exc:
-        return str(exc)
-    if spec.model is not None and spec.model not in preset_names():
-        return f"names an unknown model preset {spec.model!r} (known: {', '.join(preset_names())})"
-    return None
 
 
 def check_target_name(name: str) -> str | None:
@@ -201,9 +75,8 @@ def short_name(name: str) -> str:
 
 
 def availability(name: str) -> tuple[bool, str]:
-    """Whether `name` loads here, and why: the engine's answer (spec_engine.models.load_source), which agrees with
+    """Whether `name` loads here, and why: the engine's answer (spec_engine.se.load_source), which agrees with
     its loader; custom Hub ids only where the server allows them."""
-    from spec_engine import models
     if REGISTRY.loaded(name) is not None:        # in memory: nothing to install or download
         return True, "loaded"
     if REGISTRY.closed:
@@ -211,12 +84,12 @@ def availability(name: str) -> tuple[bool, str]:
     if name not in preset_names():
         if not limits.current().allow_custom_models:
             return False, "not a preset, and custom models are switched off on this server"
-        source, why = models.hub_source(name)
+        source, why = se.hub_source(name)
         if source is None:
-            return False, f"{models.OFFLINE_HUB_REASON}: {models.hub_offline_reason()}"
+            return False, f"{se.OFFLINE_HUB_REASON}: {se.hub_offline_reason()}"
         return True, why
     try:
-        return models.is_offline_available(name)
+        return se.is_offline_available(name)
     except ValueError as exc:
         return False, str(exc)
 
@@ -230,8 +103,7 @@ MISMATCH_DRAFT_MODELS = ("gemma-3-270m", "gpt2")
 def mismatch_draft_model() -> str:
     """The first of MISMATCH_DRAFT_MODELS that loads without a download, else the first a download gives (not gated
     first), else the first (its load then says what is missing)."""
-    from spec_engine import models
-    sources = {name: models.load_source(name)[0] for name in MISMATCH_DRAFT_MODELS}
+    sources = {name: se.load_source(name)[0] for name in MISMATCH_DRAFT_MODELS}
     local = [name for name in MISMATCH_DRAFT_MODELS if sources[name] in ("package", "hub-cache")]
     download = sorted((name for name in MISMATCH_DRAFT_MODELS if sources[name] == "hub"),
                       key=lambda name: se.resolve_preset(name).gated)
@@ -242,8 +114,7 @@ def mismatch_draft_model() -> str:
 
 def parse_params(text: str) -> int | None:
     """'135M' -> 135_000_000, '1.7B' -> 1_700_000_000; None when the preset does not say."""
-    from spec_engine.models import parse_parameter_count
-    return parse_parameter_count(text)
+    return se.parse_parameter_count(text)
 
 
 @functools.lru_cache(maxsize=64)
@@ -293,30 +164,6 @@ def target_choices() -> list[tuple[str, str]]:
     return choices
 
 
-def draft_choices(target: str) -> list[tuple[str, str]]:
-    """Self drafts the engine offers for this target, then the model drafts models.yaml pairs with it."""
-    choices = []
-    for kind in draft_kinds():
-        if kind.needs_model:
-            continue
-        ok, reason = kind.available(target)
-        if ok:
-            choices.append((kind.label, kind.key))
-    for pair in se.list_pairs():
-        if pair.target != target or pair.draft_model is None:
-            continue
-        kind, spec = split_draft(pair.draft)
-        ok, reason = availability(spec.model)
-        label = kind.label.format(draft=display_name(spec.model))
-        choices.append((label if ok else f"{label} — unavailable: {reason}", pair.draft))
-    return choices
-
-
-def draft_label(value: str) -> str:
-    """A short name for tables and plots."""
-    return value
-
-
 @dataclass
 class _Loading:
     thread: threading.Thread | None
@@ -350,8 +197,7 @@ class ModelRegistry:
         self._load_gate = threading.Lock()          # one load at a time: memory is measured between loads
         self._loading: dict[str, _Loading] = {}
         self._labelers: dict[str, TokenLabeler] = {}
-        from spec_engine.models import default_model_name
-        self._pinned = set(pinned if pinned is not None else [default_model_name()])
+        self._pinned = set(pinned if pinned is not None else [se.default_model_name()])
         self._max_extra = max_extra
         self._free_memory = free_memory or free_memory_bytes
         self._estimate = estimate or self.estimate_bytes
@@ -365,16 +211,14 @@ class ModelRegistry:
         """Where and in what dtype models load (app.py's --device / --dtype, SPEC_DEVICE / SPEC_DTYPE), before the
         first load. None keeps load_model's default: CUDA when present, else the CPU; float32 on the CPU and for
         models of 0.5B parameters or less, bfloat16 above. Both are checked here, so a typo fails at start-up."""
-        from spec_engine import models
-        device_checked = models.resolve_device(device)
+        device_checked = se.resolve_device(device)
         if dtype is not None:
-            models.resolve_dtype(dtype, device_checked)
+            se.resolve_dtype(dtype, device_checked)
         self._device, self._dtype = device, dtype
 
     def load_device(self):
         """The torch.device models load to (the configured one, else CUDA when present, else the CPU)."""
-        from spec_engine import models
-        return models.resolve_device(self._device)
+        return se.resolve_device(self._device)
 
     # ---- loading
 
@@ -623,8 +467,7 @@ class ModelRegistry:
         params = parameter_count(name)
         if params is None:
             return None
-        from spec_engine import models
-        dtype = models.resolve_dtype(self._dtype, self.load_device(), params)
+        dtype = se.resolve_dtype(self._dtype, self.load_device(), params)
         return int(params * dtype.itemsize * MEMORY_FACTOR)
 
 
@@ -652,29 +495,27 @@ def warm_up(loaded, prepack: bool = False, progress: Callable[[str], None] = lam
     the verify-cost curve that sizes prompt-lookup drafts (a few seconds, measured once)."""
     import torch
 
-    from spec_engine.drafters.sizing import verify_costs
     with torch.inference_mode():
         ids = torch.tensor([PRELOAD_PROMPT], dtype=torch.long, device=loaded.device)
         loaded.model(input_ids=ids)
     if not (prepack and isinstance(loaded.model, torch.nn.Module)):
         return
-    progress("warming up (once): packing weights for batched verification")
+    progress("warming up (once): packing weights and measuring the verify-cost curve")
     se.prepare(loaded.model)
-    progress("warming up (once): measuring the verify-cost curve")
-    verify_costs(loaded.model)
 
 
 def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message: None) -> None:
     """The default draft's whole path once, greedy and sampled, and plain decoding: whatever is made lazily on
     first use (packed weights, compiled kernels and searches, the draft's own packing) is made here, at load."""
-    draft, k = default_draft(loaded.name)
-    kind, spec = split_draft(draft)
+    from ui.playground import drafts          # the draft catalogue reads this module (availability, presets)
+    draft, k = drafts.default_draft(loaded.name)
+    kind, spec = drafts.split_draft(draft)
     if kind.needs_model:
         return
     progress(f"warming up (once): a short {draft} run and plain decoding")
     prompt = loaded.encode_prompt(WARM_UP_PROMPT, chat=False)
     for sampling in (se.SamplingParams(temperature=0.0), se.SamplingParams(temperature=0.7, top_p=0.9)):
-        decoder = se.SpeculativeDecoder(loaded.model, kind.build(spec, loaded, None, DraftOptions()))
+        decoder = se.SpeculativeDecoder(loaded.model, drafts.build_drafter(spec, loaded, None, drafts.DraftOptions()))
         decoder.generate(prompt, k=k, max_new_tokens=WARM_UP_TOKENS, sampling=sampling)
         se.autoregressive_generate(loaded.model, prompt, max_new_tokens=4, sampling=sampling)
     progress("warmed up")

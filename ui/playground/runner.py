@@ -25,6 +25,7 @@ import spec_engine as se
 
 from ui.playground import coalesce, engine_thread, limits, validate
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.views.render import RenderOptions, round_html
 from ui.playground.state import RunRecord, RunSettings, SessionState, Timing
 
@@ -146,7 +147,7 @@ def prepare(settings: RunSettings, state: SessionState, registry: reg.ModelRegis
     """Load (yielding progress) and check a run; returns a Prepared. With `hold`, the models stay held until
     `release(prep, registry)`. With `record` (a finished run), the GPU function's results belong to that run
     instead of a new one (to time it again)."""
-    kind, spec = reg.split_draft(settings.draft)
+    kind, spec = drafts.split_draft(settings.draft)
     ok, reason = kind.available(settings.target)
     if not ok:
         raise ValueError(f"draft {settings.draft!r} is not available for {reg.display_name(settings.target)}: {reason}")

@@ -19,9 +19,10 @@ from urllib.parse import urlencode, quote
 
 import gradio as gr
 
-from spec_engine import models
+import spec_engine as se
 
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground import validate
 from ui.playground.presets import Presets
 from ui.playground.state import RunSettings
@@ -97,9 +98,9 @@ def restorer(presets: Presets, start: Mapping[str, object], default_target: str)
         if found is None:
             return (gr.skip(),) * len(RESTORED)
         clean, scenario = found
-        choices = reg.draft_choices(clean["target"])
+        choices = drafts.draft_choices(clean["target"])
         if clean["draft"] not in [value for _, value in choices]:
-            choices = [*choices, (reg.draft_label(clean["draft"]), clean["draft"])]
+            choices = [*choices, (clean["draft"], clean["draft"])]
         controls = [gr.update(choices=choices, value=clean["draft"]) if field == "draft" else clean[field]
                     for field in LINK_FIELDS]
         caption = ""
@@ -143,7 +144,7 @@ def local_checkpoint(name: str) -> str | None:
     if kind != "cache":
         return None
     hub = equivalent_code.model_id(name)
-    if hub != name and models.hub_source(hub)[0] is not None:
+    if hub != name and se.hub_source(hub)[0] is not None:
         return None
     return where
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ui.views import metrics
+import spec_engine as se
 from spec_engine import acceptance_rate, judged_acceptance
 
 MAX_HISTORY = 100        # finished runs kept per session (the oldest go first): a session's memory is bounded
@@ -31,7 +32,7 @@ HISTORY_COLUMNS = ["#", "scenario", "target", "draft", "k", "T", "top-p", "top-k
 @dataclass(frozen=True)
 class RunSettings:
     target: str
-    draft: str                       # a draft choice value (see ui.playground.registry.draft_kinds)
+    draft: str                       # a draft choice value (see ui.playground.drafts.draft_kinds)
     k: int
     temperature: float
     top_p: float
@@ -125,8 +126,7 @@ def default_presets():
 
 
 def default_target() -> str:
-    from spec_engine.models import default_model_name
-    return default_model_name()
+    return se.default_model_name()
 
 
 def clock(at: float | None) -> str:

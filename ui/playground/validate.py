@@ -30,6 +30,7 @@ import spec_engine as se
 
 from ui.playground import limits
 from ui.playground import registry as reg
+from ui.playground import drafts
 from ui.playground.state import RunSettings
 
 MAX_TEMPERATURE = 2.0
@@ -190,7 +191,7 @@ def check_rule(value) -> str:
 def check_rule_for(draft: str, rule: str) -> None:
     """A tree draft takes the rules that judge trees (exact, strict, typical: core/tree_rule.py); the wrong chain
     rules judge chains only (the wrong tree rule is the exactness lab's)."""
-    kind = reg.kind_by_key(se.parse_draft(draft).mode)
+    kind = drafts.kind_by_key(se.parse_draft(draft).mode)
     takes = [name for name in se.TREE_RULES if name not in se.WRONG_TREE_RULES]
     if kind is not None and kind.tree and rule not in takes:
         raise InputError("rule", f"The rule {rule!r} judges chains of drafts; the tree draft {draft!r} takes "
@@ -279,7 +280,7 @@ def check_draft(value, target: str | None = None) -> str:
     """A draft name the playground can build; with `target`, also one that fits it (availability, tokenizer)."""
     draft = _name("draft", value, "Draft")
     try:
-        kind, spec = reg.split_draft(draft)
+        kind, spec = drafts.split_draft(draft)
     except ValueError as exc:
         raise InputError("draft", f"Draft: {exc}") from None
     if spec.model is not None:
@@ -311,8 +312,7 @@ def other_tokenizer_message(draft_model: str, target: str, detail: str) -> str:
 
 def check_same_tokenizer(target, draft, draft_model: str) -> None:
     """After loading: a same-tokenizer draft must share the target's vocabulary (custom models have no family)."""
-    from spec_engine.drafters import vocab_size
-    sizes = (vocab_size(draft.model), vocab_size(target.model))
+    sizes = (se.vocab_size(draft.model), se.vocab_size(target.model))
     if sizes[0] != sizes[1] or len(draft.tokenizer) != len(target.tokenizer):
         raise InputError("draft", other_tokenizer_message(
             draft_model, target.name, f"vocabulary {sizes[0]:,} vs {sizes[1]:,}"))
@@ -329,7 +329,7 @@ def check_layers(skip_layers, exit_after, draft: str | None, loaded) -> tuple[st
     n_layers = len(loaded.model.model.layers)
     if draft in ("layer-skip", "layer-skip-tree") and skip:
         try:
-            reg.parse_layers(skip, n_layers)
+            drafts.parse_layers(skip, n_layers)
         except ValueError as exc:
             raise InputError("skip_layers", str(exc)) from None
     if draft == "early-exit" and exit_n and not 1 <= exit_n < n_layers:

@@ -29,9 +29,6 @@ from dataclasses import dataclass
 
 
 import spec_engine as se
-from spec_engine.drafters.lookup import PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM
-from spec_engine.drafters.registry import EARLY_EXIT_AFTER, parse_draft
-from spec_engine.models import resolve_preset
 
 TRANSFORMERS_VERSION = "5.24.0"
 VLLM_CHECKED = ("vLLM main (read 2026-12-01): vllm/config/speculative.py @ 002e77c1, "
@@ -74,7 +71,7 @@ class Snippets:
 def model_id(name: str) -> str:
     """A preset's Hugging Face id (what every library loads), or the name itself (a custom Hub id)."""
     try:
-        preset = resolve_preset(name)
+        preset = se.resolve_preset(name)
     except (KeyError, ValueError):
         return name
     return preset.hub_id or name
@@ -83,7 +80,7 @@ def model_id(name: str) -> str:
 def gguf_name(name: str) -> str:
     """The GGUF file llama.cpp reads for a preset: the packaged one where this app has it, else a placeholder."""
     try:
-        preset = resolve_preset(name)
+        preset = se.resolve_preset(name)
     except (KeyError, ValueError):
         return f"{name.replace('/', '_')}.gguf"
     return preset.gguf_file or f"{(preset.hub_id or name).split('/')[-1]}.gguf"
@@ -94,17 +91,17 @@ class DraftPlan:
     """What the draft name means for the three libraries."""
     kind: str                    # lookup | model | cross | early-exit | none
     draft_model: str | None = None
-    max_ngram: int = PROMPT_LOOKUP_MAX_NGRAM
-    min_ngram: int = PROMPT_LOOKUP_MIN_NGRAM
+    max_ngram: int = se.PROMPT_LOOKUP_MAX_NGRAM
+    min_ngram: int = se.PROMPT_LOOKUP_MIN_NGRAM
     exit_after: int | None = None
     why_none: str = ""
 
 
 def plan(draft: str, exit_after: int = 0) -> DraftPlan:
-    spec = parse_draft(draft)
+    spec = se.parse_draft(draft)
     if spec.mode == "prompt-lookup":
-        longest = spec.arg or PROMPT_LOOKUP_MAX_NGRAM
-        return DraftPlan("lookup", max_ngram=longest, min_ngram=min(spec.min_ngram or PROMPT_LOOKUP_MIN_NGRAM, longest))
+        longest = spec.arg or se.PROMPT_LOOKUP_MAX_NGRAM
+        return DraftPlan("lookup", max_ngram=longest, min_ngram=min(spec.min_ngram or se.PROMPT_LOOKUP_MIN_NGRAM, longest))
     if spec.mode == "same-tokenizer":
         return DraftPlan("model", draft_model=spec.model)
     if spec.mode == "cross-tokenizer":
@@ -230,7 +227,7 @@ def transformers_draft_args(settings, draft_plan: DraftPlan) -> list[str]:
         return args
     if draft_plan.kind == "early-exit":
         layers = (str(draft_plan.exit_after) if draft_plan.exit_after
-                  else f"min({EARLY_EXIT_AFTER}, model.config.num_hidden_layers - 1)")
+                  else f"min({se.EARLY_EXIT_AFTER}, model.config.num_hidden_layers - 1)")
         return [f"assistant_early_exit={layers}", f"num_assistant_tokens={settings.k}",
                 'num_assistant_tokens_schedule="constant"']
     return []
@@ -249,7 +246,7 @@ def vllm_code(settings, draft_plan: DraftPlan, target: str, draft: str | None, n
             config.append(("use_heterogeneous_vocab", "True"))
             notes.append("vLLM's draft with another vocabulary (use_heterogeneous_vocab) keeps only the tokens both "
                          "vocabularies share; it does not re-tokenize the draft's text as this playground does.")
-    elif parse_draft(settings.draft).mode in ("eagle", "eagle+lookup"):
+    elif se.parse_draft(settings.draft).mode in ("eagle", "eagle+lookup"):
         config = [("method", repr("eagle")), ("model", repr("<an EAGLE head trained for this target>")),
                   ("num_speculative_tokens", str(settings.k))]
     elif draft_plan.kind == "early-exit":
@@ -318,7 +315,7 @@ def llama_cpp_code(settings, draft_plan: DraftPlan, chat_prompt: str | None, not
                   str(settings.k), *sampling_flags(settings)]
         return ("\n".join(head) + "\n# llama-lookup: its n-gram sizes are fixed when it is built.\n" + command(lookup)
                 + "\n\n# Or serve it: n-gram lookup of the last N tokens, k draft tokens.\n" + command(server) + "\n")
-    if parse_draft(settings.draft).mode in ("eagle", "eagle+lookup"):
+    if se.parse_draft(settings.draft).mode in ("eagle", "eagle+lookup"):
         server = ["llama-server", "-m", target, "-md", "eagle3-head-for-this-target.gguf", "--spec-type",
                   "draft-eagle3", "--spec-draft-n-max", str(settings.k), *sampling_flags(settings)]
         return ("\n".join(head) + "\n# The nearest: an EAGLE-3 head trained for the target, exported to GGUF "
