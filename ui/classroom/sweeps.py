@@ -169,13 +169,13 @@ def sweep_job(job: SweepJob, stop: compute.Stop):
     job's deadline."""
     import torch
     s = job.settings
-    drafts = {p.draft: drafts.split_draft(p.draft) for p in job.points}
+    split = {p.draft: drafts.split_draft(p.draft) for p in job.points}
     target = compute.loaded(s.target)
-    models = {spec.model: compute.loaded(spec.model) for _, spec in drafts.values() if spec.model}
+    models = {spec.model: compute.loaded(spec.model) for _, spec in split.values() if spec.model}
     options = drafts.DraftOptions(skip_layers=s.skip_layers, exit_after=s.exit_after, fixed_length=job.fixed_length)
 
     def make_drafter(name: str) -> se.Drafter:
-        kind, spec = drafts[name]
+        kind, spec = split[name]
         return drafts.build_drafter(spec, target, models.get(spec.model), options)
 
     input_ids = torch.tensor([list(job.prompt_ids)], dtype=torch.long, device=target.device)
