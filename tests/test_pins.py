@@ -1,0 +1,47 @@
+"""The private internals this project relies on, where no public means does the job: each library is pinned to
+the exact version in requirements*.txt, and each test here fails when that version or the internal changes, so an
+upgrade is a deliberate step (bump the pin, re-read the internal, update the code and this file) and never a silent
+break. Why each override exists is in the docstring it points to."""
+import inspect
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pinned(requirements: str, package: str) -> str:
+    """The exact version `requirements` (a file at the repository's root) pins `package` to."""
+    text = (ROOT / requirements).read_text(encoding="utf-8")
+    found = re.search(rf"^{re.escape(package)}==([^\s;#]+)", text, re.MULTILINE)
+    assert found, f"{requirements} must pin {package} to an exact version (==): its internals are relied on"
+    return found.group(1)
+
+
+# ---------------------------------------------------------------------------------------------- Gradio's queue
+
+def test_gradio_is_the_pinned_version():
+    assert version("gradio") == pinned("requirements.txt", "gradio"), \
+        "gradio changed: re-read queueing.Queue.push/send_message (app.AdmissionQueue), then move the pin"
+
+
+def test_the_queue_internals_app_admission_queue_overrides_are_there():
+    """app.queue swaps the class of the queue `Blocks.queue` builds (app.AdmissionQueue: an exact size at
+    admission, runs at the engine's gate counted as waiting, hidden errors given a sentence). Gradio's public
+    `max_size` checks the size before awaiting an endpoint's validator, so joins that arrive together all pass it
+    (no upstream issue found for this race; `max_size` came with gradio-app/gradio#2036)."""
+    import gradio as gr
+    from gradio import queueing
+    from gradio.server_messages import ProcessCompletedMessage
+    with gr.Blocks() as demo:
+        gr.Button().click(lambda: None)
+    demo.queue(max_size=3, default_concurrency_limit=1)
+    assert type(demo._queue) is queueing.Queue and demo._queue.max_size == 3 and len(demo._queue) == 0
+    push = queueing.Queue.push
+    assert inspect.iscoroutinefunction(push)
+    assert list(inspect.signature(push).parameters) == ["self", "body", "request", "username"]
+    source = inspect.getsource(push)
+    # the size check that AdmissionQueue moves ahead of every await, and the word a full queue answers
+    assert "self.max_size is not None and len(self) >= self.max_size" in source and '"queue_full"' in source
+    assert list(inspect.signature(queueing.Queue.send_message).parameters) == ["self", "event", "event_message"]
+    assert {"success", "output"} <= set(ProcessCompletedMessage.model_fields)
