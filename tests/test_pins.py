@@ -45,3 +45,22 @@ def test_the_queue_internals_app_admission_queue_overrides_are_there():
     assert "self.max_size is not None and len(self) >= self.max_size" in source and '"queue_full"' in source
     assert list(inspect.signature(queueing.Queue.send_message).parameters) == ["self", "event", "event_message"]
     assert {"success", "output"} <= set(ProcessCompletedMessage.model_fields)
+
+
+# ----------------------------------------------------------------------------------- Gradio's status tracker
+
+def test_the_status_tracker_module_the_page_script_matches_is_served():
+    """ui/page_head.py's early script (its docstring says why: an idle page's orphaned status timers cost the engine
+    a tenth of its speedup, and Gradio has no public means to stop them) recognises the timer's frames by the
+    module file "/statustracker-" in their stack, and a showing tracker by data-testid="status-tracker" without
+    the class "hide". The bundle the pinned Gradio serves must still have them."""
+    import gradio
+    from ui import page_head
+    assets = Path(gradio.__file__).parent / "templates" / "frontend" / "assets"
+    modules = sorted(assets.glob("statustracker-*.js"))
+    assert len(modules) == 1, f"the status tracker is no longer one module statustracker-*.js: {modules}"
+    code = modules[0].read_text(encoding="utf-8")
+    assert "window.requestAnimationFrame" in code                  # the timer's frames come from this module
+    assert 'data-testid="status-tracker"' in code and "hide:" in code
+    assert '"/statustracker-"' in page_head.FRAMES_JS and '[data-testid="status-tracker"]:not(.hide)' in \
+        page_head.FRAMES_JS
