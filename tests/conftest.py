@@ -80,9 +80,11 @@ def pytest_collection_modifyitems(config, items):
 # took 1,266 s in one process and 881 s in two on the same host (docs/testing.md). Each file is a unit, so a
 # module's fixtures are set up once, except that every file that drives the launched app (a browser or e2e test in
 # it) goes to one worker, in turn: two servers decoding and two Chromiums drawing at once on two cores timed out a
-# click on Stop in that run. xdist's own `xdist_group` marks would say this per test, but they rename node ids
-# through an attribute pytest 9 no longer reads, so the grouping is done here, by file. The longest units go first
-# (xdist's own order, most tests first, left the generic pass to run alone at the end: 1,005 s against 881 s).
+# click on Stop in that run. xdist's public means, `--dist loadgroup` with `xdist_group` marks, would say this per
+# test, but on pytest 9.2 it groups nothing (it renames node ids through an attribute pytest no longer reads:
+# pytest-dev/pytest-xdist#1386, open), and it has no order of its own: the longest units go first here (xdist's
+# order, most tests first, left the generic pass to run alone at the end: 1,005 s against 881 s). So the grouping
+# and order are done here, on xdist's private scheduler methods, with pytest-xdist pinned (tests/test_pins.py).
 APP_MARKS = re.compile(r"pytest\.mark\.(browser|e2e)\b")
 APP_GROUP = "the launched app"
 LONGEST_FIRST = (APP_GROUP, "tests/test_generic_path.py", "tests/test_app_path_smoke.py",

@@ -64,3 +64,51 @@ def test_the_status_tracker_module_the_page_script_matches_is_served():
     assert 'data-testid="status-tracker"' in code and "hide:" in code
     assert '"/statustracker-"' in page_head.FRAMES_JS and '[data-testid="status-tracker"]:not(.hide)' in \
         page_head.FRAMES_JS
+
+
+# ------------------------------------------------------------------------------------------ pytest-xdist's scheduler
+
+def test_pytest_xdist_is_the_pinned_version():
+    assert version("pytest-xdist") == pinned("requirements-test.txt", "pytest-xdist"), \
+        "pytest-xdist changed: re-read LoadScopeScheduling (tests/conftest.py), then move the pin"
+
+
+def test_the_suites_scheduler_keeps_the_app_files_together_longest_first():
+    """tests/conftest.py's scheduler, on xdist's private LoadScopeScheduling (`_split_scope`, `_assign_work_unit`,
+    `workqueue`), driven as xdist's DSession drives it with two workers: every app-driving file is one unit, and
+    the longest units are handed out first. `--dist loadgroup` cannot do this on pytest 9.2
+    (pytest-dev/pytest-xdist#1386)."""
+    from types import SimpleNamespace
+
+    import conftest
+
+    class Config:
+        rootpath = ROOT
+        option = SimpleNamespace(loadscopereorder=True)
+
+        def getvalue(self, name):
+            return {"dist": "loadfile", "tx": ["2*popen"]}[name]
+
+    class Worker:
+        def __init__(self, name):
+            self.gateway, self.shutting_down, self.sent = SimpleNamespace(id=name), False, []
+
+        def send_runtest_some(self, indexes):
+            self.sent.append([collection[i] for i in indexes])
+
+        def shutdown(self):
+            self.shutting_down = True
+
+    collection = ["tests/test_pins.py::a", "tests/test_app_e2e.py::x", "tests/test_pins.py::b",
+                  "tests/test_generic_path.py::g", "tests/test_app_browser.py::y", "tests/test_rules.py::r"]
+    scheduler = conftest.pytest_xdist_make_scheduler(Config(), None)
+    workers = [Worker("gw0"), Worker("gw1")]
+    for worker in workers:
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    assert workers[0].sent[0] == ["tests/test_app_e2e.py::x", "tests/test_app_browser.py::y"]   # one unit, first
+    assert workers[1].sent[0] == ["tests/test_generic_path.py::g"]                            # the next longest
+    units = [unit for worker in workers for unit in worker.sent]
+    assert sorted(test for unit in units for test in unit) == sorted(collection)               # each test once
+    assert ["tests/test_pins.py::a", "tests/test_pins.py::b"] in units                         # a file, one unit
