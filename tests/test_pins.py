@@ -112,3 +112,35 @@ def test_the_suites_scheduler_keeps_the_app_files_together_longest_first():
     units = [unit for worker in workers for unit in worker.sent]
     assert sorted(test for unit in units for test in unit) == sorted(collection)               # each test once
     assert ["tests/test_pins.py::a", "tests/test_pins.py::b"] in units                         # a file, one unit
+
+
+# ------------------------------------------------------------------------ gguf's reader, as transformers calls it
+
+def test_gguf_and_transformers_are_the_pinned_versions():
+    for package in ("gguf", "transformers"):
+        assert version(package) == pinned("requirements.txt", package), \
+            f"{package} changed: re-read how transformers builds gguf.GGUFReader (models/loading.py), then move the pin"
+
+
+def test_transformers_builds_its_gguf_reader_where_the_shared_one_reaches_it(tmp_path):
+    """models/loading._one_parse_per_file hands transformers one parsed reader per file (its docstring: a first
+    load of SmolLM2 measured 45-57 s with it, 82-109 s without, on a busy 2-core host). Neither library takes a reader
+    (no public means), so the seam swaps `gguf.GGUFReader` while transformers loads, which reaches transformers only
+    because it imports the name from gguf at call time."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from spec_engine.models import loading
+    source = inspect.getsource(load_gguf_checkpoint)
+    assert "from gguf import GGUFReader" in source and "GGUFReader(gguf_checkpoint_path)" in source
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    real = gguf.GGUFReader
+    with loading._one_parse_per_file():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and isinstance(first, real)
+    assert gguf.GGUFReader is real
