@@ -114,6 +114,8 @@ def configure(argv: list[str]) -> None:
     if limits.current().threads:
         import torch
         torch.set_num_threads(limits.current().threads)
+    import spec_engine as se
+    se.use_speed_layer()        # before any model runs, loaded or the lab's toy ones (SPEC_ENGINE_ACCEL=0: none)
     registry.REGISTRY.place(**placement)
     if compute.ZEROGPU:
         registry.REGISTRY.preload(zerogpu_models())

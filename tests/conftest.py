@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import spec_engine as se
 from spec_engine.models import load_model
 
 sys.path.insert(0, str(Path(__file__).parent))   # tests import the tiny-model helpers as `tiny`
@@ -23,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))   # tests import the tiny-model h
 # Tests check correctness, not speed. On two shared cores, intra-op threads fight over tiny tensors
 # (measured: 100 ms vs 6 ms per tiny-model sample), so one thread keeps the suite fast and steady.
 torch.set_num_threads(1)
+# The speed layer the environment selects (SPEC_ENGINE_ACCEL, SPEC_ENGINE_STATIC), before any test installs its own.
+se.use_speed_layer()
 # Kernel plans measured by timing (cpu_gemm.tune) would make which fp32 kernel runs depend on a shared machine's
 # timing; the suite keeps the static rule and tests the plans themselves (test_cpu_gemm.py) with fixed plans.
 os.environ.setdefault("SPEC_ENGINE_GEMM_TUNE", "0")

@@ -122,7 +122,7 @@ def load_model(
     else:
         model, tokenizer, source = _load_path_or_hub(name_or_path, device, dtype, placement, report)
     _freeze(model)
-    note = speed.active().adopt(model)   # the speed layer's preparation, if one is installed (core/speed.py)
+    note = speed.use_from_env().adopt(model)   # the environment's speed layer prepares it, if any (core/speed.py)
     if note:
         report(note)
     seconds = time.perf_counter() - started
