@@ -113,7 +113,7 @@ class SpeedLayer:
 
 
 _ACTIVE: list[SpeedLayer] = [SpeedLayer()]
-_FROM_ENV: list = []                # the installers spec_engine/__init__.py names, each reading its environment variable
+_FROM_ENV: list = []                # the installers spec_engine/__init__.py names, each reading its environment setting
 _SELECTED: list[bool] = [False]     # a layer was chosen: by use_from_env, or explicitly by install
 
 
