@@ -81,6 +81,8 @@ def queue(demo):
     endpoint is open to direct POSTs that skip the queue, its size and its validators (Gradio opens them
     unless on a Space)."""
     demo.queue(default_concurrency_limit=4, max_size=limits.current().queue_size, api_open=False)
+    # Gradio's public max_size alone lets a burst past it (AdmissionQueue's docstring) and offers no hook for its
+    # queue's class: this private swap is why requirements.txt pins gradio exactly (tests/test_pins.py checks it).
     demo._queue.__class__ = AdmissionQueue          # the queue demo.queue built, with the two changes above
     return demo
 
@@ -112,6 +114,8 @@ def configure(argv: list[str]) -> None:
     if limits.current().threads:
         import torch
         torch.set_num_threads(limits.current().threads)
+    import spec_engine as se
+    se.use_speed_layer()        # before any model runs, loaded or the lab's toy ones (SPEC_ENGINE_ACCEL=0: none)
     registry.REGISTRY.place(**placement)
     if compute.ZEROGPU:
         registry.REGISTRY.preload(zerogpu_models())

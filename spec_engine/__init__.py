@@ -2,8 +2,8 @@
 
 Layers (docs/architecture.md): core/ (the rule, the loop, sampling, the KV cache, events; device-generic torch),
 drafters/ (one module per drafter family and the one registry of draft names), models/ (presets and loading),
-accel/ (the optional CPU speed layer, installed here behind core/speed.py unless SPEC_ENGINE_ACCEL=0) and
-classroom/ (lab, sweeps, traces, explanations, toy models).
+accel/ (the optional CPU speed layer behind core/speed.py, installed by load_model or use_speed_layer() unless
+SPEC_ENGINE_ACCEL=0) and classroom/ (lab, sweeps, traces, explanations, toy models).
 """
 from spec_engine import accel
 from spec_engine.core import speed
@@ -29,8 +29,9 @@ from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.core.verify import RULES, WRONG_RULES
 from spec_engine.core.tree_rule import TREE_RULES, WRONG_TREE as WRONG_TREE_RULES
 
-accel.install_from_env()      # the CPU speed layer, unless SPEC_ENGINE_ACCEL=0 (core/speed.py is the seam)
-static_cache.install_from_env()   # the static KV cache path instead, with SPEC_ENGINE_STATIC=1 (core/static_cache.py)
+# What load_model and use_speed_layer() install (core/speed.py is the seam): the CPU speed layer unless
+# SPEC_ENGINE_ACCEL=0, then the static KV cache path instead with SPEC_ENGINE_STATIC=1 (core/static_cache.py).
+speed.select_from_env(accel.install_from_env, static_cache.install_from_env)
 
 __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES", "TREE_RULES", "WRONG_TREE_RULES",
@@ -40,7 +41,7 @@ __all__ = [
     "acceptance_rate", "expected_tokens_per_round", "judged_acceptance", "speedup_model",
     "acceptance_by_position", "expected_tokens_by_position", "RULE_INFO", "RuleInfo", "LIBRARY_RULES",
     "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "register_draft", "draft_modes", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
-    "load_model", "LoadedModel", "prepare", "speed_layer",
+    "load_model", "LoadedModel", "prepare", "speed_layer", "use_speed_layer",
     "BatchDecoder", "BatchEvent", "BatchCosts", "Request",
     "vocab_size", "eagle_recommended_settings", "PROMPT_LOOKUP_MAX_NGRAM", "PROMPT_LOOKUP_MIN_NGRAM", "EARLY_EXIT_AFTER",
     "LAYER_SKIP_MODES", "DraftMode", "Sizing", "drafter_sizing", "default_model_name", "parse_parameter_count", "load_source",
@@ -65,6 +66,13 @@ def prepare(model) -> None:
 def speed_layer() -> str:
     """The active speed layer's name: "cpu", or "off" (SPEC_ENGINE_ACCEL=0: the device-generic code a GPU runs)."""
     return speed.active().name
+
+
+def use_speed_layer() -> str:
+    """Install the speed layer the environment selects, once per process (load_model does it too): the CPU speed
+    layer unless SPEC_ENGINE_ACCEL=0, the static KV cache path with SPEC_ENGINE_STATIC=1. Code that runs models it
+    did not load with load_model calls this first. Returns the active layer's name."""
+    return speed.use_from_env().name
 
 
 MODEL_NAMES = ("load_model", "LoadedModel", "list_presets", "resolve_preset", "list_pairs", "default_model_name",

@@ -368,7 +368,7 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype=dtype).eval().requires_grad_(False)
-    speed.active().adopt(model)          # as load_model does
+    speed.use_from_env().adopt(model)    # as load_model does
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"random weights, {size} shape", device=device,
                        dtype=dtype, load_seconds=0.0)
 

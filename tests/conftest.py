@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import spec_engine as se
 from spec_engine.models import load_model
 
 sys.path.insert(0, str(Path(__file__).parent))   # tests import the tiny-model helpers as `tiny`
@@ -23,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))   # tests import the tiny-model h
 # Tests check correctness, not speed. On two shared cores, intra-op threads fight over tiny tensors
 # (measured: 100 ms vs 6 ms per tiny-model sample), so one thread keeps the suite fast and steady.
 torch.set_num_threads(1)
+# The speed layer the environment selects (SPEC_ENGINE_ACCEL, SPEC_ENGINE_STATIC), before any test installs its own.
+se.use_speed_layer()
 # Kernel plans measured by timing (cpu_gemm.tune) would make which fp32 kernel runs depend on a shared machine's
 # timing; the suite keeps the static rule and tests the plans themselves (test_cpu_gemm.py) with fixed plans.
 os.environ.setdefault("SPEC_ENGINE_GEMM_TUNE", "0")
@@ -80,9 +83,11 @@ def pytest_collection_modifyitems(config, items):
 # took 1,266 s in one process and 881 s in two on the same host (docs/testing.md). Each file is a unit, so a
 # module's fixtures are set up once, except that every file that drives the launched app (a browser or e2e test in
 # it) goes to one worker, in turn: two servers decoding and two Chromiums drawing at once on two cores timed out a
-# click on Stop in that run. xdist's own `xdist_group` marks would say this per test, but they rename node ids
-# through an attribute pytest 9 no longer reads, so the grouping is done here, by file. The longest units go first
-# (xdist's own order, most tests first, left the generic pass to run alone at the end: 1,005 s against 881 s).
+# click on Stop in that run. xdist's public means, `--dist loadgroup` with `xdist_group` marks, would say this per
+# test, but on pytest 9.2 it groups nothing (it renames node ids through an attribute pytest no longer reads:
+# pytest-dev/pytest-xdist#1386, open), and it has no order of its own: the longest units go first here (xdist's
+# order, most tests first, left the generic pass to run alone at the end: 1,005 s against 881 s). So the grouping
+# and order are done here, on xdist's private scheduler methods, with pytest-xdist pinned (tests/test_pins.py).
 APP_MARKS = re.compile(r"pytest\.mark\.(browser|e2e)\b")
 APP_GROUP = "the launched app"
 LONGEST_FIRST = (APP_GROUP, "tests/test_generic_path.py", "tests/test_app_path_smoke.py",

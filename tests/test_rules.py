@@ -10,6 +10,7 @@ import torch
 import spec_engine as se
 from spec_engine.core.metrics import (acceptance_by_position, expected_tokens_by_position,
                                       expected_tokens_per_round, judged_acceptance)
+from spec_engine.core.drafting import wants_unwarped
 from spec_engine.core.rule import LIBRARY_RULES, RULE_INFO
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2]])
@@ -61,12 +62,15 @@ def test_q_mismatch_reads_the_drafts_distribution_before_warping(target, draft):
     """The decoder asks the drafter for its temperature-1 softmax only under q_mismatch; the events' q(x) is then
     that (the bug's) q, which differs from the warped q it sampled from at T = 0.7."""
     drafter = se.ModelDrafter(draft)
-    se.SpeculativeDecoder(target, drafter)
-    assert drafter.report_unwarped is False
+    assert se.SpeculativeDecoder(target, drafter).draft_params(SAMPLED) is SAMPLED
     buggy = se.SpeculativeDecoder(target, drafter, rule="q_mismatch")
-    assert drafter.report_unwarped is True
+    asked = buggy.draft_params(SAMPLED)
+    assert wants_unwarped(asked) and asked.as_dict() == SAMPLED.as_dict()
+    assert not hasattr(drafter, "report_unwarped")                      # the request is the call's, not the drafter's
     state = buggy.start(PROMPT, k=2, max_new_tokens=8, sampling=SAMPLED, seed=0)
-    proposal = drafter.propose(state.committed, 2, SAMPLED, state.generator)
+    assert drafter.propose(state.committed, 2, SAMPLED, state.generator).unwarped is None    # not asked
+    drafter.rollback(state.committed)
+    proposal = drafter.propose(state.committed, 2, asked, state.generator)
     logits = draft(input_ids=torch.tensor([state.committed])).logits[0, -1]
     assert torch.allclose(proposal.unwarped[0], torch.softmax(logits, -1), atol=1e-5)
     assert not torch.allclose(proposal.unwarped[0], proposal.probs[0], atol=1e-3)
@@ -176,7 +180,7 @@ def test_greedy_identity_on_smollm2(smollm2):
 
 def test_the_eagle_head_and_lookup_first_report_the_unwarped_q_for_q_mismatch(target):
     """An (untrained) EAGLE head over a reduced vocabulary: under q_mismatch its proposals carry the head's
-    temperature-1 softmax on the reduced ids and zeros elsewhere; inside eagle+lookup the flag reaches the head."""
+    temperature-1 softmax on the reduced ids and zeros elsewhere; inside eagle+lookup the request reaches the head."""
     from spec_engine.drafters.eagle import EagleDrafter, EagleHead, head_config
     torch.manual_seed(0)
     reduced = torch.tensor([0, 1, 2, 3, 5, 7])
@@ -186,11 +190,9 @@ def test_the_eagle_head_and_lookup_first_report_the_unwarped_q_for_q_mismatch(ta
         result = se.SpeculativeDecoder(target, drafter, rule="q_mismatch").generate(
             torch.tensor([[1, 2, 3, 4]]), k=2, max_new_tokens=6, sampling=SAMPLED, seed=0)
         assert len(result.tokens) == 6
-        head = getattr(drafter, "fallback", drafter)
-        assert head.report_unwarped
-        state = se.SpeculativeDecoder(target, head, rule="q_mismatch").start(torch.tensor([[1, 2, 3, 4]]), k=2,
-                                                                             max_new_tokens=6, sampling=SAMPLED)
-        proposal = head.propose(state.committed, 2, SAMPLED, state.generator)
+        buggy = se.SpeculativeDecoder(target, make(), rule="q_mismatch")
+        state = buggy.start(torch.tensor([[1, 2, 3, 4]]), k=2, max_new_tokens=6, sampling=SAMPLED)
+        proposal = buggy.drafter.propose(state.committed, 2, buggy.draft_params(SAMPLED), state.generator)
         assert proposal.unwarped is not None and proposal.unwarped.shape == proposal.probs.shape
         assert proposal.unwarped[:, [4, 6]].abs().sum() == 0
         assert proposal.unwarped.sum(-1).tolist() == pytest.approx([1.0] * len(proposal.tokens), abs=1e-5)

@@ -133,11 +133,14 @@ def test_sampled_chi_square_on_the_static_path(target, draft, kind):
 
 
 @pytest.mark.parametrize("value, active", [("1", "static"), ("0", "cpu")])
-def test_spec_engine_static_selects_the_path_at_import(value, active):
+def test_spec_engine_static_selects_the_path_when_the_speed_layer_is_installed(value, active):
+    """Importing the package installs nothing; use_speed_layer() (or load_model) installs what the environment
+    selects, and an explicit install before it is left alone."""
     import os
     import subprocess
     import sys
     env = {**os.environ, "SPEC_ENGINE_STATIC": value, "SPEC_ENGINE_ACCEL": "1"}
-    out = subprocess.run([sys.executable, "-c", "import spec_engine; from spec_engine.core import speed; "
-                          "print(speed.active().name)"], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == active
+    code = ("import spec_engine as se; from spec_engine.core import speed; print(speed.active().name); "
+            "print(se.use_speed_layer()); speed.install(speed.SpeedLayer()); print(se.use_speed_layer())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["off", active, "off"]

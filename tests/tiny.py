@@ -18,7 +18,7 @@ def tiny_llama(vocab: int = 10, layers: int = 2, seed: int = 0, hidden: int = 32
         model.lm_head.weight.mul_(scale)
     for p in model.parameters():
         p.requires_grad_(False)
-    speed.active().adopt(model)      # as load_model does: the CPU speed layer's paths, unless SPEC_ENGINE_ACCEL=0
+    speed.use_from_env().adopt(model)      # as load_model does: the CPU speed layer's paths, unless SPEC_ENGINE_ACCEL=0
     return model
 
 

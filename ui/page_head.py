@@ -14,6 +14,7 @@ What it does: requestAnimationFrame calls made from Gradio's status-tracker modu
 shows is dropped, which ends a loop whose tracker is gone or hidden (a hidden tracker's timer is invisible, and it
 starts again the next time that tracker becomes pending). Every other requestAnimationFrame call (Plotly, Svelte's
 transitions) is untouched. `window.__specFrames` counts what it did, for the browser tests.
+It relies on the bundle's module name and markup, so requirements.txt pins gradio exactly (tests/test_pins.py).
 """
 from __future__ import annotations
 

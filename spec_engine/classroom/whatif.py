@@ -30,9 +30,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spec_engine.core.metrics import draft_length
 
@@ -150,16 +151,72 @@ class Presets:
         raise ValueError(f"unknown {kind} preset {id_!r}; known: {', '.join(x.id for x in getattr(self, kind))}")
 
 
-_FIELDS = {
-    "hardware": (Hardware, {"id": str, "label": str, "bandwidth_gb_s": float, "tensor_tflops": float,
-                            "memory_gb": float, "source": str}),
-    "targets": (Target, {"id": str, "label": str, "params_b": float, "layers": int, "hidden": int, "vocab": int}),
-    "drafts": (Draft, {"id": str, "label": str, "kind": str, "params_b": float, "layers": int}),
-    "calibration": (CalibrationRow, {"method": str, "hardware": str, "target": str, "draft": str,
-                                     "tokens_per_forward": float, "speedup": float, "verify_rows": int,
-                                     "draft_forwards": int}),
-}
-_OPTIONAL = {"source", "params_b", "layers"}
+Number = Annotated[float, Field(ge=0)]      # YAML integers pass as floats; booleans and text do not (strict)
+Count = Annotated[int, Field(ge=0)]
+
+
+class _Entry(BaseModel):
+    """One entry of presets/whatif.yaml: known fields only, each of its type, no coercion."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _HardwareEntry(_Entry):
+    id: str
+    label: str
+    bandwidth_gb_s: Number
+    tensor_tflops: Number
+    memory_gb: Number
+    source: str = ""
+
+
+class _TargetEntry(_Entry):
+    id: str
+    label: str
+    params_b: Number
+    layers: Count
+    hidden: Count
+    vocab: Count
+
+
+class _DraftEntry(_Entry):
+    id: str
+    label: str
+    kind: str
+    params_b: Number = 0.0
+    layers: Count = 0
+
+
+class _CalibrationEntry(_Entry):
+    method: str
+    hardware: str
+    target: str
+    draft: str
+    tokens_per_forward: Number
+    speedup: Number
+    verify_rows: Count
+    draft_forwards: Count
+
+
+_SECTIONS = {"hardware": (Hardware, _HardwareEntry), "targets": (Target, _TargetEntry),
+             "drafts": (Draft, _DraftEntry), "calibration": (CalibrationRow, _CalibrationEntry)}
+
+
+def _validated(schema: type[_Entry], entry, where: str) -> dict:
+    """`entry`'s fields checked by `schema`; the first error names the file, the entry and the field."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: must be a mapping")
+    try:
+        return schema.model_validate(entry).model_dump()
+    except ValidationError as exc:
+        errors = exc.errors()
+    unknown = sorted(error["loc"][0] for error in errors if error["type"] == "extra_forbidden")
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}")
+    name = errors[0]["loc"][0]
+    if errors[0]["type"] == "missing":
+        raise ValueError(f"{where}: missing field {name!r}")
+    kind = "text" if schema.model_fields[name].annotation is str else "non-negative number"
+    raise ValueError(f"{where}.{name}: expected a {kind}, got {entry[name]!r}")
 
 
 def load_presets(path: str | Path | None = None) -> Presets:
@@ -170,35 +227,11 @@ def load_presets(path: str | Path | None = None) -> Presets:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"{label}: cannot read it ({exc})") from exc
-    if not isinstance(data, dict) or set(data) != set(_FIELDS):
-        raise ValueError(f"{label}: the top level must be a mapping with exactly {', '.join(_FIELDS)}")
-    parsed = {}
-    for section, (cls, fields) in _FIELDS.items():
-        items = []
-        for n, entry in enumerate(data[section] or []):
-            where = f"{label}: {section}[{n}]"
-            if not isinstance(entry, dict):
-                raise ValueError(f"{where}: must be a mapping")
-            unknown = set(entry) - set(fields)
-            if unknown:
-                raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
-            values = {}
-            for name, kind in fields.items():
-                if name not in entry:
-                    if name in _OPTIONAL:
-                        continue
-                    raise ValueError(f"{where}: missing field {name!r}")
-                value = entry[name]
-                ok = isinstance(value, str) if kind is str else \
-                    isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-                if kind is int:
-                    ok = ok and float(value).is_integer()
-                if not ok:
-                    raise ValueError(f"{where}.{name}: expected a {'text' if kind is str else 'non-negative number'},"
-                                     f" got {value!r}")
-                values[name] = kind(value)
-            items.append(cls(**values))
-        parsed[section] = tuple(items)
+    if not isinstance(data, dict) or set(data) != set(_SECTIONS):
+        raise ValueError(f"{label}: the top level must be a mapping with exactly {', '.join(_SECTIONS)}")
+    parsed = {section: tuple(cls(**_validated(schema, entry, f"{label}: {section}[{n}]"))
+                             for n, entry in enumerate(data[section] or []))
+              for section, (cls, schema) in _SECTIONS.items()}
     presets = Presets(**parsed)
     for d in presets.drafts:
         if d.kind not in ("lookup", "head", "model") or (d.kind == "model" and not (d.params_b and d.layers)):

@@ -14,7 +14,7 @@ import torch
 
 from spec_engine.core.cache import (PREFILL_CHUNK, cache_len, check_invariant, forward_logits,
                                     keep_path, new_cache, prefill, trim_cache)
-from spec_engine.core.drafting import Drafter, Proposal, TreeProposal
+from spec_engine.core.drafting import Drafter, Proposal, ReportUnwarped, TreeProposal
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, run_stats
 from spec_engine.core import timing
 from spec_engine.core.sampling import SamplingParams, choose_token, make_generator, top_entries, warp
@@ -127,7 +127,6 @@ class SpeculativeDecoder:
         if rule not in RULES + WRONG_TREE:
             raise ValueError(f"rule must be one of {RULES + WRONG_TREE}, got {rule!r}")
         drafter.check_target(target_model)
-        drafter.report_unwarped = rule == Q_MISMATCH       # the bug reads the draft's distribution before warping
         self.target = target_model
         self.drafter = drafter
         self.rule = rule
@@ -176,6 +175,11 @@ class SpeculativeDecoder:
         scored = one_forward(self.target, planned.segment, self.drafter.feature_layers)
         return self.settle(state, planned, scored, should_stop)
 
+    def draft_params(self, sampling: SamplingParams) -> SamplingParams:
+        """What `propose` is given: the run's sampling, which under q_mismatch also asks for the draft's distributions
+        before warping (the bug reads them as q), so the rule's need travels with the call."""
+        return ReportUnwarped.of(sampling) if self.rule == Q_MISMATCH else sampling
+
     def plan(self, state: DecodeState, k: int | None = None) -> Planned:
         """Draft a round (at most `k` tokens, the run's k by default; a batch may ask for fewer) and lay out the rows
         the target scores: [last committed, drafts...] after the target's cache."""
@@ -184,7 +188,8 @@ class SpeculativeDecoder:
         committed = state.committed
         limit = state.k if k is None else min(k, state.k)
         n_draft = min(limit, state.max_new_tokens - state.generated - 1)     # a round emits up to n_draft + 1
-        proposal = self.drafter.propose(committed, n_draft, state.sampling, state.generator) if n_draft else Proposal([], None)
+        params = self.draft_params(state.sampling)
+        proposal = self.drafter.propose(committed, n_draft, params, state.generator) if n_draft else Proposal([], None)
         if isinstance(proposal, TreeProposal):
             tree = proposal.tree
             segment = Segment([committed[-1], *tree.tokens], state.target_cache, len(tree.tokens) + 1,

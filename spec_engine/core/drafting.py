@@ -35,9 +35,26 @@ class Proposal:
     probs: torch.Tensor | None           # [len(tokens), target_vocab] draft distributions, or None (one-hot)
     note: str | None = None              # e.g. how a cross-tokenizer boundary was handled
     unwarped: torch.Tensor | None = None # [len(tokens), target_vocab] the draft's temperature-1 softmax before top-k /
-                                         #   top-p, reported only when `Drafter.report_unwarped` is set: what the
-                                         #   shipped bug rule "q_mismatch" reads as q
+                                         #   top-p, reported only when `propose` is given ReportUnwarped params:
+                                         #   what the shipped bug rule "q_mismatch" reads as q
     source: str | None = None            # who proposed it, when a drafter combines others (else the drafter's name)
+
+
+@dataclass(frozen=True)
+class ReportUnwarped(SamplingParams):
+    """Sampling parameters that also ask `propose` for the draft's distributions before warping
+    (`Proposal.unwarped`), which the bug rule "q_mismatch" reads as q. The decoder passes them under that rule only,
+    so the request travels with the call (through drafters that pass their params on) and no drafter holds it; a
+    drafter that cannot report them ignores it, and the rule then says which drafters do."""
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> ReportUnwarped:
+        return cls(**params.as_dict())
+
+
+def wants_unwarped(params: SamplingParams) -> bool:
+    """Whether `propose` was asked to report `Proposal.unwarped` too (see ReportUnwarped)."""
+    return isinstance(params, ReportUnwarped)
 
 
 @dataclass(frozen=True)
@@ -57,7 +74,6 @@ class Drafter:
     name = "drafter"
     cache = None
     feature_layers: tuple[int, ...] = ()        # the target hidden states it reads (none: it drafts from ids)
-    report_unwarped = False                     # set by the loop for rule "q_mismatch": also report Proposal.unwarped
 
     def check_target(self, target_model) -> None:
         """Raise ValueError if this drafter cannot propose ids for `target_model`."""

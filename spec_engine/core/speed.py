@@ -3,7 +3,9 @@
 The core (sampling, the rule, the KV cache, the loop) is device-generic torch code: exactly what a GPU runs. A speed
 layer may take over named steps by installing a `SpeedLayer` here. Each hook either returns a result computed the
 same way (tested equal to the generic code) or None, and the core then runs its own code. The core never imports a
-speed layer: `spec_engine/__init__.py` installs the CPU one (`spec_engine/accel`) unless SPEC_ENGINE_ACCEL=0.
+speed layer: `spec_engine/__init__.py` names the installers of the layers the environment selects (the CPU one,
+`spec_engine/accel`, unless SPEC_ENGINE_ACCEL=0), and `use_from_env` runs them: `load_model` calls it, and so does
+`spec_engine.use_speed_layer()`. Importing the package installs nothing.
 
     hook               what the core asks                                       generic code it replaces
     adopt(module)      prepare a loaded model or draft head (patch, fuse)        nothing: stock modules
@@ -111,6 +113,8 @@ class SpeedLayer:
 
 
 _ACTIVE: list[SpeedLayer] = [SpeedLayer()]
+_FROM_ENV: list = []                # the installers spec_engine/__init__.py names, each reading its environment setting
+_SELECTED: list[bool] = [False]     # a layer was chosen: by use_from_env, or explicitly by install
 
 
 def active() -> SpeedLayer:
@@ -119,6 +123,24 @@ def active() -> SpeedLayer:
 
 
 def install(layer: SpeedLayer) -> SpeedLayer:
-    """Make `layer` the active speed layer; returns the one it replaces."""
+    """Make `layer` the active speed layer; returns the one it replaces. An explicit choice: `use_from_env` then
+    leaves it."""
+    _SELECTED[0] = True
     previous, _ACTIVE[0] = _ACTIVE[0], layer
     return previous
+
+
+def select_from_env(*installers) -> None:
+    """Name the zero-argument installers `use_from_env` runs, in order (the package does, as it cannot be done from
+    the core without importing a speed layer)."""
+    _FROM_ENV[:] = installers
+
+
+def use_from_env() -> SpeedLayer:
+    """Install the speed layer the environment selects, unless one was chosen already (by an earlier call or an
+    explicit `install`); returns the active layer."""
+    if not _SELECTED[0]:
+        _SELECTED[0] = True
+        for installer in _FROM_ENV:
+            installer()
+    return active()

@@ -4,12 +4,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from spec_engine.core.drafting import Drafter, Proposal, TreeProposal
+from spec_engine.core.drafting import Drafter, Proposal, ReportUnwarped, TreeProposal, wants_unwarped
 from spec_engine.core.sampling import SamplingParams
 from spec_engine.core.tree_rule import TokenTree
 
 __all__ = ["Drafter", "Proposal", "TreeProposal", "TokenTree", "FirstThenFallback", "vocab_size", "common_prefix_len",
-           "trie_tree"]
+           "trie_tree", "ReportUnwarped", "wants_unwarped"]
 
 
 def vocab_size(model) -> int:

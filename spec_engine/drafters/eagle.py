@@ -39,7 +39,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from spec_engine.core import speed
 from spec_engine.core.cache import additive_mask, check_invariant, new_cache, trim_cache
 from spec_engine.core.sampling import SamplingParams, choose_token, top_probability
-from spec_engine.drafters.base import Drafter, Proposal, vocab_size
+from spec_engine.drafters.base import Drafter, Proposal, vocab_size, wants_unwarped
 from spec_engine.drafters.sizing import reset_view, size_draft, sizing_view, verify_costs
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -290,7 +290,7 @@ class EagleDrafter(Drafter):
             index, reduced_probs = (best, None) if params.greedy else choose_token(logits, params, generator, members)
             tokens.append(self._vocab_ids[index])
             probs.append(reduced_probs)
-            if self.report_unwarped and not params.greedy:                      # q_mismatch: before T, top-k, top-p
+            if wants_unwarped(params) and not params.greedy:                    # q_mismatch: before T, top-k, top-p
                 unwarped.append(torch.softmax(logits.to(reduced_probs.dtype), dim=-1))
             if i + 1 == k or path < self.min_path_confidence:
                 break           # the last draft, or the next one is unlikely to be reached: skip its head step

@@ -130,7 +130,6 @@ class LookupFirstDrafter(FirstThenFallback):
         if copied:
             self.first_drafted = True
             return Proposal(copied, None, note=LOOKUP_NOTE, source=self.lookup.name)
-        self.fallback.report_unwarped = self.report_unwarped
         proposal = self.fallback_propose(committed, k, params, generator)
         return dataclasses.replace(proposal, source=proposal.source or self.fallback.name)
 

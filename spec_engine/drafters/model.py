@@ -9,7 +9,7 @@ from torch import nn
 
 from spec_engine.core.cache import check_invariant, forward_logits, new_cache, trim_cache
 from spec_engine.core.sampling import SamplingParams, choose_token
-from spec_engine.drafters.base import Drafter, Proposal, common_prefix_len, vocab_size
+from spec_engine.drafters.base import Drafter, Proposal, common_prefix_len, vocab_size, wants_unwarped
 
 
 class ModelDrafter(Drafter):
@@ -59,7 +59,7 @@ class ModelDrafter(Drafter):
             token, token_probs = choose_token(logits, params, generator)
             tokens.append(self._target_id(token))
             probs.append(token_probs)
-            if self.report_unwarped:
+            if wants_unwarped(params):
                 unwarped.append(torch.softmax(logits.to(token_probs.dtype), dim=-1))   # before T, top-k, top-p
             pending = [token]
         # The last proposal's KV is never computed: the cache holds committed + tokens[:-1].

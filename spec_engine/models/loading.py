@@ -122,7 +122,7 @@ def load_model(
     else:
         model, tokenizer, source = _load_path_or_hub(name_or_path, device, dtype, placement, report)
     _freeze(model)
-    note = speed.active().adopt(model)   # the speed layer's preparation, if one is installed (core/speed.py)
+    note = speed.use_from_env().adopt(model)   # the environment's speed layer prepares it, if any (core/speed.py)
     if note:
         report(note)
     seconds = time.perf_counter() - started
@@ -441,7 +441,9 @@ def _one_parse_per_file():
     reads a config, a tokenizer or the tensors: three times per model here. Gemma-3-270M's 262k-token vocabulary
     makes one parse cost 12-16 s on two cores (42 s of a 66 s first load, measured). Neither library offers a
     shared reader, so this seam hands transformers the same one; the reader is read-only (a memory map), and the
-    loaded model is checked equal to its cached copy (tests/test_models.py). Dequantizations run one at a time."""
+    loaded model is checked equal to its cached copy (tests/test_models.py). Dequantizations run one at a time.
+    The swap reaches transformers only through how it imports the reader, so gguf and transformers are pinned
+    exactly (tests/test_pins.py)."""
     try:
         import gguf as gguf_package
     except ImportError:         # transformers then says what to install

@@ -11,10 +11,11 @@ import threading
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import torch
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 
@@ -128,27 +129,35 @@ class ModelPair:
         return self.draft.partition(":")[2] or "same-tokenizer"
 
 
-_MODEL_FIELDS: dict[str, tuple[type, bool]] = {
-    "name": (str, True),
-    "display_name": (str, False),
-    "kind": (str, True),
-    "tokenizer_family": (str, True),
-    "params": (str, False),
-    "offline": (bool, False),
-    "needs_gpu": (bool, False),
-    "description": (str, False),
-    "package": (str, False),
-    "gguf_file": (str, False),
-    "assemble": (str, False),
-    "requires": (list, False),
-    "hub_id": (str, False),
-    "gated": (bool, False),
-}
-_PAIR_FIELDS: dict[str, tuple[type, bool]] = {
-    "target": (str, True),
-    "draft": (str, True),
-    "description": (str, False),
-}
+NonEmpty = Annotated[str, Field(pattern=r"^\s*\S")]
+
+
+class _Entry(BaseModel):
+    """An entry of the presets file: known fields only, each of its type, no coercion (YAML's `yes` is no string)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _ModelEntry(_Entry):
+    name: NonEmpty
+    display_name: NonEmpty | None = None
+    kind: NonEmpty
+    tokenizer_family: NonEmpty
+    params: NonEmpty | None = None
+    offline: bool | None = None
+    needs_gpu: bool | None = None
+    description: NonEmpty | None = None
+    package: NonEmpty | None = None
+    gguf_file: NonEmpty | None = None
+    assemble: NonEmpty | None = None
+    requires: list | None = None
+    hub_id: NonEmpty | None = None
+    gated: bool | None = None
+
+
+class _PairEntry(_Entry):
+    target: NonEmpty
+    draft: NonEmpty
+    description: NonEmpty | None = None
 
 
 def presets_path(path: str | os.PathLike | None = None) -> Path:
@@ -217,23 +226,24 @@ def _read_yaml(path: Path, label: str) -> dict:
     return data
 
 
-def _check_fields(entry: Any, spec: dict[str, tuple[type, bool]], where: str) -> dict:
-    """Reject non-mappings, unknown or missing fields and wrong types, naming the field."""
+def _check_fields(entry: Any, schema: type[_Entry], where: str) -> dict:
+    """`entry` checked by `schema`: non-mappings, unknown or missing fields and wrong types are refused, naming
+    the field (an unknown one first)."""
     if not isinstance(entry, dict):
         raise ValueError(f"{where}: must be a mapping of fields, got {type(entry).__name__}")
-    for key in entry:
-        if key not in spec:
-            raise ValueError(f"{where}: unknown field {key!r} (known fields: {', '.join(spec)})")
-    for key, (expected, required) in spec.items():
-        value = entry.get(key)
-        if value is None:
-            if required:
-                raise ValueError(f"{where}: field {key!r} is required")
-            continue
-        if not isinstance(value, expected) or (expected is str and not value.strip()):
-            kind = "a non-empty string" if expected is str else f"a {expected.__name__}"
-            raise ValueError(f"{where}: field {key!r} must be {kind}, got {value!r}")
-    return entry
+    try:
+        schema.model_validate(entry)
+        return entry
+    except ValidationError as exc:
+        errors = exc.errors()
+    unknown = [error for error in errors if error["type"] == "extra_forbidden"]
+    key = (unknown or errors)[0]["loc"][0]
+    if unknown:
+        raise ValueError(f"{where}: unknown field {key!r} (known fields: {', '.join(schema.model_fields)})")
+    if entry.get(key) is None:
+        raise ValueError(f"{where}: field {key!r} is required")
+    kind = {"bool": "a bool", "list": "a list"}.get(errors[0]["type"].split("_")[0], "a non-empty string")
+    raise ValueError(f"{where}: field {key!r} must be {kind}, got {entry[key]!r}")
 
 
 def _parse_presets(entries: Any, label: str) -> list[ModelPreset]:
@@ -244,7 +254,7 @@ def _parse_presets(entries: Any, label: str) -> list[ModelPreset]:
     for index, entry in enumerate(entries):
         name = entry.get("name") if isinstance(entry, dict) else None
         where = f"{label}: model {name!r}" if isinstance(name, str) else f"{label}: model #{index + 1}"
-        preset = _parse_preset(_check_fields(entry, _MODEL_FIELDS, where), where)
+        preset = _parse_preset(_check_fields(entry, _ModelEntry, where), where)
         if preset.name in seen:
             raise ValueError(f"{where}: field 'name' duplicates an earlier model")
         seen.add(preset.name)
@@ -316,7 +326,7 @@ def _parse_pairs(entries: Any, presets: dict[str, ModelPreset], label: str) -> l
         where = f"{label}: pair #{index + 1}"
         if isinstance(entry, dict) and isinstance(entry.get("target"), str):
             where += f" ({entry['target']} <- {entry.get('draft')})"
-        _check_fields(entry, _PAIR_FIELDS, where)
+        _check_fields(entry, _PairEntry, where)
         pair = ModelPair(entry["target"], entry["draft"], " ".join(entry.get("description", "").split()))
         _check_pair(pair, presets, where)
         if any((p.target, p.draft) == (pair.target, pair.draft) for p in pairs):

@@ -13,8 +13,10 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ROOT = Path(__file__).resolve().parents[2]   # the repository
 SCENARIOS_PATH = ROOT / "presets" / "scenarios.yaml"
@@ -84,12 +86,41 @@ def scenario_tag(scenario: Scenario) -> str:
     return f"S{number}" if number.isdigit() else scenario.id
 
 
-PROMPT_FIELDS = {"id": str, "label": str, "text": str, "chat": bool}
-SCENARIO_FIELDS = {"id": str, "label": str, "prompt": str, "text": str, "chat": bool, "target": str, "draft": str,
-                   "k": int, "temperature": float, "top_p": float, "top_k": int, "max_new_tokens": int,
-                   "rule": str, "seed": int, "caption": str}
-TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-SCENARIO_REQUIRED = ("id", "label", "draft", "k", "temperature", "top_p", "top_k", "max_new_tokens", "rule", "caption")
+Text = Annotated[str, Field(pattern=r"^\s*\S")]      # not empty
+
+
+class Entry(BaseModel):
+    """An entry of the file: known fields only, each of its type, no coercion (an integer passes as a number).
+    A field left out is None here; one written as null is refused."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class PromptEntry(Entry):
+    id: Text
+    label: Text
+    text: Text
+    chat: bool = None
+
+
+class ScenarioEntry(Entry):
+    id: Text
+    label: Text
+    prompt: Text = None
+    text: Text = None
+    chat: bool = None
+    target: Text = None
+    draft: Text
+    k: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    rule: Text
+    seed: int = None
+    caption: Text
+
+
+TYPE_WORDS = {"int": "an integer", "float": "a number", "string": "a string", "bool": "true or false"}
 
 
 def display(path: Path) -> str:
@@ -178,39 +209,40 @@ def unique(ids: list[str], where: str) -> None:
         seen.add(x)
 
 
-def check_fields(entry, spec: dict, required, where: str) -> dict:
+def check_fields(entry, schema: type[Entry], where: str) -> dict:
+    """`entry`'s fields checked by `schema`, as given (with "_where": `where` and the entry's id); the first error
+    names the field: an unknown one, then a required one missing, then a wrong value in the entry's order."""
     if not isinstance(entry, dict):
         raise ValueError(f"{where}: must be a mapping of fields, got {type(entry).__name__}")
     if isinstance(entry.get("id"), str):
         where = f"{where} ({entry['id']!r})"
+    try:
+        checked = schema.model_validate(entry)
+    except ValidationError as exc:
+        errors = exc.errors()
+    else:
+        return {**{key: getattr(checked, key) for key in entry}, "_where": where}
     for key in entry:
-        if key not in spec:
-            raise ValueError(f"{where}: unknown field {key!r} (known fields: {', '.join(spec)})")
-    for key in required:
-        if entry.get(key) is None:
+        if key not in schema.model_fields:
+            raise ValueError(f"{where}: unknown field {key!r} (known fields: {', '.join(schema.model_fields)})")
+    for key, field in schema.model_fields.items():
+        if field.is_required() and entry.get(key) is None:
             raise ValueError(f"{where}: field {key!r} is required")
-    out = {}
-    for key, value in entry.items():
-        kind = spec[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-            raise ValueError(f"{where}: field {key!r} must be {TYPE_WORDS[kind]}, got {value!r}")
-        if kind is str and not value.strip():
-            raise ValueError(f"{where}: field {key!r} must not be empty")
-        out[key] = value
-    out["_where"] = where
-    return out
+    error = min(errors, key=lambda error: list(entry).index(error["loc"][0]))
+    key, kind = error["loc"][0], error["type"].split("_")[0]
+    if error["type"] == "string_pattern_mismatch":
+        raise ValueError(f"{where}: field {key!r} must not be empty")
+    raise ValueError(f"{where}: field {key!r} must be {TYPE_WORDS.get(kind, kind)}, got {entry[key]!r}")
 
 
 def parse_prompt(entry, where: str) -> ExamplePrompt:
-    e = check_fields(entry, PROMPT_FIELDS, ("id", "label", "text"), where)
+    e = check_fields(entry, PromptEntry, where)
     return ExamplePrompt(e["id"], e["label"], e["text"].strip("\n"), e.get("chat", True))
 
 
 def parse_scenario(entry, where: str, prompts: dict[str, ExamplePrompt], draft_check, target_check) -> Scenario:
     import spec_engine as se
-    e = check_fields(entry, SCENARIO_FIELDS, SCENARIO_REQUIRED, where)
+    e = check_fields(entry, ScenarioEntry, where)
     where = e["_where"]
 
     def fail(field: str, message: str):
