@@ -170,7 +170,7 @@ def test_the_lab_shows_the_wrong_tree_rule_drift():
         reports[sampler] = lab.report(exact, draws)
     assert reports["exact"].chi.pvalue > 1e-3 and reports["tree_best_sibling"].chi.pvalue < 1e-6, reports
     assert reports["tree_best_sibling"].tv_next > 3 * reports["exact"].tv_next
-    assert lab.TREE_SAMPLERS == ("plain", "exact", "strict", "typical", "tree_best_sibling")
+    assert lab.TREE_SAMPLERS == ("plain", "exact", "strict", "invariant", "typical", "tree_best_sibling")
 
 
 def test_step_through_of_a_tree_round_names_the_path_and_the_residual():
