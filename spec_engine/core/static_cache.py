@@ -155,9 +155,9 @@ class StaticSpeedLayer(speed.SpeedLayer):
         else:
             positions = torch.nn.functional.pad(positions, (0, width - rows), value=start)[None]     # [1, W]
             seen = torch.zeros(width, self.capacity, dtype=torch.bool, device=device)
-            seen[:rows, :start + rows] = visible                                                     # [rows, start+rows]
+            seen[:rows, :start + rows] = visible                                        # visible [rows, start + rows]
             seen[torch.arange(rows, width, device=device), slots[rows:]] = True     # a padded row sees only itself
-        mask = additive_mask(seen, model.dtype)                                                      # [1, 1, W, capacity]
+        mask = additive_mask(seen, model.dtype)                                         # [1, 1, W, capacity]
         logits, hidden = self.runner(device)(model, cache, ids, positions, slots, mask, bool(feature_layers))
         for layer in layers:
             layer.length = start + rows       # the padded rows' slots stay outside the count
