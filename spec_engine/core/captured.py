@@ -96,7 +96,7 @@ class CapturedSteps:
     def __init__(self, limit: int = 48):
         self.limit = limit
         self.graphs: OrderedDict = OrderedDict()
-        self.captures = 0
+        self.captures = self.replays = 0
 
     def __call__(self, model, cache, input_ids, positions, slots, mask, hidden: bool):
         buffers = [layer.key_buffer for layer in cache.layers] + [layer.value_buffer for layer in cache.layers]
@@ -110,6 +110,7 @@ class CapturedSteps:
         self.graphs[key] = graph
         while len(self.graphs) > self.limit:
             self.graphs.popitem(last=False)
+        self.replays += 1
         return graph.replay(input_ids, positions, slots, mask)
 
 
