@@ -207,3 +207,28 @@ def test_fixed_forward_falls_back_where_the_padding_does_not_fit_and_refuses_ove
         assert cache_len(cache) == 16 and widths == [16]
         with pytest.raises(ValueError, match="capacity=16"):
             forward_logits(target, [1], cache, 1)
+
+
+@pytest.mark.slow
+def test_fixed_forwards_under_inductor_are_exact_and_compiled_once_per_bucket():
+    """The CPU's compiled form (core/captured.py CompiledSteps: inductor, fullgraph, dynamic=False) gives plain
+    greedy decoding's tokens, plain and speculative, and a second run compiles nothing new: one graph per bucket and
+    model. Stock models: the CPU speed layer's packed linears read a context variable dynamo cannot trace. Slow:
+    inductor compiles each graph (minutes on a loaded 2-core host)."""
+    from torch._dynamo.utils import counters
+
+    from tiny import tiny_llama
+    previous = speed.install(speed.SpeedLayer())
+    try:
+        target, draft = tiny_llama(vocab=8, layers=3, seed=0), tiny_llama(vocab=8, layers=1, seed=1)
+    finally:
+        speed.install(previous)
+    reference = se.autoregressive_generate(target, GREEDY_PROMPT, max_new_tokens=24, sampling=se.SamplingParams(0.0))
+    with static_cache.use(128, fixed=True, compile_cpu=True):
+        run = lambda: greedy_identity_runs(target, lambda: se.ModelDrafter(draft), GREEDY_PROMPT, ks=(3,), tokens=24)
+        base, runs = run()
+        graphs = counters["stats"]["unique_graphs"]
+        again, runs_again = run()
+        assert counters["stats"]["unique_graphs"] == graphs                 # nothing recompiled
+    assert base.tokens == again.tokens == reference.tokens
+    assert runs[3].tokens == runs_again[3].tokens == reference.tokens and runs[3].stats.accepted > 0
