@@ -2,6 +2,7 @@
 process on the same prompts: SmolLM2-135M-Instruct fp32, greedy plain decoding, torch threads as given (2 by default).
 
     PYTHONPATH=. .venv/bin/python -m bench.static_cpu --tokens 32 --repeats 2 [--compile] [--out bench/results/NAME]
+    PYTHONPATH=. .venv/bin/python -m bench.static_cpu --threads 1 --profile    # where a fixed step's time goes
 
 Arms, in turn prompt by prompt (the order alternating by repeat), every arm's tokens checked identical to the CPU
 layer's: `cpu` (the default path: accel's speed layer, its compiled C++ layers and growing caches), `static` (the
@@ -57,6 +58,29 @@ def load_models():
     return adopted, stock
 
 
+def profile_steps(stock, capacity: int, steps: int = 5) -> None:
+    """Where a fixed-shape decode step's time goes (torch.profiler, ops by self CPU time), eager and under inductor:
+    `steps` one-token forwards after a 60-token context, after three warm-up (and compiling) ones."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from spec_engine.core.cache import forward_logits, new_cache
+    for compile_cpu in (False, True):
+        with static_cache.use(capacity, fixed=True, compile_cpu=compile_cpu):
+            cache = new_cache(stock)
+            forward_logits(stock, list(range(100, 160)), cache, 1)
+            for _ in range(3):
+                forward_logits(stock, [5], cache, 1)
+                cache.crop(-1)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                start = time.perf_counter()
+                for _ in range(steps):
+                    forward_logits(stock, [5], cache, 1)
+                    cache.crop(-1)
+                seconds = time.perf_counter() - start
+        print(f"fixed{'+inductor' if compile_cpu else ''}: {seconds / steps * 1e3:.1f} ms a step (profiled)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=6, max_name_column_width=44))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48)
@@ -66,11 +90,14 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=512, help="static cache positions (a fixed forward attends "
                         "over all of them)")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    parser.add_argument("--profile", action="store_true", help="only profile the fixed-shape steps, eager and inductor")
     args = parser.parse_args()
     if args.repeats < 2:
         parser.error("--repeats must be at least 2 (the first warms up and is dropped)")
     torch.set_num_threads(args.threads)
     loaded, stock = load_models()
+    if args.profile:
+        return profile_steps(stock, args.capacity)
     cpu_layer = speed.active()
     arms = ["cpu", "static", "fixed"] + (["fixed+inductor"] if args.compile else [])
     layers = {arm: static_cache.StaticSpeedLayer(args.capacity, **ARMS[arm]) for arm in arms if arm != "cpu"}
