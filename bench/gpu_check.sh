@@ -9,11 +9,15 @@
 #   3. what a verify forward of n tokens costs against a one-token forward (bench/gpu_verify_cost.py: SmolLM2-135M's
 #      shape in fp32, SmolLM2-1.7B's and Llama-3.1-8B's in bf16), beside the What-if tab's projection for the card;
 #   4. benchmarks of the engine vs plain decoding vs Hugging Face generate() on random weights of real shapes
-#      (SmolLM2-135M in $SMALL_DTYPES; $BIG, by default SmolLM2-1.7B's Llama shape, in $BIG_DTYPES).
+#      (SmolLM2-135M in $SMALL_DTYPES; $BIG, by default SmolLM2-1.7B's Llama shape, in $BIG_DTYPES);
+#   5. (STEPS=static, a call of its own) the static path's captured forwards against eager ones
+#      (bench/gpu_static.py on $STATIC_MODELS): plain decoding tok/s and GB/s, the verify cost by rows, and prompt
+#      lookup's and the EAGLE head's speedup on the captured path; on DEVICE=cpu its fallback runs (plumbing only).
 # Each step has its own time limit (a step that runs out leaves the next ones their time), and results land in $OUT
 # (or bench/results/gpu/ when $OUT is unset).
 #   DEVICE=cpu TOKENS=8 REPEATS=1 BIG=none SMOKE_TOKENS=6 SMOKE_SECONDS=900 BENCH_SECONDS=900 PY=.venv/bin/python \
 #       bash bench/gpu_check.sh                   # a dry run of the plumbing on a CPU
+#   STEPS=static bash bench/gpu_check.sh         # step 5 alone: one device call, under 5 minutes on one H200
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu}
@@ -29,6 +33,9 @@ $PY -c "import torch, transformers, gradio; print('torch', torch.__version__, 't
 DEVICE=${DEVICE:-cuda} TOKENS=${TOKENS:-48} REPEATS=${REPEATS:-2} BIG=${BIG:-random-llama-1b} SMOKE_TOKENS=${SMOKE_TOKENS:-24}
 SMOKE_SECONDS=${SMOKE_SECONDS:-120} BENCH_SECONDS=${BENCH_SECONDS:-75} COST_SECONDS=${COST_SECONDS:-100}   # per step
 SMALL_DTYPES=${SMALL_DTYPES:-float32} BIG_DTYPES=${BIG_DTYPES:-bfloat16}
+STATIC_MODELS=${STATIC_MODELS:-random-smollm2-135m:float32 random-llama-1b:bfloat16 random-llama-8b:bfloat16}
+STATIC_TOKENS=${STATIC_TOKENS:-64} STATIC_REPEATS=${STATIC_REPEATS:-3} STATIC_ROWS=${STATIC_ROWS:-1 2 4 8 16 32}
+STATIC_CONTEXT=${STATIC_CONTEXT:-256} STATIC_SECONDS=${STATIC_SECONDS:-270}
 STEPS=${STEPS:-tests cost app bench}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 status=0
@@ -57,4 +64,10 @@ for dtype in float32 bfloat16; do
             --out "$OUT/gpu-$BIG-$dtype" | tee "$OUT/bench-big-$dtype.txt" || status=1
     fi
 done
+if step static; then
+    # shellcheck disable=SC2086       # the model and row lists are words
+    timeout "$STATIC_SECONDS" $PY -m bench.gpu_static --device "$DEVICE" --models $STATIC_MODELS \
+        --tokens "$STATIC_TOKENS" --repeats "$STATIC_REPEATS" --rows $STATIC_ROWS --context "$STATIC_CONTEXT" \
+        --out "$OUT/static" 2>&1 | grep -v "Loading weights" | tee "$OUT/static.txt" || status=1
+fi
 exit $status

@@ -47,3 +47,24 @@ def test_every_draft_runs_through_the_app_path_on_a_random_smollm2_shape(smollm2
     assert checks["run smollm2-135m-instruct greedy"]["acceptance_rate"] == 1.0      # itself as its draft
     assert checks["step-through eagle+lookup"]["rounds"] > 0
     assert (tmp_path / "refused.txt").read_text()          # a model package was looked for, and refused
+
+
+def test_gpu_check_static_step_dry_runs_on_the_cpu(smollm2, tmp_path):
+    """bench/gpu_check.sh's static step (bench/gpu_static.py) as a lent GPU runs it, on the CPU with tiny settings:
+    the captured path is its CPU fallback (the fixed-shape forward, eager), so this checks the plumbing, and that in
+    fp32 both paths give the same tokens on the SmolLM2-135M shape."""
+    tokenizer_dir = tmp_path / "tokenizer"
+    smollm2.tokenizer.save_pretrained(tokenizer_dir)
+    out = tmp_path / "gpu"
+    env = {**os.environ, "DEVICE": "cpu", "STEPS": "static", "PY": sys.executable, "OUT": str(out),
+           "SPEC_TOKENIZER_DIR": str(tokenizer_dir), "STATIC_MODELS": "random-smollm2-135m:float32",
+           "STATIC_TOKENS": "4", "STATIC_REPEATS": "1", "STATIC_ROWS": "1 2", "STATIC_CONTEXT": "16",
+           "STATIC_SECONDS": "900"}
+    done = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=960)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (model,) = json.loads((out / "static.json").read_text())["models"]
+    assert model["model"] == "random-smollm2-135m" and model["same_tokens"] is True
+    assert [v["rows"] for v in model["verify"]] == [1, 2]
+    assert set(model["drafts"]) == {"prompt-lookup", "eagle (random head)"}
+    assert "| captured |" in (out / "static.txt").read_text()

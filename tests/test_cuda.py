@@ -168,3 +168,92 @@ def test_device_map_auto_target(saved_random_dir):
     prompt = loaded.encode_prompt("One, two, three, one, two, three.")
     spec, plain = greedy_pair(loaded.model, se.PromptLookupDrafter(), prompt, 32)
     assert spec.tokens == plain.tokens
+
+
+def captured_runner():
+    """The active static layer's CUDA runner (core/captured.py CapturedSteps)."""
+    from spec_engine.core import captured, speed
+    runner = speed.active().runners["cuda"]
+    assert isinstance(runner, captured.CapturedSteps)
+    return runner
+
+
+def test_captured_path_greedy_identity_on_cuda(tiny_cuda, random_smollm2):
+    """The static path's fixed-shape forwards replayed from CUDA graphs give plain decoding's tokens on the default
+    path, for every drafter, on the tiny models and the SmolLM2-135M shape in fp32; graphs are replayed far more
+    often than captured (one per bucket, model and cache buffers)."""
+    from spec_engine.core import static_cache
+    target, draft = tiny_cuda
+    cases = [(target, draft, torch.tensor([PROMPT], device=CUDA)),
+             (random_smollm2.model, random_smollm2.model,
+              random_smollm2.encode_prompt("Write three sentences about the sea, then repeat them."))]
+    for model, draft_model, prompt in cases:
+        reference = se.autoregressive_generate(model, prompt, max_new_tokens=40, sampling=GREEDY).tokens
+        with static_cache.use(512, fixed=True):
+            for name, drafter in drafters_for(model, draft_model).items():
+                spec, plain = greedy_pair(model, drafter, prompt, 40, k=4)
+                assert spec.tokens == plain.tokens == reference, name
+            runner = captured_runner()
+            print(f"{runner.captures} graphs captured, {runner.replays} replays")
+            assert runner.captures >= 1 and runner.replays >= 4 * runner.captures
+
+
+def test_captured_path_kv_invariant_and_trimmed_logits_every_round(random_smollm2):
+    from transformers import DynamicCache
+
+    from spec_engine.core import static_cache
+    from spec_engine.core.cache import cache_len, forward_logits
+    model = random_smollm2.model
+    prompt = random_smollm2.encode_prompt("Repeat after me: the cat sat on the mat, the cat sat on the mat.")
+    with static_cache.use(512, fixed=True):
+        for name, drafter in drafters_for(model).items():
+            decoder = se.SpeculativeDecoder(model, drafter)
+            state = decoder.start(prompt, k=4, max_new_tokens=24, sampling=se.SamplingParams(0.8), seed=3)
+            while state.stop_reason is None:
+                event = decoder.step(state)
+                assert cache_len(state.target_cache) == len(state.committed) - 1 == event.target_cache_len, name
+                trimmed = forward_logits(model, state.committed[-1:], state.target_cache, 1)[-1]
+                state.target_cache.crop(-1)
+                fresh = forward_logits(model, state.committed, DynamicCache(config=model.config), 1)[-1]
+                assert torch.allclose(trimmed, fresh, atol=1e-3), name
+
+
+def test_captured_path_exact_rule_distribution(tiny_cuda):
+    """As test_tiny_models_exact_rule_distribution_on_cuda, on the captured path (alpha 1e-4, fixed seeds)."""
+    from test_statistical import ALPHA, LENGTH, chi_square_pvalue, exact_joint
+
+    from spec_engine.core import static_cache
+    target, draft = tiny_cuda
+    params = se.SamplingParams(temperature=1.0, top_p=0.9)
+    prompt = torch.tensor([PROMPT], device=CUDA)
+    joint = exact_joint(copy.deepcopy(target).cpu(), prompt.cpu(), params)
+    with static_cache.use(64, fixed=True):
+        decoder = se.SpeculativeDecoder(target, se.ModelDrafter(draft))
+        samples = [tuple(decoder.generate(prompt, k=2, max_new_tokens=LENGTH, sampling=params, seed=s).tokens)
+                   for s in range(1500)]
+    assert chi_square_pvalue(samples, joint) > ALPHA
+
+
+def test_captured_path_syncs_per_round(random_smollm2):
+    """The fixed-shape forward adds no synchronising call: the default path's bound (6 per round) holds."""
+    from spec_engine.core import static_cache
+    prompt = random_smollm2.encode_prompt("Repeat after me: the cat sat on the mat, the cat sat on the mat.")
+    with static_cache.use(512, fixed=True):
+        decoder = se.SpeculativeDecoder(random_smollm2.model, se.PromptLookupDrafter())
+        state = decoder.start(prompt, k=4, max_new_tokens=32, sampling=GREEDY)
+        for _ in range(2):
+            decoder.step(state)                               # warm-up rounds: captures
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                rounds = 0
+                while state.stop_reason is None and rounds < 8:
+                    decoder.step(state)
+                    rounds += 1
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = sum("synchroniz" in str(w.message).lower() for w in caught)
+    print(f"captured path: {syncs} synchronising calls in {rounds} rounds")
+    assert syncs <= 6 * rounds
