@@ -70,7 +70,7 @@ def kernels_at(revision: str, isa: str):
     return library_at(revision, folder), gemm
 
 
-def main(argv=None) -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, metavar="REV")
     parser.add_argument("--draft", default="eagle+lookup-tree")
@@ -82,8 +82,12 @@ def main(argv=None) -> None:
     parser.add_argument("--per-kind", type=int, default=2)
     parser.add_argument("--neighbour", type=int, default=0, metavar="MB", help="stream MB megabytes beside the runs")
     parser.add_argument("--out", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = load_model(DEFAULT_MODEL, "cpu", "float32")
     isa = blocked_gemm.kernel().isa
@@ -96,6 +100,29 @@ def main(argv=None) -> None:
 
     prompts = tuning_prompts(args.first, args.per_kind)
     ids = [encode(engine, p) for p in prompts]
+    totals, load_before = measure(engine, ids, list(sides), use, args)
+    lines = [f"`python -m bench.decode_ab {' '.join(argv)}`".replace(" `", "`"),
+             f"{engine.name} fp32, {args.threads} threads, {len(prompts)} prompts ({args.per_kind} of each kind after "
+             f"the first {args.first}), {args.draft} at k = {args.k}, greedy, {args.tokens} tokens, "
+             f"{args.repeats - 1} measured repeats; load average {load_before[0]:.2f} before, "
+             f"{os.getloadavg()[0]:.2f} after"
+             + (f", a neighbour streaming {args.neighbour} MB on one thread throughout" if args.neighbour else "")
+             + ". Every run gave plain decoding's tokens.", "",
+             "| kernels | speculative s | plain s | speedup (geometric mean) | head catch-up ms a round |",
+             "|---|---|---|---|---|"]
+    summary = summarise(totals, list(sides), lines)
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out + ".md").write_text(report + "\n", encoding="utf-8")
+        Path(args.out + ".json").write_text(json.dumps({"command": lines[0].strip("`"), "args": vars(args),
+                                                        "sides": summary}, indent=1) + "\n", encoding="utf-8")
+
+
+def measure(engine, ids: list, sides: list[str], use, args: argparse.Namespace) -> tuple[tuple, tuple]:
+    """Speculative then plain decoding of every prompt, the sides' kernels in turn (their order alternating), the
+    first repeat a warm-up; the EAGLE head's catch-up timed by wrapping its `_feed`. Returns (ratios, seconds,
+    rounds, catch-up seconds) by side, and the load average before the runs."""
     greedy = SamplingParams(temperature=0.0)
     feed, now = eagle.EagleDrafter._feed, {"side": None}
     catch_up: Counter = Counter()
@@ -109,12 +136,13 @@ def main(argv=None) -> None:
 
     eagle.EagleDrafter._feed = timed_feed
     ratios, seconds, rounds = defaultdict(list), Counter(), Counter()
-    neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR.format(mb=args.neighbour)]) if args.neighbour else None
+    neighbour = (subprocess.Popen([sys.executable, "-c", NEIGHBOUR.format(mb=args.neighbour)]) if args.neighbour
+                 else None)
     load_before = os.getloadavg()
     try:
         for repeat in range(args.repeats):
             for index, x in enumerate(ids):
-                for side in list(sides)[::1 if (repeat + index) % 2 else -1]:
+                for side in sides[::1 if (repeat + index) % 2 else -1]:
                     use(side)
                     now["side"] = side if repeat else None
                     start = time.perf_counter()
@@ -134,15 +162,12 @@ def main(argv=None) -> None:
         use("this checkout")
         if neighbour is not None:
             neighbour.kill()
-    lines = [f"`python -m bench.decode_ab {' '.join(argv)}`".replace(" `", "`"),
-             f"{engine.name} fp32, {args.threads} threads, {len(prompts)} prompts ({args.per_kind} of each kind after "
-             f"the first {args.first}), {args.draft} at k = {args.k}, greedy, {args.tokens} tokens, "
-             f"{args.repeats - 1} measured repeats; load average {load_before[0]:.2f} before, "
-             f"{os.getloadavg()[0]:.2f} after"
-             + (f", a neighbour streaming {args.neighbour} MB on one thread throughout" if args.neighbour else "")
-             + ". Every run gave plain decoding's tokens.", "",
-             "| kernels | speculative s | plain s | speedup (geometric mean) | head catch-up ms a round |",
-             "|---|---|---|---|---|"]
+    return (ratios, seconds, rounds, catch_up), load_before
+
+
+def summarise(totals: tuple, sides: list[str], lines: list[str]) -> dict:
+    """Each side's totals, speedup and catch-up per round: a table row appended to `lines`, and by side."""
+    ratios, seconds, rounds, catch_up = totals
     summary = {}
     for side in sides:
         summary[side] = {"speculative_s": seconds[side, "speculative"], "plain_s": seconds[side, "plain"],
@@ -151,12 +176,7 @@ def main(argv=None) -> None:
         s = summary[side]
         lines.append(f"| {side} | {s['speculative_s']:.2f} | {s['plain_s']:.2f} | {s['speedup']:.3f}x | "
                      f"{s['catch_up_ms_per_round']:.3f} |")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out + ".md").write_text(report + "\n", encoding="utf-8")
-        Path(args.out + ".json").write_text(json.dumps({"command": lines[0].strip("`"), "args": vars(args),
-                                                        "sides": summary}, indent=1) + "\n", encoding="utf-8")
+    return summary
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ def main(argv=None) -> None:
     args, argv, engine, prompts, ids = tuning_setup(parser, argv)
     model, greedy = engine.model, SamplingParams(temperature=0.0)
     dtype = eagle.head_dtype(model)
-    sides = {Path(path).name if Path(path).name != Path(other).name else path: eagle.head_parts(model, Path(path), dtype)
-             for path, other in zip(args.heads, args.heads[::-1])}
+    sides = {Path(path).name if Path(path).name != Path(other).name else path:
+             eagle.head_parts(model, Path(path), dtype) for path, other in zip(args.heads, args.heads[::-1])}
     names = list(sides)
 
     now = {"parts": None}
@@ -78,8 +78,8 @@ def main(argv=None) -> None:
     lines = [f"`python -m bench.eagle_ab {' '.join(argv)}`",
              f"{engine.name} fp32, {args.threads} threads, {len(prompts)} prompts ({args.per_kind} of each kind after "
              f"the first {args.first}, and the app's default prompt), `eagle+lookup-tree` at k = {args.k}, greedy, 64 "
-             f"tokens, {args.repeats - 1} measured repeats, sides alternating by prompt; every run gave plain decoding's "
-             f"tokens; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after.", "",
+             f"tokens, {args.repeats - 1} measured repeats, sides alternating by prompt; every run gave plain "
+             f"decoding's tokens; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after.", "",
              f"Tokens per round (all prompts, by kind, the default prompt): `eagle-tree` with a fixed tree of {args.k} "
              "nodes (the head alone, untimed), then the default draft as it runs; and the default draft's speedup over "
              "plain decoding (geometric mean of per-run ratios):", "",

@@ -79,7 +79,8 @@ def time_catch_up(drafter: EagleDrafter, target, rows: int, repeats: int) -> dic
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.eagle_head_cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
+                        choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the dtypes")
     parser.add_argument("--threads", type=int, default=None)

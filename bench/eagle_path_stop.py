@@ -53,7 +53,8 @@ def main(argv=None) -> None:
                 per_round[stop] = len(result.tokens) / len(result.rounds)
                 assert result.tokens == plain.tokens, "greedy identity broken"
         for stop in args.stops:
-            print(f"| {name} | {stop:g} | {statistics.median(speedups[stop]):.2f}x | {per_round[stop]:.2f} |", flush=True)
+            print(f"| {name} | {stop:g} | {statistics.median(speedups[stop]):.2f}x | {per_round[stop]:.2f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ from spec_engine.drafters import eagle
 from spec_engine.drafters.registry import make_drafter
 from spec_engine.models import DEFAULT_MODEL, load_model
 
-DEFAULT_PROMPT = Prompt("tuning", "default prompt", "chat-sky", "Explain in three short sentences why the sky is blue.", ())
+DEFAULT_PROMPT = Prompt("tuning", "default prompt", "chat-sky",
+                        "Explain in three short sentences why the sky is blue.", ())
 SIZES = (12288, 16384, 24576, 32768)
 
 
@@ -59,7 +60,8 @@ def coverage(answers: dict[str, tuple[list[int], list[int], str]], vocab: list[i
                 known = held | set(prompt_ids) if with_prompt else held
                 missed[kind] += sum(t not in known for t in answer)
                 total[kind] += len(answer)
-            label = ("shipped" if size == len(vocab) else f"grown to {size}") + (" + the prompt's tokens" if with_prompt else "")
+            label = (("shipped" if size == len(vocab) else f"grown to {size}")
+                     + (" + the prompt's tokens" if with_prompt else ""))
             lines.append(f"| {label} | " + " | ".join(f"{missed[k] / total[k]:.3f}" for k in kinds) + " |")
     return lines
 

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> dict:
     lines = [f"| kernel | {' | '.join(str(n) for n in args.rows)} |", "|---" * (len(args.rows) + 1) + "|"]
     lines += [f"| {kernel} | {' | '.join(f'{ms[kernel][n]:.1f}' for n in args.rows)} |" for kernel in kernels]
     lines.append(f"\nms for {args.layers * len(LAYER_SHAPES)} layer products by rows, {args.threads} thread(s), "
-                 f"fastest of {args.passes} passes; {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}")
+                 f"fastest of {args.passes} passes; {torch.backends.cpu.get_cpu_capability()}, "
+                 f"torch {torch.__version__}")
     table = "\n".join(lines)
     print(table)
     result = {"threads": args.threads, "layers": args.layers, "passes": args.passes, "rows": args.rows, "ms": ms,

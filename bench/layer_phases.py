@@ -3,7 +3,8 @@ csrc/lean_layers.cpp (or another revision's, `--against`) built once more with t
 phases (inserted into a copy of the source at fixed lines; the build fails loudly if one of them moved), on the
 offline default, interleaved in one process, medians over repeats.
 
-    python -m bench.layer_phases --threads 2 --context 200 --rows 8 --repeats 30 --out bench/results/layer-phases-2threads
+    python -m bench.layer_phases --threads 2 --context 200 --rows 8 --repeats 30 \\
+        --out bench/results/layer-phases-2threads
 
 Each layer's phases in the order the source runs them (norm, q|k|v product, rotary and cache append, attention,
 o product, residual and second norm, gate|up product, SiLU, down product, residual), summed over the layers; the
@@ -42,10 +43,14 @@ static double PHASE[16], PART[64][4];
 extern "C" unsigned long long phase_clock() { return __rdtsc(); }
 extern "C" void phase_times(double* out) {
   for (int i = 0; i < 16; i++) out[i] = PHASE[i], PHASE[i] = 0;
-  for (int i = 0; i < 4; i++) { out[16 + i] = 0; for (int t = 0; t < 64; t++) out[16 + i] += PART[t][i], PART[t][i] = 0; }
+  for (int i = 0; i < 4; i++) {
+    out[16 + i] = 0;
+    for (int t = 0; t < 64; t++) out[16 + i] += PART[t][i], PART[t][i] = 0;
+  }
 }
 #define TICK(i) { const unsigned long long now_ = __rdtsc(); PHASE[i] += (double)(now_ - last_); last_ = now_; }
-#define PART_TICK(i) { const unsigned long long now_ = __rdtsc(); PART[thread_ & 63][i] += (double)(now_ - part_); part_ = now_; }
+#define PART_TICK(i) { const unsigned long long now_ = __rdtsc(); \
+  PART[thread_ & 63][i] += (double)(now_ - part_); part_ = now_; }
 '''
 # (anchor, what replaces it): each anchor must occur exactly once in the source.
 PROBES = [
@@ -55,17 +60,21 @@ PROBES = [
     ("  int longest = 0;\n", "  PART_TICK(0)\n  int longest = 0;\n"),
     ("  for (int i0 = 0; i0 < longest; i0 += KEY_CHUNK)\n",
      "  PART_TICK(1)\n  for (int i0 = 0; i0 < longest; i0 += KEY_CHUNK)\n"),
-    ("  for (int u = 0; u < count; u++) {     // an odd list", "  PART_TICK(2)\n  for (int u = 0; u < count; u++) {     // an odd list"),
+    ("  for (int u = 0; u < count; u++) {     // an odd list",
+     "  PART_TICK(2)\n  for (int u = 0; u < count; u++) {     // an odd list"),
     ("VLOAD(odd + d)), inv));\n  }\n", "VLOAD(odd + d)), inv));\n  }\n  PART_TICK(3)\n"),
-    ("  for (int l = 0; l < n_layers; l++) {\n", "  unsigned long long last_ = __rdtsc();\n  for (int l = 0; l < n_layers; l++) {\n"),
+    ("  for (int l = 0; l < n_layers; l++) {\n",
+     "  unsigned long long last_ = __rdtsc();\n  for (int l = 0; l < n_layers; l++) {\n"),
     ("    rms_norm(hidden, layer.input_norm, normed.data(), n, H, eps);\n",
      "    rms_norm(hidden, layer.input_norm, normed.data(), n, H, eps);\n    TICK(0)\n"),
     ("qkv.data(), n, H, qkv_width, threads);\n", "qkv.data(), n, H, qkv_width, threads);\n    TICK(1)\n"),
     ("#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && Hkv * slices > 1)\n",
-     "    TICK(2)\n#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && Hkv * slices > 1)\n"),
+     "    TICK(2)\n"
+     "#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && Hkv * slices > 1)\n"),
     ("    product(layer, attended.data(), layer.o,", "    TICK(3)\n    product(layer, attended.data(), layer.o,"),
     ("delta.data(), n, Hq * D, H, threads);\n", "delta.data(), n, Hq * D, H, threads);\n    TICK(4)\n"),
-    ("    product(layer, normed.data(), layer.gate_up,", "    TICK(5)\n    product(layer, normed.data(), layer.gate_up,"),
+    ("    product(layer, normed.data(), layer.gate_up,",
+     "    TICK(5)\n    product(layer, normed.data(), layer.gate_up,"),
     ("gate_up.data(), n, H, 2 * I, threads);\n", "gate_up.data(), n, H, 2 * I, threads);\n    TICK(6)\n"),
     ("    product(layer, act.data(), layer.down,", "    TICK(7)\n    product(layer, act.data(), layer.down,"),
     ("delta.data(), n, I, H, threads);\n", "delta.data(), n, I, H, threads);\n    TICK(8)\n"),
@@ -106,7 +115,7 @@ def ticks_per_ms(library) -> float:
     return (library.phase_clock() - start) / ((time.perf_counter() - clock) * 1e3)
 
 
-def main(argv=None) -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--context", type=int, default=200)
@@ -115,8 +124,12 @@ def main(argv=None) -> None:
     parser.add_argument("--against", default=None, metavar="REV", help="also time REV's lean_layers.cpp, interleaved")
     parser.add_argument("--fast-below", type=float, default=8.5, help="one-row wall ms below which a pass is fast")
     parser.add_argument("--out", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = load_model(DEFAULT_MODEL, "cpu", "float32")
     model = engine.model
@@ -125,7 +138,6 @@ def main(argv=None) -> None:
     sides = {"this checkout": build(None, isa)}
     if args.against:
         sides[f"at {args.against}"] = build(args.against, isa)
-    scale = ticks_per_ms(sides["this checkout"])
     ids = torch.randint(0, model.config.vocab_size, (args.context + args.rows,),
                         generator=torch.Generator().manual_seed(0)).tolist()
     cache = new_cache(model)
@@ -140,9 +152,28 @@ def main(argv=None) -> None:
                                 cache, FEATURES)
         trim_cache(cache, args.context)
 
+    load_before = os.getloadavg()
+    passes = timed_passes(sides, isa, forward, args)
+    lines = [f"`python -m bench.layer_phases {' '.join(argv)}`".replace(" `", "`"),
+             f"{engine.name} fp32, {args.threads} threads, {args.context} cached tokens, one row against a tree of "
+             f"{args.rows} rows, medians of {args.repeats} interleaved passes; load average {load_before[0]:.2f} "
+             f"before, {os.getloadavg()[0]:.2f} after. Milliseconds per forward, layers summed."]
+    summary = state_tables(passes, list(sides), args, lines)
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out + ".md").write_text(report + "\n", encoding="utf-8")
+        Path(args.out + ".json").write_text(json.dumps({"command": lines[0].strip("`"), "args": vars(args),
+                                                        "load before": load_before, "states": summary}, indent=1)
+                                            + "\n", encoding="utf-8")
+
+
+def timed_passes(sides: dict, isa: str, forward, args: argparse.Namespace) -> list[dict]:
+    """Per pass, (side, rows) -> [wall ms, then each phase timer in ms]: the sides' libraries swapped in turn,
+    their order alternating between passes; the first pass (a warm-up) dropped."""
+    scale = ticks_per_ms(sides["this checkout"])
     shipped, times = native_layers._BUILT[isa], (ctypes.c_double * 20)()
     passes: list[dict] = []
-    load_before = os.getloadavg()
     try:
         for repeat in range(args.repeats + 1):
             found = {}
@@ -159,13 +190,16 @@ def main(argv=None) -> None:
                 passes.append(found)
     finally:
         native_layers._BUILT[isa] = shipped
-    names = ["forward (wall)", *PHASES, "the rest (final norm, LM head, Python)", *(f"attention: {p} (thread ms)" for p in PARTS)]
-    lines = [f"`python -m bench.layer_phases {' '.join(argv)}`".replace(" `", "`"),
-             f"{engine.name} fp32, {args.threads} threads, {args.context} cached tokens, one row against a tree of "
-             f"{args.rows} rows, medians of {args.repeats} interleaved passes; load average {load_before[0]:.2f} "
-             f"before, {os.getloadavg()[0]:.2f} after. Milliseconds per forward, layers summed."]
+    return passes
+
+
+def state_tables(passes: list[dict], sides: list[str], args: argparse.Namespace, lines: list[str]) -> dict:
+    """One table of median phase times per memory state (fast or slow one-row passes), appended to `lines`;
+    returns the same numbers by state."""
+    names = ["forward (wall)", *PHASES, "the rest (final norm, LM head, Python)",
+             *(f"attention: {p} (thread ms)" for p in PARTS)]
     summary = {}
-    first = next(iter(sides))
+    first = sides[0]
     for state, chosen in (("fast", lambda p: p[first, 1][0] < args.fast_below),
                           ("slow", lambda p: p[first, 1][0] >= args.fast_below)):
         group = [p for p in passes if chosen(p)]
@@ -187,13 +221,7 @@ def main(argv=None) -> None:
                                                       for rows in (1, args.rows)) + " |")
         summary[state] = {f"{side} / {rows}": dict(zip(names, table[side, rows])) for side in sides
                           for rows in (1, args.rows)}
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out + ".md").write_text(report + "\n", encoding="utf-8")
-        Path(args.out + ".json").write_text(json.dumps({"command": lines[0].strip("`"), "args": vars(args),
-                                                        "load before": load_before, "states": summary}, indent=1)
-                                            + "\n", encoding="utf-8")
+    return summary
 
 
 if __name__ == "__main__":

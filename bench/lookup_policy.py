@@ -155,7 +155,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--k", type=int, nargs="*", default=[2, 4, 6, 8])
-    parser.add_argument("--answers", default=None, help="JSON file of the greedy answers: read if it exists, else written")
+    parser.add_argument("--answers", default=None,
+                        help="JSON file of the greedy answers: read if it exists, else written")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -123,7 +123,8 @@ def main(argv=None) -> None:
     lines = [f"`python -m bench.native_layers {' '.join(argv or [])}`".replace(" `", "`"),
              f"{engine.name} fp32, {args.threads} threads, {args.context} cached tokens, medians of {args.repeats}; "
              f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after.", "",
-             f"| forward | compiled ms | {other} ms | compiled / {other} | compiled, in its steps | {other}, in its steps |",
+             f"| forward | compiled ms | {other} ms | compiled / {other} | compiled, in its steps "
+             f"| {other}, in its steps |",
              "|---|---|---|---|---|---|"]
     for name in runs:
         c, t = median[("compiled", name)], median[(other, name)]

@@ -38,7 +38,8 @@ def run_figures(path: Path) -> dict:
                      statistics.fmean(statistics.median(tokens_per_forward(x) for x in r["runs"][arm]) for r in rows))
                for arm in arms}
     return {"name": path.stem, "prompts": len(rows), "identical": all(r["identical"] for r in rows),
-            "plain": (min(plain), max(plain)), "arms": figures, "load": doc["meta"].get("load average before (1, 5, 15 min)")}
+            "plain": (min(plain), max(plain)), "arms": figures,
+            "load": doc["meta"].get("load average before (1, 5, 15 min)")}
 
 
 def report(runs: list[dict]) -> str:
@@ -48,7 +49,8 @@ def report(runs: list[dict]) -> str:
     for run in runs:
         cells = [f"`{run['name']}`", str(run["prompts"]), f"{run['load'][0]:.2f}" if run["load"] else "–",
                  "{:.0f}-{:.0f}".format(*run["plain"])]
-        cells += [f"{run['arms'][arm][0]:.2f}x · {run['arms'][arm][1]:.2f}" if arm in run["arms"] else "–" for arm in arms]
+        cells += [f"{run['arms'][arm][0]:.2f}x · {run['arms'][arm][1]:.2f}" if arm in run["arms"] else "–"
+                  for arm in arms]
         cells.append("yes" if run["identical"] else "**no**")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| arm | runs | lowest | median | highest |", "|---|---|---|---|---|"]

@@ -16,7 +16,8 @@ from spec_engine.models import load_model
 from spec_engine.bench_hf import load_prompts, encode, Path, select_prompts, interleaved
 torch.set_num_threads(1)
 m = load_model("smollm2-135m-instruct", "cpu", "float32")
-prompts = interleaved(select_prompts(load_prompts(Path("bench/data/six_kinds.json")), "held-out", None, int(sys.argv[1])))
+prompts = interleaved(select_prompts(load_prompts(Path("bench/data/six_kinds.json")), "held-out", None,
+                                     int(sys.argv[1])))
 arms = sys.argv[2:]
 G = se.SamplingParams(temperature=0)
 eos = m.tokenizer.eos_token_id
@@ -37,7 +38,8 @@ for p in prompts:
         if factor is not None:
             target = d.suffix if hasattr(d, "suffix") else d
             target.max_spec_factor = None if factor == "none" else float(factor)
-        r = se.SpeculativeDecoder(m.model, d).generate(ids, k=int(kk or 8), max_new_tokens=64, sampling=G, eos_token_id=eos)
+        r = se.SpeculativeDecoder(m.model, d).generate(ids, k=int(kk or 8), max_new_tokens=64, sampling=G,
+                                                       eos_token_id=eos)
         assert r.tokens == plain, (a, p.name)
         res[a].setdefault(p.kind, []).append(len(r.tokens) / len(r.rounds))
     print(p.name, {a: round(res[a][p.kind][-1], 2) for a in arms}, flush=True)
@@ -46,4 +48,5 @@ print("| arm | " + " | ".join(kinds) + " | all |")
 print("|---|" + "---|" * (len(kinds) + 1))
 for a in arms:
     allv = [v for k in kinds for v in res[a][k]]
-    print(f"| {a} | " + " | ".join(f"{statistics.fmean(res[a][k]):.2f}" for k in kinds) + f" | **{statistics.fmean(allv):.2f}** |")
+    print(f"| {a} | " + " | ".join(f"{statistics.fmean(res[a][k]):.2f}" for k in kinds)
+          + f" | **{statistics.fmean(allv):.2f}** |")

@@ -4,7 +4,8 @@
     python -m bench.train_eagle train --data /tmp/eagle      # fit the head, write spec_engine/drafters/weights/ + JSON
     python -m bench.train_eagle evaluate                     # held-out acceptance with the real engine
     python -m bench.train_eagle extract --out /tmp/eagle-corpus  # optional: teacher-forced features of local text
-    python -m bench.train_eagle generate --out /tmp/eagle-self --self-prompts 850 --seed 4000  # prompts the target writes
+    # prompts the target writes itself:
+    python -m bench.train_eagle generate --out /tmp/eagle-self --self-prompts 850 --seed 4000
     python -m bench.train_eagle relayer --data /tmp/eagle --out /tmp/eagle-ml --layers 2 15 27 -1  # EAGLE-3 features
 
 Prompts come from bench/data/eagle_prompts.json (bench/eagle_prompts.py; held-out topics never appear in training).
@@ -37,7 +38,8 @@ DEFAULT_OUT = Path(__file__).parent.parent / "spec_engine" / "drafters" / "weigh
 
 def eagle_loss(head, tokens: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, embed: torch.Tensor,
                rows: torch.Tensor, noise: float = 0.0, generator: torch.Generator | None = None,
-               distill_weight: float = 0.5, unroll: int = 1, loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+               distill_weight: float = 0.5, unroll: int = 1,
+               loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Teacher-forced training loss on right-padded sequences, plus optional unrolled steps.
 
     tokens [B, L] ids, features [B, L, F] the target's hidden states of the head's feature_layers (the final,
@@ -127,7 +129,8 @@ def pending_shards(out: Path, items: list, batch: int, digits: int):
 def query_prefix(tokenizer) -> list[int]:
     """The chat template up to where a user's message begins (system turn included)."""
     marker = "\u2063QUERY\u2063"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False, tokenize=False)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False,
+                                         tokenize=False)
     return tokenizer(text.split(marker)[0], add_special_tokens=False)["input_ids"]
 
 
@@ -192,8 +195,8 @@ def cmd_generate(args) -> None:
         responses = respond(target.model, target.tokenizer, batch, args.new_tokens, sampled, seed=args.seed + b)
         sequences = [p + r for p, r in zip(batch, responses)]
         features = layer_features(target.model, sequences, tuple(args.layers))
-        torch.save({"tokens": sequences, "prompt_lens": [len(p) for p in batch], "features": features, "sampled": sampled,
-                    "feature_layers": list(args.layers)}, shard)
+        torch.save({"tokens": sequences, "prompt_lens": [len(p) for p in batch], "features": features,
+                    "sampled": sampled, "feature_layers": list(args.layers)}, shard)
         print(f"shard {shard.name}: {len(batch)} prompts, {sum(map(len, responses))} response tokens, "
               f"{time.perf_counter() - start:.0f} s", flush=True)
 
@@ -229,15 +232,18 @@ def cmd_extract(args) -> None:
             pieces += [ids[i:i + args.length] for i in range(0, len(ids) - args.length + 1, args.length)]
         random.Random(args.seed).shuffle(pieces)
         take = pieces[:args.max_tokens // args.length]
-        print(f"{kind}: {len(files)} files, {len(pieces)} chunks of {args.length} tokens, using {len(take)}", flush=True)
+        print(f"{kind}: {len(files)} files, {len(pieces)} chunks of {args.length} tokens, using {len(take)}",
+              flush=True)
         chunks += take
     random.Random(args.seed + 1).shuffle(chunks)
     start = time.perf_counter()
     for b, shard, batch in pending_shards(out, chunks, args.batch, digits=4):
-        torch.save({"tokens": batch, "prompt_lens": [1] * len(batch), "features": layer_features(target.model, batch, tuple(args.layers)),
-                    "sampled": False, "corpus": True, "feature_layers": list(args.layers)}, shard)
+        torch.save({"tokens": batch, "prompt_lens": [1] * len(batch),
+                    "features": layer_features(target.model, batch, tuple(args.layers)), "sampled": False,
+                    "corpus": True, "feature_layers": list(args.layers)}, shard)
         if (b // args.batch) % 10 == 0:
-            print(f"{shard.name}: {b + len(batch)}/{len(chunks)} chunks, {time.perf_counter() - start:.0f} s", flush=True)
+            print(f"{shard.name}: {b + len(batch)}/{len(chunks)} chunks, {time.perf_counter() - start:.0f} s",
+                  flush=True)
 
 
 def cmd_relayer(args) -> None:
@@ -365,8 +371,8 @@ def cmd_train(args) -> None:
     schedule = lambda s: min(1.0, (s + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     print(f"{len(train)} train / {len(val)} val sequences, {sum(len(s['tokens']) for s in train)} train positions, "
-          f"vocab {len(vocab_index)} covers {coverage(train, vocab_index):.3f} (train) {coverage(val, vocab_index):.3f} (val) "
-          f"of response tokens; {total} steps", flush=True)
+          f"vocab {len(vocab_index)} covers {coverage(train, vocab_index):.3f} (train) "
+          f"{coverage(val, vocab_index):.3f} (val) of response tokens; {total} steps", flush=True)
     start, step, history = time.perf_counter(), 0, []
     for epoch in range(args.epochs):
         head.train()
@@ -409,7 +415,8 @@ def save(head, vocab_index, samples, train, val, history, start, args) -> None:
               "train_sequences": len(train), "val_sequences": len(val),
               "train_positions": sum(len(s["tokens"]) for s in train), "vocab": len(vocab_index),
               "feature_layers": list(head.feature_layers),
-              "vocab_coverage_val": round(coverage(val, vocab_index), 4), "train_seconds": round(time.perf_counter() - start),
+              "vocab_coverage_val": round(coverage(val, vocab_index), 4),
+              "train_seconds": round(time.perf_counter() - start),
               "epochs_done": len(history), "history": history}
     if args.init:          # the chain of commands that reproduces these weights
         previous = json.loads(Path(args.init).with_suffix(".json").read_text())
@@ -425,8 +432,8 @@ def evaluate_loss(head, samples, embed, rows, args) -> dict:
     generator = torch.Generator().manual_seed(0)
     chunks = list(batches(samples, min(args.batch, len(samples)), generator))
     for tokens, features, mask, loss_mask in chunks:
-        _, stats = eagle_loss(head, tokens, features, mask, embed, rows, 0.0, None, args.distill_weight, max(args.unroll, 3),
-                              loss_mask)
+        _, stats = eagle_loss(head, tokens, features, mask, embed, rows, 0.0, None, args.distill_weight,
+                              max(args.unroll, 3), loss_mask)
         for step, values in stats.items():
             for key, value in values.items():
                 totals.setdefault(step, {}).setdefault(key, 0.0)
@@ -453,8 +460,9 @@ def cmd_evaluate(args) -> None:
             emitted += r.stats.new_tokens
             rounds += r.stats.rounds
         key = "greedy" if params.greedy else "T0.7-p0.9"
-        results[key] = {"acceptance": round(accepted / max(drafted, 1), 4), "tokens_per_forward": round(emitted / rounds, 3),
-                        "prompts": len(prompts), "k": args.k, "tokens": args.tokens}
+        results[key] = {"acceptance": round(accepted / max(drafted, 1), 4),
+                        "tokens_per_forward": round(emitted / rounds, 3), "prompts": len(prompts), "k": args.k,
+                        "tokens": args.tokens}
         print(key, results[key], flush=True)
     record_path = Path(args.weights).with_suffix(".json")
     record = json.loads(record_path.read_text())
@@ -479,7 +487,8 @@ def main(argv=None) -> None:
                    help="sample every answer at T=0.7 / top-p 0.9 (a second pass with another --seed adds new answers)")
     g.add_argument("--layers", type=int, nargs="+", default=[-1], help="hidden_states kept as features (end with -1)")
     g.add_argument("--self-prompts", type=int, default=0, metavar="N",
-                   help="answer N prompts the target writes itself (kept in OUT/prompts.json) instead of the template set")
+                   help="answer N prompts the target writes itself (kept in OUT/prompts.json) instead of the "
+                        "template set")
     g.add_argument("--exclude", nargs="+", default=[], metavar="STEM",
                    help="with --self-prompts: also drop self-written prompts that contain one of these (lower case)")
     t = sub.add_parser("train")

@@ -5,7 +5,8 @@ longer than what its top-1 spine (the chain of the head's first choices, as deep
 Timing-free, so a loaded machine gives the same numbers; not a test. `--widths` and `--depths` grow the EAGLE tree
 at each pair (`eagle-tree w4 d5`), the sweep its defaults were chosen by.
 
-    python -m bench.tree_vs_chain --kinds chat --per-kind 8 --k 4 8 --tokens 48 --out bench/results/tree-vs-chain-heldout-chat
+    python -m bench.tree_vs_chain --kinds chat --per-kind 8 --k 4 8 --tokens 48 \\
+        --out bench/results/tree-vs-chain-heldout-chat
     python -m bench.tree_vs_chain --kinds chat --per-kind 6 --k 4 8 12 16 --drafts eagle eagle-tree --widths 3 4 \
         --threads 1 --out bench/results/eagle-tree-shape-heldout-chat
 """
@@ -60,11 +61,13 @@ def main(argv=None) -> None:
                     ids, k=k, max_new_tokens=args.tokens, sampling=GREEDY, eos_token_id=eos)
                 s = result.stats
                 row = {"prompt": prompt.name, "draft": draft, "k": k, "tokens_per_forward": s.tokens_per_round,
-                       "acceptance": s.acceptance_rate, "identical": result.tokens == plain, **tree_gain(result.rounds, result.tokens)}
+                       "acceptance": s.acceptance_rate, "identical": result.tokens == plain,
+                       **tree_gain(result.rounds, result.tokens)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     lines = ["| draft | k | prompts | tokens per forward (mean) | acceptance | tree rounds whose path beat the top-1 "
-             "spine | accepted per tree round: path / spine | same tokens as plain |", "|---|---|---|---|---|---|---|---|"]
+             "spine | accepted per tree round: path / spine | same tokens as plain |",
+             "|---|---|---|---|---|---|---|---|"]
     for k in args.k:
         for draft in drafts:
             rs = [r for r in rows if r["k"] == k and r["draft"] == draft]
@@ -76,7 +79,8 @@ def main(argv=None) -> None:
                          f"{statistics.fmean(r['acceptance'] for r in rs):.2f} | {tree} | "
                          f"{'yes' if all(r['identical'] for r in rs) else '**no**'} |")
     command = "python -m bench.tree_vs_chain " + " ".join(argv or [])
-    text = f"`{command}` ({target.name}, fp32, greedy, fixed-size drafts, up to {args.tokens} tokens)\n\n" + "\n".join(lines)
+    text = (f"`{command}` ({target.name}, fp32, greedy, fixed-size drafts, up to {args.tokens} tokens)\n\n"
+            + "\n".join(lines))
     print(text)
     if args.out:
         Path(args.out).with_suffix(".md").write_text(text + "\n", encoding="utf-8")

@@ -1,9 +1,9 @@
-"""What a verify forward costs on this CPU: one target forward over n new tokens after a cached context, as a
-multiple of a one-token forward, as transformers runs it (stock `F.linear`, SDPA copying the grouped KV heads) and
-as the engine runs it (its lean forward, spec_engine/accel/lean_llama.py, with MKL-packed weights, spec_engine/accel/cpu_gemm.py,
-and grouped-query attention without the copy), interleaved in one process, medians over repeats, all in units of
-transformers' one-token forward (so the engine's one-token column shows what its lean forward saves). The JSON keeps the keys "stock"
-and "packed" (the engine's column) that bench/lookup_policy.py reads.
+"""What a verify forward costs on this CPU: one target forward over n new tokens after a cached context, as a multiple
+of a one-token forward, as transformers runs it (stock `F.linear`, SDPA copying the grouped KV heads) and as the engine
+runs it (its lean forward, spec_engine/accel/lean_llama.py, with MKL-packed weights, spec_engine/accel/cpu_gemm.py, and
+grouped-query attention without the copy), interleaved in one process, medians over repeats, all in units of
+transformers' one-token forward (so the engine's one-token column shows what its lean forward saves). The JSON keeps the
+keys "stock" and "packed" (the engine's column) that bench/lookup_policy.py reads.
 
     python -m bench.verify_cost --threads 1 --repeats 9 --out bench/results/verify-cost-fp32
 """
@@ -65,7 +65,8 @@ def main(argv=None) -> None:
     one = statistics.median(seconds[False, 1])
     rows = [{"tokens": n, "stock": statistics.median(seconds[False, n]) / one,
              "packed": statistics.median(seconds[True, n]) / one} for n in args.tokens]
-    table = "\n".join(["| tokens per forward | stock (transformers) | engine (lean forward, packed weights, grouped attention) |", "|---|---|---|"] +
+    table = "\n".join(["| tokens per forward | stock (transformers) "
+                       "| engine (lean forward, packed weights, grouped attention) |", "|---|---|---|"] +
                       [f"| {r['tokens']} | {r['stock']:.2f} | {r['packed']:.2f} |" for r in rows])
     meta = {"model": target.name, "one_token_ms": one * 1e3, "context": args.context, "repeats": args.repeats,
             "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -74,7 +75,8 @@ def main(argv=None) -> None:
     if args.out:
         out = Path(args.out)
         out.with_suffix(".md").write_text(f"{table}\n\nCost of one forward over n new tokens after {args.context} "
-                                          f"cached ones, in transformers' one-token forwards (medians).\n\n{json.dumps(meta)}\n")
+                                          f"cached ones, in transformers' one-token forwards (medians).\n\n"
+                                          f"{json.dumps(meta)}\n")
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 

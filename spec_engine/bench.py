@@ -20,8 +20,9 @@ averaged over the rounds' draft lengths n, with prefill added to both sides; a i
 (accepted / judged drafts, `spec_engine.core.metrics.judged_acceptance`). `realised / predicted` shows how
 far the i.i.d.-acceptance model is from the measured run (bursty drafters such as prompt lookup beat it).
 
-`--target random-llama-1b` (also random-smollm2-135m, random-llama-3b, random-llama-8b, usable as draft names too) builds a
-seeded random-weight Llama of that shape with SmolLM2's tokenizer: no download, for the memory-bound regime on a GPU.
+`--target random-llama-1b` (also random-smollm2-135m, random-llama-3b, random-llama-8b, usable as draft names too)
+builds a seeded random-weight Llama of that shape with SmolLM2's tokenizer: no download, for the memory-bound regime on
+a GPU.
 """
 from __future__ import annotations
 
@@ -48,11 +49,11 @@ from spec_engine.core.sampling import SamplingParams
 PROMPTS = {
     "chat": "Give me three practical tips for staying focused while studying.",
     "code": "Write a Python function that merges two sorted lists into one sorted list, with a docstring.",
-    "summarise": ("Summarise the following text in two sentences.\n\nThe city council met on Tuesday to discuss the new "
-                  "bicycle lanes on Main Street. The council approved the plan to build protected bicycle lanes on Main "
-                  "Street, starting in March. The lanes will connect the train station to the university. Local shop "
-                  "owners worried about parking, so the council agreed to add a new parking area behind the library. "
-                  "The project will cost 2.4 million dollars and should be finished by the end of the year."),
+    "summarise": ("Summarise the following text in two sentences.\n\nThe city council met on Tuesday to discuss the "
+                  "new bicycle lanes on Main Street. The council approved the plan to build protected bicycle lanes on "
+                  "Main Street, starting in March. The lanes will connect the train station to the university. Local "
+                  "shop owners worried about parking, so the council agreed to add a new parking area behind the "
+                  "library. The project will cost 2.4 million dollars and should be finished by the end of the year."),
     "edit": ("Fix the spelling mistakes in this text and return the corrected text only.\n\nThe quick brown fox jumpd "
              "over the lazy dog. The dog was not amused, and it barkd loudly at the fox. The fox ran away into the "
              "forrest, where it met a friendly rabbit. Together they walked along the river until the sun went down."),
@@ -209,7 +210,8 @@ def measure(target, draft, spec, prompt_ids, sampling, k, tokens, seed, hf_assis
         hf_seconds, hf_tokens = hf_generate(target, prompt_ids, sampling, tokens, seed, extra, k, eos)
         hf = hf_tokens / hf_seconds
     s = result.stats
-    return {"acceptance": s.acceptance_rate, "judged_acceptance": s.judged_acceptance, "accepted_per_round": s.accepted / max(s.rounds, 1),
+    return {"acceptance": s.acceptance_rate, "judged_acceptance": s.judged_acceptance,
+            "accepted_per_round": s.accepted / max(s.rounds, 1),
             "tokens_per_forward": s.tokens_per_round, "draft_share": s.draft_seconds / result.total_seconds,
             "verify_share": s.verify_seconds / result.total_seconds,
             "overhead_share": 1 - clock.seconds / result.total_seconds, "spec_tok_s": s.tokens_per_second,
@@ -283,7 +285,8 @@ def group_summary(rows: list[Row]) -> str:
     for r in rows:
         groups.setdefault((r.draft, r.temperature, r.top_p, r.k, prompt_group(r.prompt)), []).append(r)
     lines = [f"| {draft} | {t:g} / {top_p:g} | {k} | {group} ({len(rs)}) | "
-             f"{statistics.fmean(r.acceptance for r in rs):.2f} | {statistics.fmean(r.tokens_per_forward for r in rs):.2f} | "
+             f"{statistics.fmean(r.acceptance for r in rs):.2f} | "
+             f"{statistics.fmean(r.tokens_per_forward for r in rs):.2f} | "
              f"**{statistics.geometric_mean(r.speedup_vs_plain for r in rs):.2f}x** | "
              f"{min(r.speedup_vs_plain for r in rs):.2f}-{max(r.speedup_vs_plain for r in rs):.2f}x |"
              for (draft, t, top_p, k, group), rs in groups.items() if len(rs) > 1]
@@ -303,8 +306,8 @@ def tree_summary(rows: list[Row]) -> str:
     if not groups:
         return ""
     mean = lambda rs, f: statistics.fmean(getattr(r, f) for r in rs)
-    return "\n".join(["| draft | k | group (prompts) | nodes per round | accepted per round (path) | accepted per round "
-                      "(top-1 spine) | rounds where the path beat the spine |", "|---|---|---|---|---|---|---|"] +
+    return "\n".join(["| draft | k | group (prompts) | nodes per round | accepted per round (path) | accepted per "
+                      "round (top-1 spine) | rounds where the path beat the spine |", "|---|---|---|---|---|---|---|"] +
                      [f"| {draft} | {k} | {group} ({len(rs)}) | {mean(rs, 'tree_nodes'):.1f} | "
                       f"{mean(rs, 'tree_path_per_round'):.2f} | {mean(rs, 'spine_per_round'):.2f} | "
                       f"{mean(rs, 'tree_longer_share'):.0%} |" for (draft, k, group), rs in groups.items()])
@@ -322,8 +325,9 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join([head] + lines)
 
 
-RANDOM_SIZES = {   # real shapes, random weights: SmolLM2-135M, SmolLM2-1.7B, a 3B of the Llama-3.2 shape, Llama-3.1-8B's
-                   # layers (its vocabulary is SmolLM2's 49152 here, not 128256)
+# real shapes, random weights: SmolLM2-135M, SmolLM2-1.7B, a 3B of the Llama-3.2 shape, Llama-3.1-8B's layers (its
+# vocabulary is SmolLM2's 49152 here, not 128256)
+RANDOM_SIZES = {
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, tie_word_embeddings=True),
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
@@ -356,7 +360,8 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
     from spec_engine.models import resolve_device, resolve_dtype
     size = name.removeprefix(RANDOM_PREFIX)
     if size not in RANDOM_SIZES:
-        raise ValueError(f"unknown random model {name!r}; choose from {', '.join(RANDOM_PREFIX + k for k in RANDOM_SIZES)}")
+        raise ValueError(f"unknown random model {name!r}; "
+                         f"choose from {', '.join(RANDOM_PREFIX + k for k in RANDOM_SIZES)}")
     tokenizer = tokenizer or random_tokenizer()
     device = resolve_device(device)
     config = LlamaConfig(vocab_size=49152, max_position_embeddings=8192, bos_token_id=tokenizer.bos_token_id,
@@ -369,8 +374,8 @@ def random_target(name: str, device=None, dtype=None, tokenizer=None) -> LoadedM
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype=dtype).eval().requires_grad_(False)
     speed.use_from_env().adopt(model)    # as load_model does
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"random weights, {size} shape", device=device,
-                       dtype=dtype, load_seconds=0.0)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"random weights, {size} shape",
+                       device=device, dtype=dtype, load_seconds=0.0)
 
 
 def load_any(name: str, device, dtype) -> LoadedModel:
@@ -387,7 +392,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m spec_engine.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", "--target", dest="model", default=DEFAULT_MODEL,
-                        help="preset, directory, hub id, or random-smollm2-135m / random-llama-1b / random-llama-3b / random-llama-8b")
+                        help="preset, directory, hub id, or random-smollm2-135m / random-llama-1b / random-llama-3b / "
+                             "random-llama-8b")
     parser.add_argument("--drafts", nargs="+", default=["prompt-lookup", "eagle", "layer-skip"])
     parser.add_argument("--k", nargs="+", type=int, default=[2, 4, 6, 8])
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
@@ -430,7 +436,8 @@ def main(argv=None) -> None:
             for k in args.k:
                 for prompt_name, prompt_text in prompts.items():
                     prompt_ids = target.encode_prompt(prompt_text)
-                    measure(target, draft, spec, prompt_ids, sampling, k, 8, 0, hf_assistant, not args.no_hf, eos)  # warm-up
+                    measure(target, draft, spec, prompt_ids, sampling, k, 8, 0, hf_assistant, not args.no_hf,
+                            eos)  # warm-up
                     samples = [measure(target, draft, spec, prompt_ids, sampling, k, args.tokens, seed, hf_assistant,
                                        not args.no_hf, eos)
                                for seed in range(args.repeats)]
@@ -445,7 +452,8 @@ def main(argv=None) -> None:
         table += "\n\n" + trees
     meta = {"model": target.name, "dtype": str(target.dtype), "device": str(target.device), "tokens": args.tokens,
             "eos": eos, "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "machine": platform.machine(), "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,
+            "machine": platform.machine(),
+            "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,
             "command": "python -m spec_engine.bench " + " ".join(argv or [])}
     print("\n" + table)
     if args.out:

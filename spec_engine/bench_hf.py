@@ -80,7 +80,8 @@ def load_prompts(path: Path = PROMPTS_FILE) -> list[Prompt]:
     for key, set_name in (("tuning", "tuning"), ("held_out", "held-out")):
         for i, item in enumerate(data.get(key, [])):
             if isinstance(item, dict) and "name" not in item and isinstance(item.get("kind"), str):
-                item = {**item, "name": f"{set_name}-{item['kind']}-{sum(x.get('kind') == item['kind'] for x in data[key][:i])}"}
+                same_kind = sum(x.get('kind') == item['kind'] for x in data[key][:i])
+                item = {**item, "name": f"{set_name}-{item['kind']}-{same_kind}"}
             if not all(isinstance(item.get(f), str) and item.get(f).strip() for f in ("kind", "name", "text")):
                 raise ValueError(f"{path}: {key}[{i}] needs non-empty strings kind, name and text")
             turns = item.get("turns", [])
@@ -101,7 +102,8 @@ def select_prompts(prompts: list[Prompt], set_name: str, kinds: list[str] | None
     known = sorted({p.kind for p in chosen})
     unknown = [k for k in kinds or [] if k not in known]
     if unknown:
-        raise ValueError(f"--kinds: no {set_name} prompts of kind {', '.join(unknown)}; the kinds are {', '.join(known)}")
+        raise ValueError(f"--kinds: no {set_name} prompts of kind {', '.join(unknown)}; "
+                         f"the kinds are {', '.join(known)}")
     if kinds:
         chosen = [p for p in chosen if p.kind in kinds]
     if per_kind is not None:
@@ -280,7 +282,8 @@ def cell_rows(results: list[dict], lookups: list[str]) -> str:
         runs = r["runs"]
         cells = [str(r["threads"]), r["prompt"]]
         cells += [fmt_spread([x.tok_s for x in runs[arm]]) for arm in [HF_PLAIN, HF_LOOKUP, ENGINE_PLAIN, *lookups]]
-        cells += [fmt_spread(ratios(runs, HF_LOOKUP, HF_PLAIN), "x"), fmt_spread(ratios(runs, ENGINE_PLAIN, HF_PLAIN), "x")]
+        cells += [fmt_spread(ratios(runs, HF_LOOKUP, HF_PLAIN), "x"),
+                  fmt_spread(ratios(runs, ENGINE_PLAIN, HF_PLAIN), "x")]
         cells += [fmt_spread(ratios(runs, arm, HF_LOOKUP), "x") for arm in lookups]
         cells.append("yes" if r["identical"] else "**no**")
         lines.append("| " + " | ".join(cells) + " |")
@@ -294,7 +297,8 @@ def median_ratio(result: dict, top: str, bottom: str) -> float:
 def summary(results: list[dict], lookups: list[str]) -> str:
     """Per thread count and group (each kind, grounded = edit + summarise + qa, all): the geometric mean over
     prompts of the median ratios, and the lowest prompt."""
-    lines = ["| threads | group (prompts) | ratio | geometric mean | lowest prompt | highest prompt |", "|---|---|---|---|---|---|"]
+    lines = ["| threads | group (prompts) | ratio | geometric mean | lowest prompt | highest prompt |",
+             "|---|---|---|---|---|---|"]
     pairs = [(arm, HF_LOOKUP) for arm in lookups] + [(HF_LOOKUP, HF_PLAIN), (ENGINE_PLAIN, HF_PLAIN)]
     pairs += [(arm, ENGINE_PLAIN) for arm in lookups]
     for threads in sorted({r["threads"] for r in results}):
@@ -309,7 +313,8 @@ def summary(results: list[dict], lookups: list[str]) -> str:
                 values = [median_ratio(r, top, bottom) for r in members]
                 bold = "**" if top in lookups and bottom == HF_LOOKUP else ""
                 lines.append(f"| {threads} | {name} ({len(members)}) | {top} / {bottom} | "
-                             f"{bold}{statistics.geometric_mean(values):.2f}x{bold} | {min(values):.2f}x | {max(values):.2f}x |")
+                             f"{bold}{statistics.geometric_mean(values):.2f}x{bold} | {min(values):.2f}x | "
+                             f"{max(values):.2f}x |")
     return "\n".join(lines)
 
 
@@ -335,13 +340,15 @@ def kind_table(results: list[dict], lookups: list[str]) -> str:
         for name, members in groups + [("all", at)]:
             for top, bottom in pairs:
                 speedups = [median_ratio(r, top, bottom) for r in members]
-                tpf = statistics.fmean(statistics.median(tokens_per_forward(x) for x in r["runs"][top]) for r in members)
+                tpf = statistics.fmean(statistics.median(tokens_per_forward(x) for x in r["runs"][top])
+                                       for r in members)
                 runs = [x for r in members for x in r["runs"][top]]
                 drafted = sum(x.drafted or 0 for x in runs)
                 acceptance = f"{sum(x.accepted or 0 for x in runs) / drafted:.2f}" if drafted else "–"
                 bold = "**" if name == "all" else ""
-                lines.append(f"| {threads} | {name} ({len(members)}) | {top} | {bold}{statistics.geometric_mean(speedups):.2f}x"
-                             f"{bold} | {min(speedups):.2f}-{max(speedups):.2f}x | {tpf:.2f} | {acceptance} |")
+                lines.append(f"| {threads} | {name} ({len(members)}) | {top} | "
+                             f"{bold}{statistics.geometric_mean(speedups):.2f}x{bold} | "
+                             f"{min(speedups):.2f}-{max(speedups):.2f}x | {tpf:.2f} | {acceptance} |")
     return "\n".join(lines)
 
 
@@ -430,7 +437,7 @@ def main(argv=None) -> None:
         prompts = select_prompts(load_prompts(Path(args.prompts_file)), args.set_name, args.kinds, args.per_kind)
     except ValueError as error:
         parser.error(str(error))
-    prompts = interleaved(prompts)      # a run stopped early (its report is written after each prompt) covers every kind
+    prompts = interleaved(prompts)   # a run stopped early (its report is written after each prompt) covers every kind
     load_before = os.getloadavg()
     engine = load_model(args.model, "cpu", args.dtype)
     if args.profile:
@@ -569,7 +576,8 @@ def cost_curves(model, thread_counts: list[int]) -> dict[str, dict]:
 def curves_text(curves: dict[str, dict]) -> str:
     """The curves as report lines: the cost of 1..17 rows in one-row forwards."""
     lines = [f"Verify-cost curve, {threads} thread{'s' if threads != '1' else ''} (cost of 1, 2, ... rows in one-row "
-             f"forwards; trees and drafts are sized by it): at start-up {' '.join(f'{c:.2f}' for c in c_['start-up'])}; "
+             f"forwards; trees and drafts are sized by it): at start-up "
+             f"{' '.join(f'{c:.2f}' for c in c_['start-up'])}; "
              f"at the end {' '.join(f'{c:.2f}' for c in c_['now'])} ({c_['source']})."
              for threads, c_ in curves.items()]
     return "\n\n".join(lines) if lines else "No verify-cost curve was measured (no arm sized by cost)."
@@ -583,7 +591,8 @@ def write_report(args, argv, engine, results: list[dict], lookups: list[str], ar
     done = len({r["prompt"] for r in results})
     meta = {"command": "python -m spec_engine.bench_hf " + " ".join(argv or []), "cpu": cpu_model(),
             "threads": args.threads, "model": engine.name, "dtype": str(engine.dtype), "engine source": engine.source,
-            "k": args.k, "tokens": args.tokens, "repeats": args.repeats, "set": args.set_name, "prompts": args.prompts_file,
+            "k": args.k, "tokens": args.tokens, "repeats": args.repeats, "set": args.set_name,
+            "prompts": args.prompts_file,
             "prompts measured": done, "prompts planned": planned,
             "hf": f"generate(prompt_lookup_num_tokens={args.k}, max_matching_ngram_size={HF_NGRAM}) on a stock model",
             "load average before (1, 5, 15 min)": load_before, "load average after": load_after,

@@ -34,8 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="target: preset name, local dir or hub id")
     parser.add_argument("--draft", default="prompt-lookup",
-                        help="layer-skip | layer-skip-tree | early-exit[:N] | prompt-lookup[:N[:M]] | lookup-tree[:N] | "
-                             "eagle[:C] | eagle+lookup[:C] | <model> | "
+                        help="layer-skip | layer-skip-tree | early-exit[:N] | prompt-lookup[:N[:M]] | "
+                             "lookup-tree[:N] | eagle[:C] | eagle+lookup[:C] | <model> | "
                              "<model>:cross-tokenizer | <model>:naive-ids")
     parser.add_argument("--k", type=int, default=4, help=f"draft tokens per round, 1..{MAX_K}")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -87,7 +87,8 @@ def main(argv=None) -> int:
         result = decoder.generate(prompt_ids, k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
                                   seed=args.seed, eos_token_id=eos)
         baseline = None if args.no_baseline else autoregressive_generate(
-            target.model, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, eos_token_id=eos)
+            target.model, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed,
+            eos_token_id=eos)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -98,17 +99,20 @@ def main(argv=None) -> int:
             "placement": {"device": str(target.device), "dtype": str(target.dtype).removeprefix("torch.")},
             "text": target.tokenizer.decode(result.tokens, skip_special_tokens=True), "tokens": result.tokens,
             "stats": result.stats.__dict__, "total_seconds": result.total_seconds,
-            "baseline": None if baseline is None else {"tokens": baseline.tokens, "total_seconds": baseline.total_seconds,
+            "baseline": None if baseline is None else {"tokens": baseline.tokens,
+                                                       "total_seconds": baseline.total_seconds,
                                                        "tokens_per_second": baseline.tokens_per_second},
             "speedup_vs_plain": speedup, "provenance": result.provenance,
             "rounds": [r.to_dict() for r in result.rounds]}))
         return 0
     colour = sys.stdout.isatty()
     print(marked_text(result.rounds, target.tokenizer, colour))
-    legend = "green = accepted draft, red = correction, blue = bonus" if colour else "plain = accepted draft, [correction], {bonus}"
+    legend = ("green = accepted draft, red = correction, blue = bonus" if colour
+              else "plain = accepted draft, [correction], {bonus}")
     s = result.stats
     print(f"\n({legend})")
-    print(f"target {target.name} ({target.dtype}), draft {args.draft}, k={args.k}, rule={args.rule}, {sampling.as_dict()}")
+    print(f"target {target.name} ({target.dtype}), draft {args.draft}, k={args.k}, rule={args.rule}, "
+          f"{sampling.as_dict()}")
     trees = sum(r.is_tree for r in result.rounds)
     drafts = (f"{s.accepted} accepted of {s.drafted} tree nodes; a tree counts its depth, one path is kept" if trees
               else f"{s.accepted}/{s.drafted} drafts")
@@ -116,11 +120,12 @@ def main(argv=None) -> int:
           f"{s.tokens_per_round:.2f} tokens per target forward, {s.rounds} rounds")
     if s.acceptance_by_position:
         print("acceptance by position " + " ".join(f"{alpha:.2f}" for alpha in s.acceptance_by_position)
-              + f" (E = 1 + sum of prod = {expected_tokens_by_position(s.acceptance_by_position):.2f} tokens per forward)")
+              + f" (E = 1 + sum of prod = {expected_tokens_by_position(s.acceptance_by_position):.2f} tokens per "
+                "forward)")
     print(f"speculative {s.tokens_per_second:.1f} tok/s ({result.total_seconds:.2f} s for {s.new_tokens} tokens)")
     if baseline:
-        print(f"plain       {baseline.tokens_per_second:.1f} tok/s ({baseline.total_seconds:.2f} s for {len(baseline.tokens)} tokens)"
-              f" -> speedup {speedup:.2f}x (measured, same prompt, settings and seed)")
+        print(f"plain       {baseline.tokens_per_second:.1f} tok/s ({baseline.total_seconds:.2f} s for "
+              f"{len(baseline.tokens)} tokens) -> speedup {speedup:.2f}x (measured, same prompt, settings and seed)")
         if sampling.greedy and baseline.tokens != result.tokens:
             print("warning: greedy outputs differ (numerics of batched vs single-token forwards"
                   + (f": in {str(target.dtype).removeprefix('torch.')} near-ties may differ; float32 keeps them"

@@ -176,12 +176,13 @@ def animation_frames(page, seconds: float) -> int:
 
 def test_an_idle_page_asks_for_no_frames(page):
     """ui/page_head.py. Without its script, Gradio's status tracker of the page's loading screen keeps asking for a
-    frame 60 times a second after the page has loaded (Gradio 6.31, this page idle: 60-160 frames every second), which cost
-    the engine beside it about a tenth of its speedup. With it, the page settles to no frames at all."""
+    frame 60 times a second after the page has loaded (Gradio 6.31, this page idle: 60-160 frames every second),
+    which cost the engine beside it about a tenth of its speedup. With it, the page settles to no frames at all."""
     page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.startsWith('Models:') && "
                            "!document.querySelector('[data-testid=status-tracker]:not(.hide)')", timeout=300_000)
     counts = page.evaluate("() => window.__specFrames")
-    assert counts is not None and counts["timer"] >= 1       # it ran before Gradio's modules: their timers went through it
+    # it ran before Gradio's modules: their timers went through it
+    assert counts is not None and counts["timer"] >= 1
     frames = []
     while len(frames) < 8 and (not frames or frames[-1] > 2):   # a finished run's last redraws settle within seconds
         frames.append(animation_frames(page, 1.0))

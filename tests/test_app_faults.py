@@ -398,11 +398,11 @@ def ended_and_freed(state, registry) -> bool:
 
 @pytest.fixture
 def endless(monkeypatch):
-    """Runs that cannot end on their own within a test: the app gets no EOS id (ui.playground.registry.eos_ids -> None), so
-    only max_new_tokens (the limit, 1,024 tokens: many seconds) could end them; the prompt alone ends at EOS after
-    32 tokens, which let these tests pass with the cancel removed. Returns how each engine stream of the test
-    ended, in order: its own stop_reason ("cancelled", "max_new_tokens", ...) or "closed" when the caller closed it
-    mid-run (a cancelled or abandoned handler closes the engine's stream: it never reaches an end of its own)."""
+    """Runs that cannot end on their own within a test: the app gets no EOS id (ui.playground.registry.eos_ids -> None),
+    so only max_new_tokens (the limit, 1,024 tokens: many seconds) could end them; the prompt alone ends at EOS after 32
+    tokens, which let these tests pass with the cancel removed. Returns how each engine stream of the test ended, in
+    order: its own stop_reason ("cancelled", "max_new_tokens", ...) or "closed" when the caller closed it mid-run (a
+    cancelled or abandoned handler closes the engine's stream: it never reaches an end of its own)."""
     from ui.playground import registry
     monkeypatch.setattr(registry, "eos_ids", lambda loaded: None)
     ends: list[str] = []

@@ -1,7 +1,8 @@
 """The comparison against stock Hugging Face (spec_engine/bench_hf.py, issue #27): the logic that decides whether
 its numbers can be trusted, never its timings. The Hugging Face side is transformers' own model (not the engine's
 object, nothing of spec_engine on it); the held-out prompts were never tuning prompts; every cell carries a spread
-from its repeats and ratios pair runs of the same repeat; the verify-cost curve is the one of the thread count in use."""
+from its repeats and ratios pair runs of the same repeat; the verify-cost curve is the one of the thread count in
+use."""
 import json
 from types import SimpleNamespace
 

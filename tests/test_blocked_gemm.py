@@ -48,7 +48,8 @@ def test_product_equals_linear_for_every_shape_and_row_count(built, bias, thread
                 y = blocked_gemm.product(x, packed, bias_values, out_features, built)
                 assert y.shape == (1, rows, out_features)
                 # one fp32 FMA chain over `in` terms of size ~1: rounding grows like sqrt(in) ulps of the sum
-                torch.testing.assert_close(y, F.linear(x, weight, bias_values), rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+                torch.testing.assert_close(y, F.linear(x, weight, bias_values), rtol=1e-5,
+                                           atol=1e-5 * in_features ** 0.5)
     finally:
         torch.set_num_threads(previous)
 

@@ -14,9 +14,9 @@ from spec_engine.accel.cpu_attention import ENGINE_ATTENTION, use_engine_attenti
 
 def grouped_llama(attn_implementation: str = "sdpa") -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
-                         num_key_value_heads=2, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-                         pad_token_id=None, attn_implementation=attn_implementation)
+    config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128, bos_token_id=None,
+                         eos_token_id=None, pad_token_id=None, attn_implementation=attn_implementation)
     return LlamaForCausalLM(config).eval().requires_grad_(False)
 
 

@@ -145,7 +145,8 @@ def test_pack_linears_keeps_tied_weights_and_outputs(static_rule, packed_calls):
     ids = list(range(10, 18))
     for keep in (1, 8):
         out = forward_logits(model, ids, new_cache(model), keep)
-        torch.testing.assert_close(out, forward_logits(reference, ids, new_cache(reference), keep), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out, forward_logits(reference, ids, new_cache(reference), keep),
+                                   rtol=1e-4, atol=1e-4)
     assert 8 in packed_calls
 
 
@@ -202,8 +203,8 @@ def test_the_offline_default_scores_the_same_packed(smollm2, static_rule, packed
 
 @pytest.mark.measured_costs
 def test_prepack_and_the_apps_warm_up_pack_the_default_target_only():
-    """The pinned target is packed and its verify-cost curve measured at warm-up (spec_engine/drafters/sizing.py); a draft
-    is neither."""
+    """The pinned target is packed and its verify-cost curve measured at warm-up (spec_engine/drafters/sizing.py); a
+    draft is neither."""
     from types import SimpleNamespace
 
     from spec_engine.accel.cpu_gemm import prepack
@@ -239,7 +240,8 @@ def test_a_packed_model_can_be_copied(static_rule, packed_calls):
     twin = copy.deepcopy(model)
     assert all(m.packed is None for m in twin.modules() if isinstance(m, PackedLinear))
     ids = list(range(20, 26))
-    torch.testing.assert_close(forward_logits(twin, ids, new_cache(twin), 6), forward_logits(model, ids, new_cache(model), 6))
+    torch.testing.assert_close(forward_logits(twin, ids, new_cache(twin), 6),
+                               forward_logits(model, ids, new_cache(model), 6))
     assert all(m.packed is not None for m in twin.modules() if isinstance(m, PackedLinear))
 
 
@@ -262,7 +264,8 @@ def test_every_fp32_kernel_equals_linear_for_every_row_count(bias, monkeypatch):
             for rows in range(1, cpu_gemm.MAX_ROWS + 1):
                 x = torch.randn(1, rows, 96)
                 torch.testing.assert_close(linear(x), reference(x), rtol=1e-5, atol=1e-5)
-        expected = {"linear": [], "mkl": ["packed_product"], "onednn": ["onednn_product"], "blocked": ["product"]}[kernel]
+        expected = {"linear": [], "mkl": ["packed_product"], "onednn": ["onednn_product"],
+                    "blocked": ["product"]}[kernel]
         assert calls == expected * cpu_gemm.MAX_ROWS, kernel
 
 
@@ -351,7 +354,8 @@ def test_the_offline_default_is_greedy_identical_under_a_mixed_plan(smollm2, mon
     greedy = se.SamplingParams(temperature=0.0)
     ids = smollm2.encode_prompt("Write a Python function that returns the n-th Fibonacci number.")
     blocks, real = [], cpu_gemm.onednn_product
-    monkeypatch.setattr(cpu_gemm, "onednn_product", lambda x, *a: blocks.append(x.numel() // x.shape[-1]) or real(x, *a))
+    monkeypatch.setattr(cpu_gemm, "onednn_product",
+                        lambda x, *a: blocks.append(x.numel() // x.shape[-1]) or real(x, *a))
     plain = se.autoregressive_generate(smollm2.model, ids, 40, greedy).tokens
     assert ids.shape[1] > cpu_gemm.MAX_ROWS and set(blocks) == {ids.shape[1]}     # its prefill took the block kernel
     decoder = se.SpeculativeDecoder(smollm2.model, se.make_drafter("eagle+lookup", smollm2))

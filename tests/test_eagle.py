@@ -98,8 +98,10 @@ def test_a_widened_head_starts_as_the_single_layer_head(target, trained):
         narrow_out = trained[0](layer_features(target, tokens)[:, :-1], embeds)
         wide_out = wide(layer_features(target, tokens, LAYERS)[:, :-1], embeds)
     assert torch.allclose(narrow_out, wide_out, atol=1e-5)
-    narrow = se.SpeculativeDecoder(target, EagleDrafter(trained[0], target, REDUCED)).generate(PROMPT, k=3, max_new_tokens=20)
-    widened = se.SpeculativeDecoder(target, EagleDrafter(wide, target, REDUCED)).generate(PROMPT, k=3, max_new_tokens=20)
+    narrow = se.SpeculativeDecoder(target, EagleDrafter(trained[0], target, REDUCED)).generate(PROMPT, k=3,
+                                                                                               max_new_tokens=20)
+    widened = se.SpeculativeDecoder(target, EagleDrafter(wide, target, REDUCED)).generate(PROMPT, k=3,
+                                                                                          max_new_tokens=20)
     assert [r.drafted for r in narrow.rounds] == [r.drafted for r in widened.rounds]
 
 
@@ -140,8 +142,8 @@ def drafters(target, trained, layered=None):
             # a bf16 head beside the fp32 target, as load_eagle_drafter builds it on CPUs with bf16 dot products
             "trained-bf16": lambda: EagleDrafter(copy.deepcopy(trained[0]).to(torch.bfloat16), target, REDUCED)}
 
-KINDS = ["random", "random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-random", "layered-trained",
-         "trained-bf16"]
+KINDS = ["random", "random-reduced", "trained-reduced", "trained-dynamic", "lookup-first", "layered-random",
+         "layered-trained", "trained-bf16"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -166,7 +168,8 @@ def test_head_cache_holds_committed_positions_every_round(target, trained, layer
     if kind in ("trained-reduced", "layered-trained", "trained-bf16"):
         assert accepted > 0      # the accepted-draft path is exercised, not only rejections
     if kind == "lookup-first":
-        assert sources == {None, se.drafters.LOOKUP_NOTE}     # rounds from both sources, the head kept in step across both
+        # rounds from both sources, the head kept in step across both
+        assert sources == {None, se.drafters.LOOKUP_NOTE}
         assert waited                                         # and a catch-up waited at least once
 
 
@@ -212,7 +215,8 @@ def test_dynamic_draft_length_drafts_fewer_when_unsure(target, trained):
     for confidence in (0.0, 0.5):
         drafter = EagleDrafter(trained[0], target, REDUCED, min_confidence=confidence)
         result = se.SpeculativeDecoder(target, drafter).generate(PROMPT, k=4, max_new_tokens=40, sampling=GREEDY)
-        lengths[confidence] = [len(r.drafted) for r in result.rounds if r.k == 4 and r.committed_len < len(PROMPT[0]) + 36]
+        lengths[confidence] = [len(r.drafted) for r in result.rounds
+                               if r.k == 4 and r.committed_len < len(PROMPT[0]) + 36]
     assert set(lengths[0.0]) == {4}
     assert min(lengths[0.5]) >= 1 and any(n < 4 for n in lengths[0.5])
     with pytest.raises(ValueError, match="min_confidence"):
@@ -275,7 +279,8 @@ def test_reported_q_is_the_sampled_distribution_over_the_full_vocabulary(target,
     assert (proposal.probs[:, [4, 6]] == 0).all()
 
 
-@pytest.mark.parametrize("params", [se.SamplingParams(0.8, top_p=0.7), se.SamplingParams(1.0)], ids=["top-p", "no-top-p"])
+@pytest.mark.parametrize("params", [se.SamplingParams(0.8, top_p=0.7), se.SamplingParams(1.0)],
+                         ids=["top-p", "no-top-p"])
 def test_q_written_from_the_heads_top_p_members_equals_the_whole_reduced_rows(target, trained, params, monkeypatch):
     """With top-p, propose writes only each draft's members into q; without, the whole reduced rows: either way
     the same q as scattering the reduced rows into the vocabulary."""
@@ -382,7 +387,7 @@ def test_greedy_identity_on_the_offline_default(smollm2, draft, k):
                                               eos_token_id=eos).tokens
         drafter = se.make_drafter(draft, smollm2)
         head = drafter if draft == "eagle" else drafter.fallback
-        assert head.dtype == se.drafters.eagle.head_dtype(smollm2.model)        # bf16 beside the fp32 target where it pays
+        assert head.dtype == se.drafters.eagle.head_dtype(smollm2.model)   # bf16 beside the fp32 target where it pays
         result = se.SpeculativeDecoder(smollm2.model, drafter).generate(
             prompt_ids, k=k, max_new_tokens=NEW_TOKENS, sampling=GREEDY, eos_token_id=eos)
         assert result.tokens == expected, smollm2.tokenizer.decode(result.tokens)

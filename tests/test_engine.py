@@ -171,7 +171,8 @@ def test_chunked_prefill_gives_the_logits_features_and_cache_of_one_forward(targ
     from conftest import speed_layer_off
     from spec_engine.core.cache import prefill
     ids = LONG_PROMPT[0, :-1].tolist()
-    with (speed_layer_off() if layer == "speed_layer_off" else request.getfixturevalue(layer) or contextlib.nullcontext()):
+    with (speed_layer_off() if layer == "speed_layer_off"
+          else request.getfixturevalue(layer) or contextlib.nullcontext()):
         whole_cache, chunked_cache = new_cache(target), new_cache(target)
         logits, features = forward_logits(target, ids, whole_cache, 1, (-1, 1))
         chunked_logits, chunked_features = prefill(target, ids, chunked_cache, (-1, 1), chunk=7)
@@ -188,7 +189,8 @@ def test_chunked_prefill_keeps_greedy_identity_and_the_cache_invariant(target, d
     """A prompt of seven chunks decodes to the same greedy tokens as with one prefill forward and as plain
     decoding; the engine checks the KV invariant every round."""
     from conftest import speed_layer_off
-    with (speed_layer_off() if layer == "speed_layer_off" else request.getfixturevalue(layer) or contextlib.nullcontext()):
+    with (speed_layer_off() if layer == "speed_layer_off"
+          else request.getfixturevalue(layer) or contextlib.nullcontext()):
         runs = []
         for chunk in (7, 10_000):
             decoder = se.SpeculativeDecoder(target, drafters(target, draft)[kind]())
@@ -300,7 +302,8 @@ def test_longest_suffix_match():
         for alphabet in (2, 3, 8):
             tokens = torch.randint(alphabet, (length,), generator=generator).tolist()
             for max_ngram in (1, 2, 4, 64):
-                assert longest_suffix_match(tokens, max_ngram) == by_every_window(tokens, max_ngram), (tokens, max_ngram)
+                assert longest_suffix_match(tokens, max_ngram) == by_every_window(tokens, max_ngram), \
+                    (tokens, max_ngram)
 
 
 def test_best_draft_length_by_enumeration():
@@ -384,7 +387,8 @@ def test_prompt_lookup_draft_names():
     assert se.parse_draft("prompt-lookup:4") == se.DraftSpec("prompt-lookup", None, 4)
     default = se.make_drafter("prompt-lookup", None)
     assert (default.max_ngram, default.min_ngram, default.sizing) == (8, 1, "cost")
-    assert (se.make_drafter("prompt-lookup:3:2", None).max_ngram, se.make_drafter("prompt-lookup:3:2", None).min_ngram) == (3, 2)
+    assert (se.make_drafter("prompt-lookup:3:2", None).max_ngram,
+            se.make_drafter("prompt-lookup:3:2", None).min_ngram) == (3, 2)
     for bad in ("prompt-lookup:2:3", "prompt-lookup:3:0", "prompt-lookup:3:x"):
         with pytest.raises(ValueError, match="1 <= M <= N"):
             se.parse_draft(bad)

@@ -48,8 +48,8 @@ CASES = [settings(draft=d, temperature=t, top_p=p, top_k=tk, chat=chat, rule=rul
 
 
 def calls(tree, name):
-    return [node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id",
-                                                                                       getattr(node.func, "attr", None)) == name]
+    return [node for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == name]
 
 
 def keywords(call) -> list[str]:

@@ -69,7 +69,8 @@ def test_sentences_state_the_counts_of_the_events():
 
 
 def test_ties_go_to_the_earlier_position_and_greedy_is_inferred():
-    rounds = [event(0, [1, 2, 3], 0, correction=4, uniforms=False), event(1, [1, 2, 3], 2, correction=4, uniforms=False)]
+    rounds = [event(0, [1, 2, 3], 0, correction=4, uniforms=False),
+              event(1, [1, 2, 3], 2, correction=4, uniforms=False)]
     f = facts(rounds)
     assert f.greedy is True and f.common_rejection == (1, 1) and f.rejection_positions == {1: 1, 3: 1}
     text = " ".join(explain(rounds))

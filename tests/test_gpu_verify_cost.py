@@ -21,7 +21,8 @@ def tiny_shape(monkeypatch):
 def test_the_table_has_a_row_per_token_count_and_the_roofline_beside_it(tiny_shape, tmp_path):
     out = tmp_path / "verify-cost"
     gpu_verify_cost.main(["--device", "cpu", "--models", "random-tiny:float32", "--tokens", "1", "3", "9",
-                          "--context", "16", "--repeats", "2", "--bandwidth", "1000", "--tflops", "100", "--out", str(out)])
+                          "--context", "16", "--repeats", "2", "--bandwidth", "1000", "--tflops", "100",
+                          "--out", str(out)])
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["meta"]["ridge_rows"] == pytest.approx(100.0)            # 100e12 * 2 / (2 * 1000e9)
     (model,) = record["models"]

@@ -182,12 +182,14 @@ def test_the_mismatch_scenarios_name_the_draft_that_loads_here(monkeypatch, hub_
     from ui.playground.presets import load_presets
     if models.load_source("gemma-3-270m")[0] == "package":
         here = {s.id: s for s in load_presets().scenarios}
-        assert here["naive-ids"].draft == "gemma-3-270m:naive-ids" and "Gemma 3 270M drafts" in here["naive-ids"].caption
+        assert here["naive-ids"].draft == "gemma-3-270m:naive-ids"
+        assert "Gemma 3 270M drafts" in here["naive-ids"].caption
     hide(monkeypatch, *GEMMA_MODULES)
     space = {s.id: s for s in load_presets().scenarios}
     assert (space["naive-ids"].draft, space["cross-tokenizer"].draft) == ("gpt2:naive-ids", "gpt2:cross-tokenizer")
     for scenario in (space["naive-ids"], space["cross-tokenizer"]):
-        assert "GPT-2 124M" in scenario.caption and "Gemma 3 270M" not in scenario.caption and "{" not in scenario.caption
+        assert "GPT-2 124M" in scenario.caption and "Gemma 3 270M" not in scenario.caption
+        assert "{" not in scenario.caption
 
 
 def test_the_mismatch_demo_offline_takes_a_cached_gpt2(monkeypatch, tmp_path, hub_cache, hub_offline):

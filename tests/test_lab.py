@@ -1,7 +1,9 @@
-"""The exactness lab and the sweeps, engine side (spec_engine.classroom.lab, spec_engine.classroom.sweep, spec_engine.classroom.toy).
+"""The exactness lab and the sweeps, engine side (spec_engine.classroom.lab, spec_engine.classroom.sweep,
+spec_engine.classroom.toy).
 
 1. `exact_distribution` equals a brute-force enumeration (every sequence of the vocabulary, read off one
-   full forward of prompt + sequence, no pruning) to 1e-9, with and without top-k / top-p warping; the toy models run in float64.
+   full forward of prompt + sequence, no pruning) to 1e-9, with and without top-k / top-p warping; the toy models
+   run in float64.
 2. Seeded chi-square: N = 500 draws per sampler on the toy pair. A correct sampler's p-value is uniform, so each
    of the two "does not reject" tests fails with probability ALPHA = 1e-4 for a random choice of seeds (2e-4 for
    both); the seeds are fixed, so a pass is reproducible. The same test rejects both wrong rules at the same N

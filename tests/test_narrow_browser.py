@@ -42,7 +42,8 @@ REACH = """([sel, side]) => {
     }
     const box = cell.getBoundingClientRect(), x = box.left + box.width / 2, y = box.top + box.height / 2;
     const hit = x >= 0 && x <= window.innerWidth ? document.elementFromPoint(x, y) : null;
-    return {left: Math.round(box.left), right: Math.round(box.right), hit: hit !== null && (hit === cell || cell.contains(hit)),
+    return {left: Math.round(box.left), right: Math.round(box.right),
+            hit: hit !== null && (hit === cell || cell.contains(hit)),
             table: Math.round(cell.closest('table').getBoundingClientRect().width),
             box: Math.round(document.querySelector('#step-round').getBoundingClientRect().width)};
 }"""

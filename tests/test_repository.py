@@ -37,8 +37,8 @@ def test_the_space_front_matter_pins_the_tested_python():
 
 
 def test_ruff_check_passes():
-    """`ruff check .` with pyproject.toml's rules (pyflakes and syntax errors): run here so that the README's test
-    command, which CI runs, lints too."""
+    """`ruff check .` with pyproject.toml's rules (pyflakes, syntax errors and the 120-column line length): run here so
+    that the README's test command, which CI runs, lints too."""
     try:
         import ruff  # noqa: F401  (installed by requirements-test.txt)
     except ImportError:

@@ -142,7 +142,8 @@ def test_run_stats_acceptance_by_position_equals_what_the_rounds_say(target, dra
             judged[len(path)] = judged.get(len(path), 0) + 1
     want = [kept.get(d, 0) / judged[d] for d in range(len(judged))]
     assert result.stats.acceptance_by_position == pytest.approx(want) and len(want) >= 2
-    assert sum(judged.values()) and result.stats.judged_acceptance == pytest.approx(sum(kept.values()) / sum(judged.values()))
+    assert sum(judged.values())
+    assert result.stats.judged_acceptance == pytest.approx(sum(kept.values()) / sum(judged.values()))
 
 
 def test_the_trace_export_carries_acceptance_by_position_and_provenance(target, draft):
@@ -254,8 +255,8 @@ def test_a_greedy_tree_verdict_and_its_display_rows():
     assert (verdict.tried, verdict.accept_probs, verdict.uniforms) == ([], [], [])
     assert verdict.next_probs_top == [(0, 1.0)]
     assert torch.allclose(display, torch.softmax(logits, dim=-1)) and display.shape == (3, 3)
-    with pytest.raises(ValueError, match=r"a tree round's rule must be one of \('exact', 'strict', 'invariant', 'typical', "
-                                         r"'tree_best_sibling'\), got 'no_residual'"):
+    with pytest.raises(ValueError, match=r"a tree round's rule must be one of \('exact', 'strict', 'invariant', "
+                                         r"'typical', 'tree_best_sibling'\), got 'no_residual'"):
         verify_tree("no_residual", se.SamplingParams(1.0), tree, None, logits, torch.Generator())
     sampled = TokenTree([1, 2], [-1, -1], ["with_replacement"] * 3)
     with pytest.raises(ValueError, match="a sampled tree needs draft_probs for its nodes whose children were drawn"):

@@ -9,8 +9,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from spec_engine.accel import searches as sampling          # the CPU searches (the generic code: core/sampling.py)
 from spec_engine.accel.searches import native_warp_rows
-from spec_engine.core.sampling import (MAX_TOP_K, SamplingParams, choose_token, make_generator, sample, top_entries, top_p_filter,
-                                       topk_top_p, warp)
+from spec_engine.core.sampling import (MAX_TOP_K, SamplingParams, choose_token, make_generator, sample, top_entries,
+                                       top_p_filter, topk_top_p, warp)
 
 SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (0.5, 20, 0.8), (2.0, 3, 0.5), (1.0, 0, 0.05)]
 
@@ -175,9 +175,11 @@ def test_top_p_candidate_search_equals_a_full_sort(top_p, search):
     """Both candidate searches (floors lowered on the CPU, topk widened elsewhere) find the full sort's set;
     flat distributions force them to lower or widen."""
     for scale in (0.1, 1.0, 5.0):
-        probs = torch.softmax(torch.randn(3, 5000, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * scale, -1)
+        logits = torch.randn(3, 5000, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        probs = torch.softmax(logits * scale, -1)
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, (torch.cumsum(sorted_probs, -1) - sorted_probs) >= top_p)
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(
+            -1, order, (torch.cumsum(sorted_probs, -1) - sorted_probs) >= top_p)
         reference = probs.masked_fill(drop, 0.0)
         reference = reference / reference.sum(-1, keepdim=True)
         assert torch.allclose(search(probs, top_p), reference, atol=1e-15)
@@ -265,7 +267,8 @@ def cpu_rows() -> list[np.ndarray]:
     """float32 probability rows that reach every branch of the searches: peaked and flat softmaxes of a real
     vocabulary (flat ones need every token, past the first try's room for member ids), ties, one certain token."""
     generator = torch.Generator().manual_seed(9)
-    rows = [torch.softmax(torch.randn(49152, generator=generator) * scale, -1).numpy() for scale in (0.01, 0.3, 1, 3, 8)]
+    rows = [torch.softmax(torch.randn(49152, generator=generator) * scale, -1).numpy()
+            for scale in (0.01, 0.3, 1, 3, 8)]
     rows += [torch.softmax(torch.randn(7, generator=generator), -1).numpy()]
     rows += [np.full(49152, 1 / 49152, dtype=np.float32)]
     ties = np.zeros(49152, dtype=np.float32)

@@ -2,11 +2,11 @@
 what it produced (issue #38: scenario 4 promised copying, and the model wrote new code at 14% acceptance).
 
 Each scenario runs through `handlers.run` (the Run button's handler) with its own settings, at most CAP new tokens,
-without the speed measurement: the promises checked are about tokens, acceptance and the text, never about time
-(speed claims depend on the machine; the captions' speeds are measured in docs/benchmarks.md). Nor how long the
-drafts are: prompt lookup and the EAGLE head cut their drafts to what the verify cost measured at warm-up pays for,
-and on a busy machine that is one token a round (measured here: the quote scenario drafted 4 tokens a round on a
-quieter machine, 1 under a load of 8 on 2 cores, at 68% and 77% acceptance), so copying is checked by acceptance. Greedy scenarios are
+without the speed measurement: the promises checked are about tokens, acceptance and the text, never about time (speed
+claims depend on the machine; the captions' speeds are measured in docs/benchmarks.md). Nor how long the drafts are:
+prompt lookup and the EAGLE head cut their drafts to what the verify cost measured at warm-up pays for, and on a busy
+machine that is one token a round (measured here: the quote scenario drafted 4 tokens a round on a quieter machine, 1
+under a load of 8 on 2 cores, at 68% and 77% acceptance), so copying is checked by acceptance. Greedy scenarios are
 deterministic; the sampled ones (5-7) use their own seeds, so their checks are fixed outcomes, not statistics.
 """
 import pytest

@@ -58,7 +58,8 @@ sys.meta_path.insert(0, SpaceHidesModelPackages())
 def model_modules() -> list[str]:
     """The module names of requirements-models.txt's packages (PyPI names with '_' for '-')."""
     lines = (ROOT / "requirements-models.txt").read_text().splitlines()
-    return [line.split("==")[0].strip().replace("-", "_") for line in lines if line.strip() and not line.startswith("#")]
+    return [line.split("==")[0].strip().replace("-", "_") for line in lines
+            if line.strip() and not line.startswith("#")]
 
 
 def packaged_default_files() -> Path:

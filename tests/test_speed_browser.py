@@ -25,7 +25,8 @@ ATTEMPTS = [(0, (1, 2, 3, 4)), (7, (5, 6, 8, 9)), (10, (11, 12, 13, 14))]   # (t
                         # attempt: greedy, so the same tokens, but never a replay of an earlier request (coalesce.py)
 SUMMARY = 11            # handlers.RUN_OUTPUTS.index("summary"), checked below
 DRAWN = 2_000           # ms the page is left to finish drawing a run's final view (its plots) before the API's run
-POLL_MS = 250          # look for the finished run 4 times a second: polling="raf" (the default) asks for a frame 60 times a second
+# look for the finished run 4 times a second: polling="raf" (the default) asks for a frame 60 times a second
+POLL_MS = 250
 
 
 def page_speedup(page, run: int) -> float:

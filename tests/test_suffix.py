@@ -12,8 +12,8 @@ import spec_engine as se
 from spec_engine.core.tree_rule import TokenTree
 from spec_engine.drafters.eagle import random_eagle_drafter
 from spec_engine.drafters.eagle_tree import EagleTreeDrafter
-from spec_engine.drafters.suffix import (PAPER_SPEC_FACTOR, SuffixDrafter, SuffixFirstDrafter, SuffixIndex, best_tree_size,
-                                         speculate)
+from spec_engine.drafters.suffix import (PAPER_SPEC_FACTOR, SuffixDrafter, SuffixFirstDrafter, SuffixIndex,
+                                         best_tree_size, speculate)
 from test_tree_rule import (LENGTH, SETTINGS, Toy, round_outcomes, rows, target_distribution,
                             total_variation)
 from tiny import tiny_llama
@@ -154,7 +154,8 @@ def test_suffix_rounds_emit_the_targets_distribution_by_enumeration():
         assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
         for seq in want:
             assert abs(got.get(seq, 0.0) - want[seq]) < 1e-9, (params, seq)
-    assert total_variation(law(Toy(SETTINGS[0], 0), "tree_best_sibling"), target_distribution(Toy(SETTINGS[0], 0))) > 0.02
+    assert total_variation(law(Toy(SETTINGS[0], 0), "tree_best_sibling"),
+                           target_distribution(Toy(SETTINGS[0], 0))) > 0.02
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -81,7 +81,8 @@ SHOWN_TABS_JS = """() => [...document.querySelectorAll('[role=tablist] [role=tab
     const box = tab.getBoundingClientRect();
     if (box.width === 0 || box.left < 0 || box.right > window.innerWidth) return false;
     tab.scrollIntoView({block: 'center', inline: 'nearest'});
-    const now = tab.getBoundingClientRect(), hit = document.elementFromPoint(now.left + now.width / 2, now.top + now.height / 2);
+    const now = tab.getBoundingClientRect();
+    const hit = document.elementFromPoint(now.left + now.width / 2, now.top + now.height / 2);
     return hit !== null && (hit === tab || tab.contains(hit));
 }).map((tab) => tab.innerText.trim())"""
 

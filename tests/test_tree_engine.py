@@ -124,7 +124,7 @@ def test_greedy_tree_decoding_is_plain_greedy_decoding_on_tiny_models(speed, see
         for name, (make, k) in drafters.items():
             result = se.SpeculativeDecoder(target, make()).generate(prompt, k=k, max_new_tokens=40, sampling=GREEDY)
             assert result.tokens == plain, name
-            committed = prompt.shape[1]               # counted from what the rounds emitted, not from the engine's count
+            committed = prompt.shape[1]        # counted from what the rounds emitted, not from the engine's count
             for event in result.rounds:
                 committed += len(event.emitted)
                 assert event.committed_len == committed and event.target_cache_len == committed - 1, name

@@ -1,14 +1,14 @@
 """Seeded chi-square tests of sampled tree rounds end to end on the tiny models of test_statistical.py (vocabulary
 8): the first three tokens of speculative sampling with every tree drafter (a draft model's siblings drawn with
-replacement, without replacement and as its top 2; prompt lookup's branches; suffix decoding's frequency tree; the EAGLE head's dynamic tree) follow the target's exact
-distribution, enumerated from the model.
+replacement, without replacement and as its top 2; prompt lookup's branches; suffix decoding's frequency tree; the
+EAGLE head's dynamic tree) follow the target's exact distribution, enumerated from the model.
 
 Same test and odds as test_statistical.py: N = 1,500 runs (seeds 0..N-1), cells with expected count < 5 pooled, an
-impossible sequence fails outright; a correct sampler fails one test with probability ALPHA = 1e-4, so the eight
-exact tests here (eleven in the full tier) fail falsely with probability below 1.1e-3 for a random choice of seeds (the seeds are fixed, so a
-pass is reproducible). The rule itself is proved by enumeration in test_tree_rule.py; these tests cover what the
-enumeration cannot: the drafters' draws and the q they report, the engine's rows per node, its draws and its KV.
-The wrong tree rule is rejected by the same test at these seeds, narrowly (its power is not computed here: the
+impossible sequence fails outright; a correct sampler fails one test with probability ALPHA = 1e-4, so the eight exact
+tests here (eleven in the full tier) fail falsely with probability below 1.1e-3 for a random choice of seeds (the seeds
+are fixed, so a pass is reproducible). The rule itself is proved by enumeration in test_tree_rule.py; these tests cover
+what the enumeration cannot: the drafters' draws and the q they report, the engine's rows per node, its draws and its
+KV. The wrong tree rule is rejected by the same test at these seeds, narrowly (its power is not computed here: the
 enumeration in test_tree_rule.py is what shows it drifts; this shows the engine runs the rule it is asked to).
 """
 import pytest

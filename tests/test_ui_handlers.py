@@ -92,7 +92,8 @@ def test_streamed_updates_redraw_the_plots_only_every_plot_interval(playground_r
 
 @pytest.mark.slow
 def test_sampling_run_matches_the_engine_with_the_same_seed(playground_registry, smollm2):
-    outputs = list(handlers.run(*run_args(draft="prompt-lookup", temperature=0.8, top_p=0.9, seed=7, k=4), SessionState()))
+    outputs = list(handlers.run(*run_args(draft="prompt-lookup", temperature=0.8, top_p=0.9, seed=7, k=4),
+                                SessionState()))
     final = outputs[-1][SUMMARY]
     reference = engine_run(smollm2, "prompt-lookup", 4, 12, se.SamplingParams(temperature=0.8, top_p=0.9), seed=7)
     assert final["tokens"] == reference.tokens

@@ -1,5 +1,6 @@
-"""Limits, input validation and the model registry's bounds, without a server (ui/playground/limits.py, ui/playground/validate.py,
-ui/playground/registry.py). The registry tests use a fake loader, so they load nothing and take milliseconds."""
+"""Limits, input validation and the model registry's bounds, without a server (ui/playground/limits.py,
+ui/playground/validate.py, ui/playground/registry.py). The registry tests use a fake loader, so they load nothing and
+take milliseconds."""
 import threading
 import time
 from types import SimpleNamespace

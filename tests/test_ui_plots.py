@@ -279,7 +279,8 @@ def test_mismatch_figure_contrasts_the_same_draft_two_ways_and_greys_the_others(
     assert list(pair.x) == ["(a) naive ids", "(b) cross-tokenizer"] and list(pair.y) == [0.01, 0.16]
     assert list(scale.x) == ["(c) same tokenizer", "(c') same tokenizer"] and "for scale" in scale.name
     assert "Gemma 3 270M" in pair.name
-    assert list(pair.error_y.array) == pytest.approx([0.02, 0.06]) and list(pair.error_y.arrayminus) == pytest.approx([0.01, 0.06])
+    assert list(pair.error_y.array) == pytest.approx([0.02, 0.06])
+    assert list(pair.error_y.arrayminus) == pytest.approx([0.01, 0.06])
     assert scale.marker.color not in pair.marker.color                     # the others are not part of the contrast
     assert fig.layout.yaxis.range[1] == pytest.approx(0.22 * 1.3)           # fits the bars, not 0-100%
     assert [a.text for a in fig.layout.annotations] == ["re-tokenizing: ×16 the acceptance"]

@@ -95,11 +95,12 @@ def test_the_playground_starts_with_the_measured_best_draft():
 
 def test_draft_catalogue_for_the_offline_default():
     values = [value for _, value in drafts.draft_choices("smollm2-135m-instruct")]
-    assert values[:5] == ["layer-skip", "layer-skip-tree", "early-exit", "prompt-lookup", "lookup-tree"]   # trees follow
+    assert values[:5] == ["layer-skip", "layer-skip-tree", "early-exit", "prompt-lookup", "lookup-tree"]  # trees follow
     assert drafts.kind_by_key("layer-skip-tree").tree and drafts.kind_by_key("lookup-tree").tree
     assert "gemma-3-270m:cross-tokenizer" in values and "gemma-3-270m:naive-ids" in values
     assert {"eagle", "eagle+lookup"} <= set(values)
-    assert {"eagle", "eagle+lookup"}.isdisjoint(value for _, value in drafts.draft_choices("gemma-3-270m"))   # head trained for SmolLM2
+    # the head is trained for SmolLM2
+    assert {"eagle", "eagle+lookup"}.isdisjoint(value for _, value in drafts.draft_choices("gemma-3-270m"))
     for value in values:
         assert drafts.check_draft_value(value) is None
     hub_pair = dict((v, label) for label, v in drafts.draft_choices("smollm2-360m-instruct"))

@@ -35,9 +35,12 @@ IN_VIEW = """(selectors) => window.scrollY === 0 && selectors.every((sel) =>
     }))"""
 
 
-WHERE = """(selectors) => selectors.map((sel) => { const e = document.querySelector(sel); if (!e) return sel + ': missing';
+WHERE = """(selectors) => selectors.map((sel) => {
+    const e = document.querySelector(sel);
+    if (!e) return sel + ': missing';
     const b = e.getBoundingClientRect(), hit = document.elementFromPoint(b.left + b.width / 2, b.top + b.height / 2);
-    return `${sel}: top ${Math.round(b.top)} bottom ${Math.round(b.bottom)}, centre hits ${hit ? hit.outerHTML.slice(0, 80) : null}`;
+    return `${sel}: top ${Math.round(b.top)} bottom ${Math.round(b.bottom)}, `
+        + `centre hits ${hit ? hit.outerHTML.slice(0, 80) : null}`;
 }).concat([`scrollY ${window.scrollY}, window ${window.innerWidth}x${window.innerHeight}`])"""
 
 
@@ -51,7 +54,8 @@ def wait_in_view(page, *selectors: str, timeout: int = 15_000) -> None:
 
 
 def font_px(page, selector: str, pseudo: str | None = None) -> float:
-    return page.evaluate("([sel, pseudo]) => parseFloat(getComputedStyle(document.querySelector(sel), pseudo).fontSize)",
+    return page.evaluate("([sel, pseudo]) => "
+                         "parseFloat(getComputedStyle(document.querySelector(sel), pseudo).fontSize)",
                          [selector, pseudo])
 
 
@@ -80,7 +84,8 @@ def test_presentation_mode_enlarges_tokens_stats_and_plots(playground, chromium,
         page.wait_for_function(FINISHED, timeout=180_000)
         page.wait_for_selector("#plot-acceptance .xtick text", timeout=60_000)
         sizes = {"token": (TOKEN, None), "stat label": ("#spec-stats .chip .k", None),
-                 "round number": ("#spec-tokens .round", "::before"), "plot tick": ("#plot-acceptance .xtick text", None),
+                 "round number": ("#spec-tokens .round", "::before"),
+                 "plot tick": ("#plot-acceptance .xtick text", None),
                  "axis title": ("#plot-acceptance .g-xtitle text", None)}
         before = {name: font_px(page, *where) for name, where in sizes.items()}
         assert before["token"] == 14 and before["stat label"] == 11 and before["round number"] == 9
@@ -113,20 +118,31 @@ def test_presentation_mode_enlarges_tokens_stats_and_plots(playground, chromium,
 # area, the title or the x-axis title, legend entries on top of each other. Boxes are relative to the figure's SVG.
 PLOT_CLASHES = """() => {
     const clashes = [];
-    const overlap = (a, b) => a && b && a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+    const overlap = (a, b) => a && b && a.left < b.right - 1 && b.left < a.right - 1
+        && a.top < b.bottom - 1 && b.top < a.bottom - 1;
     for (const gd of document.querySelectorAll('[id^=plot-] .js-plotly-plot')) {
         if (!gd.offsetParent) continue;
         const id = gd.closest('[id^=plot-]').id, svg = gd.querySelector('.main-svg').getBoundingClientRect();
-        const box = (sel) => { const e = gd.querySelector(sel); if (!e) return null; const b = e.getBoundingClientRect();
-            return b.width ? {left: b.left - svg.left, right: b.right - svg.left, top: b.top - svg.top, bottom: b.bottom - svg.top} : null; };
-        const inside = (b) => b.left >= -0.5 && b.top >= -0.5 && b.right <= svg.width + 0.5 && b.bottom <= svg.height + 0.5;
-        const title = box('.gtitle'), legend = box('.legend .bg'), plot = box('.nsewdrag'), xtitle = box('.g-xtitle text');
-        if (title && !inside(title)) clashes.push(`${id}: title ${JSON.stringify(title)} outside ${svg.width}x${svg.height}`);
+        const box = (sel) => {
+            const e = gd.querySelector(sel);
+            if (!e) return null;
+            const b = e.getBoundingClientRect();
+            return b.width ? {left: b.left - svg.left, right: b.right - svg.left, top: b.top - svg.top,
+                              bottom: b.bottom - svg.top} : null;
+        };
+        const inside = (b) => b.left >= -0.5 && b.top >= -0.5 && b.right <= svg.width + 0.5
+            && b.bottom <= svg.height + 0.5;
+        const title = box('.gtitle'), legend = box('.legend .bg'), plot = box('.nsewdrag');
+        const xtitle = box('.g-xtitle text');
+        if (title && !inside(title))
+            clashes.push(`${id}: title ${JSON.stringify(title)} outside ${svg.width}x${svg.height}`);
         if (legend && !inside(legend)) clashes.push(`${id}: legend outside the figure`);
         for (const [name, other] of [['plot area', plot], ['title', title], ['x-axis title', xtitle]])
             if (overlap(legend, other)) clashes.push(`${id}: legend over the ${name}`);
         const items = [...gd.querySelectorAll('.legend .traces')].map((e) => e.getBoundingClientRect());
-        items.forEach((a, i) => items.slice(i + 1).forEach((b) => { if (overlap(a, b)) clashes.push(`${id}: legend entries overlap`); }));
+        items.forEach((a, i) => items.slice(i + 1).forEach((b) => {
+            if (overlap(a, b)) clashes.push(`${id}: legend entries overlap`);
+        }));
     }
     return clashes;
 }"""

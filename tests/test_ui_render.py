@@ -221,7 +221,8 @@ def test_stats_html_shows_the_measured_costs_and_the_predicted_speedup():
                "speedup": 1.2, "matches_baseline": None, "judged_acceptance": a, **fields}
     out = render.stats_html(summary)
     for stat, value in (("judged acceptance a", "75%"), ("draft cost c", "0.60 steps"),
-                        ("verify cost v", "1.20 steps"), ("predicted speedup", "×1.52"), ("speedup (measured)", "×1.20")):
+                        ("verify cost v", "1.20 steps"), ("predicted speedup", "×1.52"),
+                        ("speedup (measured)", "×1.20")):
         assert re.search(f'data-stat="{re.escape(stat)}"[^>]*><span class="k">[^<]*</span><span class="v">'
                          f'{re.escape(value)}</span>', out), stat
     assert "Leviathan" in out                                     # the formula, in the predicted chip's title

@@ -4,13 +4,13 @@ settings, k = 1..3, stochastic and deterministic drafts. The same enumeration sh
 rules of issue #37 it holds strict to the target (exact for any draft, fewer drafts kept than the exact rule with a
 sampled draft, as many with a one-hot one) and typical and q_mismatch to the drift their definitions predict.
 
-The enumerator runs the rule's reference, `rule.speculative_step` (the paper's algorithm as one pure function, its
-cells cut where the paper's definitions say), and the engine's own rule, `verify_with_draws` (the `settle` that
-`verify_sampled` runs once it has drawn), over every drafted sequence and every cell of its random draws: the uniforms compared with min(1, p/q) and
-the point where the next token's CDF is inverted. A wiring bug (the correction drawn from p, the bonus from the
-wrong row, the draws compared the wrong way) therefore fails here deterministically; `verify_sampled`'s own draws
-are tied to `verify_with_draws` by replay (same generator, same verdict), and greedy verification is enumerated
-over every draft against plain greedy decoding.
+The enumerator runs the rule's reference, `rule.speculative_step` (the paper's algorithm as one pure function, its cells
+cut where the paper's definitions say), and the engine's own rule, `verify_with_draws` (the `settle` that
+`verify_sampled` runs once it has drawn), over every drafted sequence and every cell of its random draws: the uniforms
+compared with min(1, p/q) and the point where the next token's CDF is inverted. A wiring bug (the correction drawn from
+p, the bonus from the wrong row, the draws compared the wrong way) therefore fails here deterministically;
+`verify_sampled`'s own draws are tied to `verify_with_draws` by replay (same generator, same verdict), and greedy
+verification is enumerated over every draft against plain greedy decoding.
 """
 import itertools
 import zlib
@@ -122,8 +122,8 @@ def round_outcomes(drafted: tuple, draft_probs, target_probs: torch.Tensor, rule
     evaluated at its midpoint, so a rule that reports one distribution and samples another shows."""
     n = len(drafted)
     drafted_t = torch.tensor(drafted, dtype=torch.long)
-    call = lambda uniforms, point: verify_with_draws(drafted_t, draft_probs, target_probs, uniforms, point, rule, members,
-                                                     unwarped)
+    call = lambda uniforms, point: verify_with_draws(drafted_t, draft_probs, target_probs, uniforms, point, rule,
+                                                     members, unwarped)
     outcomes: dict = {}
 
     def visit(uniforms: list[float], weight: float) -> None:
@@ -170,7 +170,8 @@ def emitted_distribution(toy: Toy, k: int, rule: str, on_support: bool = False, 
                 torch.stack(draft_rows) if draft_rows else torch.zeros(0, VOCAB, dtype=torch.float64)
             members = [members_of(row) for row in target_probs] if on_support else None
             unwarped = None if draft_probs is None else torch.stack(
-                [toy.q_unwarped(context + drafts[:i]) for i in range(n)] or [torch.zeros(VOCAB, dtype=torch.float64)])[:n]
+                [toy.q_unwarped(context + drafts[:i]) for i in range(n)]
+                or [torch.zeros(VOCAB, dtype=torch.float64)])[:n]
             if reference:
                 q_rows = torch.stack([torch.nn.functional.one_hot(torch.tensor(x), VOCAB).to(torch.float64)
                                       for x in drafts]) if toy.deterministic and n else \
@@ -349,7 +350,8 @@ def test_the_verdicts_top_candidates_come_from_the_rows_members_unchanged():
     seen_accepted = set()
     for seed in range(40):
         drafted = torch.multinomial(draft_probs, 1, generator=torch.Generator().manual_seed(seed))[:, 0]   # [n]
-        verdict, target_probs, members = verify("exact", params, drafted, draft_probs, logits, make_generator("cpu", seed))
+        verdict, target_probs, members = verify("exact", params, drafted, draft_probs, logits,
+                                                make_generator("cpu", seed))
         assert members is not None and len(members) == 4
         row = target_probs[verdict.accepted]
         next_dist = row if verdict.accepted == 3 else torch.clamp(row - draft_probs[verdict.accepted], min=0.0)
@@ -387,9 +389,11 @@ def test_verify_sampled_is_verify_with_draws_fed_the_generators_draws():
     for trial in range(60):
         n, vocab = trial % 4, 6
         dtype = torch.float64 if trial % 2 else torch.float32       # the uniforms are drawn in the rows' dtype
-        target_probs = warp(torch.randn(n + 1, vocab, generator=generator, dtype=dtype) * 2, SamplingParams(0.9, top_p=0.9))
+        target_probs = warp(torch.randn(n + 1, vocab, generator=generator, dtype=dtype) * 2,
+                            SamplingParams(0.9, top_p=0.9))
         draft_probs = torch.softmax(torch.randn(n, vocab, generator=generator, dtype=dtype) * 2, -1)
-        drafted = torch.multinomial(draft_probs, 1, generator=generator)[:, 0] if n else torch.zeros(0, dtype=torch.long)
+        drafted = (torch.multinomial(draft_probs, 1, generator=generator)[:, 0] if n
+                   else torch.zeros(0, dtype=torch.long))
         for draft in (draft_probs, None):
             seed = 1000 + trial
             replay = make_generator("cpu", seed)

@@ -111,7 +111,8 @@ def test_the_step_through_resumes_in_fresh_workers_and_follows_the_main_run(zero
     list(handlers.run(*run_args(max_new_tokens=10, auto_baseline=False), state))
     assert zerogpu["step"]["finished"]
     assert zerogpu["step"]["rounds"] == [plain_round(ev) for ev in state.active.record.rounds]
-    assert zerogpu["step_found"][0] == 2 and "No round with every draft accepted after round 2" in zerogpu["step_found"][1]
+    assert zerogpu["step_found"][0] == 2
+    assert "No round with every draft accepted after round 2" in zerogpu["step_found"][1]
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from spec_engine.core import speed
 
 
-def tiny_llama(vocab: int = 10, layers: int = 2, seed: int = 0, hidden: int = 32, scale: float = 4.0) -> LlamaForCausalLM:
+def tiny_llama(vocab: int = 10, layers: int = 2, seed: int = 0, hidden: int = 32,
+               scale: float = 4.0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -60,6 +61,7 @@ def greedy_identity_runs(target, make_drafter, prompt, ks=(1, 3, 8), tokens: int
     import spec_engine as se
     greedy = se.SamplingParams(0.0)
     plain = se.autoregressive_generate(target, prompt, max_new_tokens=tokens, sampling=greedy)
-    runs = {k: se.SpeculativeDecoder(target, make_drafter()).generate(prompt, k=k, max_new_tokens=tokens, sampling=greedy)
+    runs = {k: se.SpeculativeDecoder(target, make_drafter()).generate(prompt, k=k, max_new_tokens=tokens,
+                                                                       sampling=greedy)
             for k in ks}
     return plain, runs

@@ -2,8 +2,8 @@
 the UI shows next to them (acceptance, tokens per target forward, where drafts were rejected).
 
 Words as in spec_engine/core/verify.py (draft tokens, accepted, rejected, correction, bonus). Positions are 1-based
-draft positions: "position 2" is the second draft token of a round. A round with a rejection is one that ended with a correction; a round whose text ended (EOS) inside
-its accepted drafts has neither a rejection nor a bonus.
+draft positions: "position 2" is the second draft token of a round. A round with a rejection is one that ended with a
+correction; a round whose text ended (EOS) inside its accepted drafts has neither a rejection nor a bonus.
 """
 from __future__ import annotations
 

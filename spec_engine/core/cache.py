@@ -40,7 +40,7 @@ def trim_cache(cache, keep: int) -> int:
     if keep > current:
         raise AssertionError(f"cannot trim a cache of {current} positions up to {keep}")
     if current == 0:
-        return 0                 # nothing stored yet (transformers' sliding layers cannot crop before their first update)
+        return 0     # nothing stored yet (transformers' sliding layers cannot crop before their first update)
     cache.crop(keep - current)   # crop(-n) removes n positions; crop(0) also bounds sliding-window layers
     return current - keep
 

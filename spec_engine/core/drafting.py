@@ -63,7 +63,7 @@ class TreeProposal:
     tree with one child per node. Sampled trees must report, per node with children, the distribution its children
     were drawn from, and say in `tree.drawn` how (with or without replacement): the tree rule depends on it."""
     tree: TokenTree                      # up to k nodes
-    probs: torch.Tensor | None           # [n + 1, target_vocab] q at the root and after each node, or None (deterministic)
+    probs: torch.Tensor | None           # [n + 1, target_vocab] q at the root and after each node, None: deterministic
     note: str | None = None
     source: str | None = None            # who proposed it, when a drafter combines others (else the drafter's name)
 
@@ -92,4 +92,5 @@ class Drafter:
 
     def model_modules(self) -> list[nn.Module]:
         """The modules whose forwards are this drafter's model time (benchmarks time them apart from overhead)."""
-        return [m for m in (getattr(self, name, None) for name in ("model", "head", "lm_head")) if isinstance(m, nn.Module)]
+        return [m for m in (getattr(self, name, None) for name in ("model", "head", "lm_head"))
+                if isinstance(m, nn.Module)]

@@ -107,7 +107,7 @@ class RunStats:
     new_tokens: int
     drafted: int
     accepted: int
-    acceptance_rate: float              # accepted / drafted, a tree's drafts counted by its depth (core.metrics.acceptance_rate)
+    acceptance_rate: float              # accepted / drafted, a tree's counted by its depth (metrics.acceptance_rate)
     tokens_per_round: float             # = tokens per target verify forward
     draft_seconds: float
     verify_seconds: float

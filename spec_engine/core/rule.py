@@ -13,9 +13,9 @@ The other rules engines ship or got wrong (RULE_INFO below says which are exact)
               draft, and the same as the exact rule's for a one-hot draft (q(x_i) = 1).
   typical     Medusa's typical acceptance (Cai et al. 2024; FasterDecoding/Medusa, medusa/model/utils.py
               `evaluate_posterior`): keep x_i when p_i(x_i) > min(epsilon, delta * exp(-H(p_i))) with
-              H(p) = -sum p log(p + 1e-5) as Medusa computes it and Medusa's defaults epsilon = posterior_threshold = 0.09,
-              delta = posterior_alpha = 0.3 (the code's comment: "recommended to be sqrt(posterior_threshold)"); at the
-              first refusal emit a draw from p_i, after k acceptances the bonus from p_{k+1}. No draw decides a
+              H(p) = -sum p log(p + 1e-5) as Medusa computes it and Medusa's defaults epsilon = posterior_threshold
+              = 0.09, delta = posterior_alpha = 0.3 (the code's comment: "recommended to be sqrt(posterior_threshold)");
+              at the first refusal emit a draw from p_i, after k acceptances the bonus from p_{k+1}. No draw decides a
               draft, q is not read. Lossy: a token above the threshold is kept whatever its share of p. Medusa's p is
               softmax(logits / T); here it is the warped row (the same when top-k and top-p are off).
   q_mismatch  the bug huggingface/transformers #32867 shipped (fixed by #33534): the exact rule fed a q that is not
@@ -77,7 +77,8 @@ RULE_INFO: dict[str, RuleInfo] = {info.name: info for info in (
              "Gumbel-max draw under noise fixed by the seed and the position; keep drafts that equal it: exact, and a "
              "seed gives the same text whatever the draft, k or batch.", True, "exact", trees=True),
     RuleInfo(TYPICAL, "typical acceptance (Medusa, lossy)", "Keep x when p(x) > min(0.09, 0.3 exp(-H(p))) (Medusa's "
-             "defaults): faster, and the text no longer follows the target's distribution.", False, "lossy", trees=True),
+             "defaults): faster, and the text no longer follows the target's distribution.", False, "lossy",
+             trees=True),
     RuleInfo(Q_MISMATCH, "q before warping (transformers bug #32867)", "The exact rule with the draft's distribution "
              "before temperature / top-k / top-p: a shipped bug, invisible at temperature 1.", False, "mistake"),
     RuleInfo("topp_membership", "top-p membership (wrong)", "Keep any draft inside the target's top-p set: "

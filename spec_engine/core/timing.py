@@ -33,8 +33,8 @@ _OBSERVERS = "_spec_engine_forward_observers"
 
 def watch_forwards(model, observer) -> None:
     """Call `observer(rows, seconds)` after every timed target forward of `model` the engine makes (a round's verify
-    forward, a chain's or a tree's, and a plain decoding step). The draft sizing uses it to correct its verify-cost curve online
-    (drafters/sizing.py); kept on the model, like that curve, so every run on the model reports to it."""
+    forward, a chain's or a tree's, and a plain decoding step). The draft sizing uses it to correct its verify-cost
+    curve online (drafters/sizing.py); kept on the model, like that curve, so every run on the model reports to it."""
     observers = getattr(model, _OBSERVERS, None)
     if observers is None:
         observers = []

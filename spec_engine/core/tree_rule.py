@@ -12,7 +12,8 @@ siblings x_1..x_m in order, with q_j the distribution x_j was drawn from given t
 
   accept x_j if u_j < min(1, r(x_j) / q_j(x_j))        then descend into x_j: its children are the next candidates
   else r <- normalize(max(0, r - q_j))                  and try the next sibling
-  all m rejected (or a leaf): emit a token from r       the *correction* (r = p at a leaf or a childless node: the *bonus*)
+  all m rejected (or a leaf): emit a token from r       the *correction* (r = p at a leaf or a childless node: the
+                                                        *bonus*)
 
 q_j depends on how the siblings were drawn (`TokenTree.drawn`, one entry per node that has children):
 
@@ -73,7 +74,8 @@ class TokenTree:
         if len(self.parents) != n:
             raise ValueError(f"parents must give one parent per token: {len(self.parents)} parents, {n} tokens")
         if len(self.drawn) != n + 1:
-            raise ValueError(f"drawn must have n + 1 = {n + 1} entries (the root, then each node), got {len(self.drawn)}")
+            raise ValueError(f"drawn must have n + 1 = {n + 1} entries (the root, then each node), "
+                             f"got {len(self.drawn)}")
         for i, parent in enumerate(self.parents):
             if not -1 <= parent < i:
                 raise ValueError(f"parents[{i}] must be -1 (the root) or an earlier node, got {parent}")
@@ -126,9 +128,11 @@ class TreeVerdict:
 
 
 def tree_step(
-    p: torch.Tensor,            # [n + 1, vocab] the target's warped distributions at the root (row 0) and after node i (row i + 1)
-    q: torch.Tensor | None,     # [n + 1, vocab] the distribution the children of the root (row 0) and of node i (row i + 1)
-                                #   were drawn from (before any removal); rows of deterministic groups are not read; None if all are
+    p: torch.Tensor,            # [n + 1, vocab] the target's warped distributions at the root (row 0) and after node i
+                                #   (row i + 1)
+    q: torch.Tensor | None,     # [n + 1, vocab] the distribution the children of the root (row 0) and of node i
+                                #   (row i + 1) were drawn from (before any removal); rows of deterministic groups
+                                #   are not read; None if all are
     tree: TokenTree,
     uniforms: list[float],      # [n] u_i in [0, 1) for node i, read only if node i is tried
     point: float,               # in [0, 1): where the emitted token's CDF is inverted

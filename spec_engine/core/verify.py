@@ -29,7 +29,8 @@ from spec_engine.core import speed
 from spec_engine.core.rule import (CHAIN_RULES, EXACT, INVARIANT, Q_MISMATCH, STRICT, TYPICAL, WRONG, invariant_step,
                                   typical_threshold)
 from spec_engine.core.rule import residual as residual_distribution       # normalize(max(0, p - q))
-from spec_engine.core.sampling import SamplingParams, argmax_rows, sample_at, top_entries, top_p_members, unit_draw, warp
+from spec_engine.core.sampling import (SamplingParams, argmax_rows, sample_at, top_entries, top_p_members, unit_draw,
+                                       warp)
 from spec_engine.core.tree_rule import TREE_RULES, TokenTree, tree_greedy_step, tree_invariant_step, tree_step
 
 RULES = CHAIN_RULES
@@ -82,7 +83,8 @@ def accept_chances(rule: str, target_probs: torch.Tensor, target_p: list[float],
     return [rule_acceptance(rule, p, q) for p, q in zip(target_p, draft_q)]
 
 
-def judged_draft_probs(rule: str, draft_probs: torch.Tensor | None, unwarped: torch.Tensor | None) -> torch.Tensor | None:
+def judged_draft_probs(rule: str, draft_probs: torch.Tensor | None,
+                       unwarped: torch.Tensor | None) -> torch.Tensor | None:
     """The q the rule reads: the distributions the drafts were drawn from, except under `q_mismatch`, whose bug is to
     read the draft's distributions before warping, `unwarped` [n, vocab]. A deterministic draft (None) stays one-hot."""
     if rule != Q_MISMATCH or draft_probs is None:
@@ -179,7 +181,8 @@ def verify_sampled(
     n = drafted.shape[0]
     draft_probs = judged_draft_probs(rule, draft_probs, unwarped)
     assert target_probs.shape[0] == n + 1, (target_probs.shape, n)
-    assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), (draft_probs.shape, target_probs.shape)
+    assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), \
+        (draft_probs.shape, target_probs.shape)
     target_p, draft_q, uniform_list, drafted_ids = decision_inputs(drafted, draft_probs, target_probs, generator)
     point = unit_draw(generator, target_probs.device)
     return settle(rule, drafted_ids, draft_probs, target_probs, target_p, draft_q, uniform_list, point, members)
@@ -189,7 +192,7 @@ def verify_with_draws(
     drafted: torch.Tensor,              # [n]
     draft_probs: torch.Tensor | None,   # [n, vocab] or None (one-hot)
     target_probs: torch.Tensor,         # [n + 1, vocab], warped
-    uniforms: list[float],              # [n], each in [0, 1): draft token i is accepted when uniforms[i] < its min(1, p/q)
+    uniforms: list[float],              # [n] in [0, 1): draft token i is accepted when uniforms[i] < its min(1, p/q)
     point: float,                       # in [0, 1): where the next token's CDF is inverted (sampling.sample_at)
     rule: str = "exact",
     members: list | None = None,
@@ -200,7 +203,8 @@ def verify_with_draws(
     n = drafted.shape[0]
     draft_probs = judged_draft_probs(rule, draft_probs, unwarped)
     assert target_probs.shape[0] == n + 1 and len(uniforms) == n, (target_probs.shape, n, len(uniforms))
-    assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), (draft_probs.shape, target_probs.shape)
+    assert draft_probs is None or draft_probs.shape == (n, target_probs.shape[1]), \
+        (draft_probs.shape, target_probs.shape)
     target_p = drafted_probs(target_probs, drafted).tolist()
     draft_q = [1.0] * n if draft_probs is None else drafted_probs(draft_probs, drafted).tolist()
     return settle(rule, drafted.tolist(), draft_probs, target_probs, target_p, draft_q, list(uniforms), point, members)
@@ -223,7 +227,8 @@ def settle(rule: str, drafted_ids: list[int], draft_probs: torch.Tensor | None, 
     # the residual's and the bonus row's nonzero entries lie among that target row's top-p members
     support = members[accepted] if members else None
     if accepted < n:
-        q_row = one_hot_row(drafted_ids[accepted], target_probs[accepted]) if draft_probs is None else draft_probs[accepted]
+        q_row = (one_hot_row(drafted_ids[accepted], target_probs[accepted]) if draft_probs is None
+                 else draft_probs[accepted])
         next_dist = rule_correction_distribution(rule, target_probs[accepted], q_row, support)
     else:
         next_dist = target_probs[n]
@@ -347,8 +352,9 @@ def verify_tree(rule: str, params: SamplingParams, tree: TokenTree, draft_probs:
             raise ValueError("rule 'invariant' needs the noise of every depth (rule.position_noise)")
         path, token, tried = tree_invariant_step(target_probs, tree, noise.to(target_probs.device))
         chances = [float(target_probs[tree.parents[node] + 1, tree.tokens[node]]) for node in tried]
-        return TreeVerdict(path, token, tried, chances, [], top_candidates(target_probs[(path[-1] + 1) if path else 0])), \
-            target_probs
+        verdict = TreeVerdict(path, token, tried, chances, [],
+                              top_candidates(target_probs[(path[-1] + 1) if path else 0]))
+        return verdict, target_probs
     if draft_probs is None and any(how != "deterministic" for how in tree.drawn):
         raise ValueError("a sampled tree needs draft_probs for its nodes whose children were drawn")
     uniforms = torch.rand(n, generator=generator, device=target_probs.device, dtype=torch.float64).tolist()

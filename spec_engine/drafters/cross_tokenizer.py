@@ -28,7 +28,8 @@ class NaiveIdDrafter(ModelDrafter):
     def check_target(self, target_model) -> None:
         self.target_vocab = vocab_size(target_model)
         if self.model.device != target_model.device:
-            raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; load both on one device")
+            raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; "
+                             "load both on one device")
 
     def _model_ids(self, token_ids: list[int]) -> list[int]:
         return [t % self.draft_vocab for t in token_ids]
@@ -65,7 +66,8 @@ class CrossTokenizerDrafter(Drafter):
 
     def check_target(self, target_model) -> None:
         if self.model.device != target_model.device:
-            raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; load both on one device")
+            raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; "
+                             "load both on one device")
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.cache = new_cache(self.model)

@@ -3,7 +3,8 @@
 The head reads the target's final hidden states (post-norm: what the LM head reads) and predicts the next one:
 
     pair t:  (feature f_t, embedding of token t+1)  ->  fc: Linear(2H -> H)  ->  one Llama decoder layer  ->  RMSNorm
-             ->  predicted feature f^_{t+1}  ->  logits for token t+2 from the target's LM-head rows of a reduced vocabulary
+             ->  predicted feature f^_{t+1}  ->  logits for token t+2 from the target's LM-head rows of a reduced
+                 vocabulary
 
 Feature f_t is the target's hidden state after reading token t, so it predicts token t+1. A head may also read
 lower layers of the target (EAGLE-3, Li et al. 2025): its config lists `eagle_feature_layers`, e.g. (2, 15, 27, -1);
@@ -44,8 +45,9 @@ from spec_engine.drafters.sizing import reset_view, size_draft, sizing_view, ver
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2-135m.safetensors"
-HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-             "hidden_act", "max_position_embeddings", "rope_parameters", "rope_theta", "attention_bias", "mlp_bias")
+HEAD_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "rms_norm_eps", "hidden_act", "max_position_embeddings", "rope_parameters", "rope_theta", "attention_bias",
+             "mlp_bias")
 
 
 def check_feature_layers(feature_layers, n_layers: int | None = None) -> list[int]:
@@ -118,7 +120,7 @@ class EagleHead(nn.Module):
             if found is not None:
                 return found
             attention_mask = additive_mask(visible, fused.dtype)                      # [1, 1, n, L]
-        elif cache is not None and attention_mask is None:                            # drafting: a speed layer may run it
+        elif cache is not None and attention_mask is None:                    # drafting: a speed layer may run it
             assert position_ids is None or int(position_ids[0, 0]) == cache.get_seq_length(), "pairs follow the cache"
             found = speed.active().run_layers(self.body, fused, cache)                # [1, n, H] or None
             if found is not None:
@@ -236,7 +238,8 @@ class EagleDrafter(Drafter):
         if target_model is not self.target:
             raise ValueError("an EagleDrafter drafts for the model it was built from; build one for this target")
         if self.head.config.hidden_size != target_model.config.hidden_size:
-            raise ValueError(f"head width {self.head.config.hidden_size} != target hidden size {target_model.config.hidden_size}")
+            raise ValueError(f"head width {self.head.config.hidden_size} != target hidden size "
+                             f"{target_model.config.hidden_size}")
         n_states = target_model.config.num_hidden_layers + 1
         if not all(-n_states <= layer < n_states for layer in self.feature_layers):
             raise ValueError(f"the head reads hidden states {self.feature_layers}, but the target has only {n_states}")
@@ -320,7 +323,7 @@ class EagleDrafter(Drafter):
         return Proposal(tokens, full, unwarped=before, note=note)
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
-        trim_cache(self.cache, self._true_len)             # predicted-feature positions go, even if their tokens were kept
+        trim_cache(self.cache, self._true_len)      # predicted-feature positions go, even if their tokens were kept
         del self.cache_ids[self._true_len:]
         if target_features is not None and target_features.shape[0]:
             self._feed(committed, target_features)
@@ -363,7 +366,8 @@ def load_head(path: Path = DEFAULT_WEIGHTS, dtype: torch.dtype = torch.float32, 
             raise ValueError(f"{record_path} is missing: it records the sha256 of {path.name}")
         expected, actual = json.loads(record_path.read_text())["sha256"], sha256_file(path)
         if expected != actual:
-            raise ValueError(f"{path} has sha256 {actual}, but {record_path.name} records {expected}: retrain or restore it")
+            raise ValueError(f"{path} has sha256 {actual}, but {record_path.name} records {expected}: "
+                             "retrain or restore it")
     with safe_open(str(path), framework="pt") as f:
         config = LlamaConfig(**json.loads(f.metadata()["config"]))
         state = {k[len("head."):]: f.get_tensor(k) for k in f.keys() if k.startswith("head.")}

@@ -40,8 +40,9 @@ from spec_engine.drafters.base import Proposal, TokenTree, TreeProposal
 from spec_engine.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, recommended_settings, shared_head
 from spec_engine.drafters.sizing import size_draft
 
-EAGLE_TREE_WIDTH = 4       # children per expanded node, and nodes expanded per level (docs/benchmarks.md: 3 and 4 tie at
-                           # 4 nodes, 4 gives 2% more tokens per forward at 8; a 5th never helped)
+# children per expanded node, and nodes expanded per level (docs/benchmarks.md: 3 and 4 tie at 4 nodes, 4 gives 2% more
+# tokens per forward at 8; a 5th never helped)
+EAGLE_TREE_WIDTH = 4
 EAGLE_TREE_DEPTH = 5       # levels grown (head forwards: depth - 1)
 
 

@@ -32,7 +32,8 @@ class ModelDrafter(Drafter):
                 f"draft vocabulary ({draft_vocab}) differs from the target's ({target_vocab}): ModelDrafter needs the "
                 "same tokenizer; use CrossTokenizerDrafter for a draft with another tokenizer")
         if self.model.device != target_model.device:
-            raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; load both on one device")
+            raise ValueError(f"draft is on {self.model.device} but the target is on {target_model.device}; "
+                             "load both on one device")
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         self.cache = new_cache(self.model)
@@ -118,7 +119,8 @@ class LayerSkipDrafter(ModelDrafter):
 
     def check_target(self, target_model) -> None:
         if target_model is not self.target:
-            raise ValueError(f"a {type(self).__name__} drafts for the model it was built from; build one for this target")
+            raise ValueError(f"a {type(self).__name__} drafts for the model it was built from; "
+                             "build one for this target")
 
 
 # Chosen by measurement on the offline default (SmolLM2-135M, 30 layers): bench/choose_skip_layers.py ranks

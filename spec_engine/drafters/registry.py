@@ -8,8 +8,8 @@
                                    PROMPT_LOOKUP_MAX_NGRAM = 8 and PROMPT_LOOKUP_MIN_NGRAM = 1), drafts sized by cost
     lookup-tree[:N]                prompt lookup as a draft tree: the continuations of up to N earlier matches
                                    (default TREE_LOOKUP_BRANCHES = 3) merged into one tree of k nodes
-    eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/drafters/weights/); a round
-                                   stops drafting when the head's top probability < C / 100 (default: the
+    eagle[:C]                      the shipped EAGLE head for the offline default (spec_engine/drafters/weights/); a
+                                   round stops drafting when the head's top probability < C / 100 (default: the
                                    measured recommendation stored with the weights)
     eagle+lookup[:C]               prompt lookup (matches of 2+ tokens) where the text repeats itself, the EAGLE
                                    head elsewhere
@@ -50,7 +50,7 @@ EARLY_EXIT_AFTER = 20
 class DraftSpec:
     mode: str                    # a registered mode (MODES)
     model: str | None = None     # the draft model's preset name or path, for model drafts
-    arg: int | None = None       # early-exit layers, prompt-lookup n-gram size, lookup-tree branches or eagle confidence
+    arg: int | None = None       # early-exit layers, prompt-lookup n-gram, lookup-tree branches or eagle confidence
     min_ngram: int | None = None # prompt lookup: the shortest n-gram that may propose
     layers: tuple[int, ...] | None = None   # layer-skip modes: the layers skipped (None: DEFAULT_SKIP_LAYERS)
 
@@ -166,7 +166,8 @@ def skipped_layers(spec: DraftSpec, target) -> list[int]:
 
 @register("layer-skip", "Layer-skip self-draft (the target minus some layers)",
           "The target drafts for itself with some layers skipped: no second model, shared weights.",
-          parse=lambda mode, tail: no_argument(mode, tail, "build LayerSkipDrafter(target, skip_layers) for other sets"))
+          parse=lambda mode, tail: no_argument(mode, tail,
+                                               "build LayerSkipDrafter(target, skip_layers) for other sets"))
 def build_layer_skip(spec, target, draft, fixed_length):
     return LayerSkipDrafter(target.model, skipped_layers(spec, target))
 
@@ -263,7 +264,8 @@ def build_eagle(spec, target, draft, fixed_length):
           "EAGLE head; each round's drafts stay exact because the choice depends on the text alone.",
           parse=confidence_percent, available=eagle_available)
 def build_eagle_lookup(spec, target, draft, fixed_length):
-    return LookupFirstDrafter(shipped_eagle(spec, target, fixed_length), fixed_length_lookup() if fixed_length else None)
+    return LookupFirstDrafter(shipped_eagle(spec, target, fixed_length),
+                              fixed_length_lookup() if fixed_length else None)
 
 
 @register("same-tokenizer", "Separate draft model: {draft}",
@@ -329,7 +331,8 @@ def build_suffix(spec, target, draft, fixed_length):
           "tree; the choice depends on the text alone, so every round stays exact.", parse=tree_nodes,
           available=eagle_available, tree=True)
 def build_eagle_suffix(spec, target, draft, fixed_length):
-    return SuffixFirstDrafter(shipped_eagle_tree(spec, target, fixed_length), SuffixDrafter(size_by_cost=not fixed_length))
+    return SuffixFirstDrafter(shipped_eagle_tree(spec, target, fixed_length),
+                              SuffixDrafter(size_by_cost=not fixed_length))
 
 
 MODES = modes()      # the modes registered above (a later registration extends modes(), not this tuple)

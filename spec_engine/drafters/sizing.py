@@ -60,7 +60,8 @@ _LOCK = threading.Lock()
 
 
 def measure_verify_costs(model, rows: int = MAX_ROWS, context: int = CALIBRATION_CONTEXT,
-                         repeats: int = CALIBRATION_REPEATS, budget_s: float = CALIBRATION_BUDGET_S) -> tuple[float, ...]:
+                         repeats: int = CALIBRATION_REPEATS,
+                         budget_s: float = CALIBRATION_BUDGET_S) -> tuple[float, ...]:
     """costs[r] = median time of a forward over r new tokens after `context` cached ones / that of one token,
     r = 1..rows (costs[0] is 0.0, a placeholder).
 

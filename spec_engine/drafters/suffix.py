@@ -206,7 +206,8 @@ class SuffixDrafter(Drafter):
 
     def check_target(self, target_model) -> None:
         if self.size_by_cost:
-            self.costs = sizing.sizing_view(sizing.verify_costs(target_model), self.pinned_sizing)    # from the module: tests fix it there
+            # from the module: tests fix it there
+            self.costs = sizing.sizing_view(sizing.verify_costs(target_model), self.pinned_sizing)
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
         if self.remember_runs and len(self.text) > self.prompt_len:     # the previous output joins the earlier ones

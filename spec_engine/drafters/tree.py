@@ -45,7 +45,7 @@ class ModelTreeDrafter(ModelDrafter):
         while frontier and len(tokens) < k:
             tree = TokenTree.of(tokens, parents)
             logits = forward_tree_logits(self.model, committed[-1], tokens, parents, tree.depths(), self.cache)
-            trim_cache(self.cache, len(self.cache_ids))       # [n + 1, vocab] read; the cache is the committed text again
+            trim_cache(self.cache, len(self.cache_ids))   # [n + 1, vocab] read; the cache is the committed text again
             probs = torch.softmax(logits.float(), -1) if params.greedy else warp(logits, params)
             level = []
             for node in frontier:

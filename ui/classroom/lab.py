@@ -2,9 +2,9 @@
 sampling under every verification rule side by side (the exact ones, exact and strict; then typical, lossy, and the
 deliberate mistakes), against the target's exact distribution.
 
-All probabilities, distances and tests come from `spec_engine.classroom.lab`; this module validates the inputs, picks the
-models (the toy pair of `spec_engine.classroom.toy` by default, or the main panel's target and draft), streams progress,
-and hands the results to `lab_plots`.
+All probabilities, distances and tests come from `spec_engine.classroom.lab`; this module validates the inputs, picks
+the models (the toy pair of `spec_engine.classroom.toy` by default, or the main panel's target and draft), streams
+progress, and hands the results to `lab_plots`.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ EXACT_SIDE = ["plain"] + [name for name in se.RULES if se.RULE_INFO[name].exact]
 EXACT_TREE_SIDE = ["plain"] + [name for name in se.TREE_RULES if se.RULE_INFO[name].exact]        # plain, exact, strict
 WRONG_SIDE = list(se.WRONG_RULES)                                   # typical, q_mismatch, topp_membership, no_residual
 WRONG_TREE_SIDE = [name for name in se.TREE_RULES if not se.RULE_INFO[name].exact]     # typical, best sibling
-SHAPE_CHOICES = [("chain: k drafts in a row", "chain"), ("tree: the draft's top 2 tokens at every node, k nodes", "tree")]
+SHAPE_CHOICES = [("chain: k drafts in a row", "chain"),
+                 ("tree: the draft's top 2 tokens at every node, k nodes", "tree")]
 SHAPE_VALUES = tuple(value for _, value in SHAPE_CHOICES)
 TREE_WIDTH = 2
 OUTPUTS = ("status", "exact_plot", "wrong_plot", "table", "run")
@@ -432,8 +433,8 @@ def build_tab(c: dict, state, resize_js: str | None = None) -> list:
             w["seed"] = gr.Number(0, precision=0, minimum=0, label="first seed")
         with gr.Row():
             w["shape"] = gr.Radio(SHAPE_CHOICES, value="chain", label="Draft shape", elem_id="lab-shape",
-                                  info="Toy pair: its draft drafts a chain or a tree. Main panel: its draft's own shape "
-                                       "(lookup-tree, layer-skip-tree are trees).")
+                                  info="Toy pair: its draft drafts a chain or a tree. Main panel: its draft's own "
+                                       "shape (lookup-tree, layer-skip-tree are trees).")
             w["wrong_rules"] = gr.Checkbox(True, label="Also run the lossy and wrong rules", elem_id="lab-wrong")
             copy_btn = gr.Button("Use the main panel's k, temperature, top-p, top-k, seed", size="sm")
             run_btn = gr.Button("Run the exactness lab", variant="primary", elem_id="lab-run")
@@ -449,8 +450,8 @@ def build_tab(c: dict, state, resize_js: str | None = None) -> list:
     inputs = [w[name] for name in ("model", "toy_prompt", "n", "depth", "k", "temperature", "top_p", "top_k", "seed",
                                    "wrong_rules")]
     inputs += [level] + [c[name] for name in ("prompt", "target", "draft", "chat", "skip_layers", "exit_after")]
-    event = run_btn.click(run_lab, inputs + [state, w["shape"]], [out[name] for name in OUTPUTS], api_name="lab_exactness",
-                          preprocess=False, validator=lab_validator, **compute())
+    event = run_btn.click(run_lab, inputs + [state, w["shape"]], [out[name] for name in OUTPUTS],
+                          api_name="lab_exactness", preprocess=False, validator=lab_validator, **compute())
     private = {"api_visibility": "private"}
     level.change(relevel, [level, out["run"]], [out["exact_plot"], out["wrong_plot"]], **private)
     copy_btn.click(copy_main, [c[name] for name in ("k", "temperature", "top_p", "top_k", "seed")],

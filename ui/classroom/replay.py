@@ -5,8 +5,10 @@ and its measured baseline) and writes every token piece the view needs into the 
 `TraceLabeler` from that piece table and renders through the same `handlers.run_view` as the live run, so the
 replayed HTML is byte-identical to the live run's, with no model and no tokenizer.
 
-    python -m ui.classroom.replay --out presets/traces/example.json   # the shipped example: a real greedy run of the offline
-                                                            # default, prompt lookup on the edit-typos prompt, 24 tokens
+    python -m ui.classroom.replay --out presets/traces/example.json
+
+writes the shipped example: a real greedy run of the offline default, prompt lookup on the edit-typos prompt, 24
+tokens.
 """
 from __future__ import annotations
 
@@ -93,7 +95,8 @@ def make(settings: RunSettings, draft_label: str, prompt_ids, rounds, labeler, o
     prompt_ids = [int(t) for t in prompt_ids]
     tokens = [t for r in rounds for t in r.emitted]
     return tr.make_trace(
-        settings=dataclasses.asdict(settings), models={"target": reg.display_name(settings.target), "draft": draft_label},
+        settings=dataclasses.asdict(settings),
+        models={"target": reg.display_name(settings.target), "draft": draft_label},
         prompt_ids=prompt_ids, prompt_text=labeler.text(prompt_ids), text=labeler.text(tokens), rounds=rounds,
         pieces=piece_table(labeler, tr.token_ids(rounds, prompt_ids)), stop_reason=stop_reason, baseline=baseline,
         display={"show_spaces": options.show_spaces, **(display or {})}, source=source)

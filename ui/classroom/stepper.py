@@ -324,7 +324,8 @@ def token_cell(token: int, labeler) -> str:
 
 def decision_text(ev: se.RoundEvent, i: int, kind: str, labeler, opts: RenderOptions) -> str:
     if kind == "discarded":
-        return "discarded (never judged)" if ev.correction is not None or ev.bonus is not None else "dropped (text ended)"
+        return ("discarded (never judged)" if ev.correction is not None or ev.bonus is not None
+                else "dropped (text ended)")
     greedy_like = opts.greedy or i >= len(ev.uniforms)
     if not greedy_like:
         sign = "<" if kind == "accepted" else "≥"
@@ -533,7 +534,8 @@ def residual_figure(ev: se.RoundEvent | None, labeler, opts: RenderOptions):
     if ev is None:
         return plots.empty_figure("Where the round's last token came from", "Press Forward")
     candidates = list(ev.next_top)
-    row = (ev.tree_path[-1] + 1 if ev.tree_path else 0) if ev.is_tree else ev.accepted    # target_top's row after the path
+    # target_top's row after the path
+    row = (ev.tree_path[-1] + 1 if ev.tree_path else 0) if ev.is_tree else ev.accepted
     if opts.greedy and row < len(ev.target_top):
         candidates = list(ev.target_top[row])
     chosen = ev.correction if ev.correction is not None else ev.bonus

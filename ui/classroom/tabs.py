@@ -292,84 +292,112 @@ def build_tabs(c: dict, state: gr.State) -> dict:
     s: dict[str, gr.components.Component] = {}
     r: dict[str, gr.components.Component] = {}
     with gr.Tab("Step through") as step_tab:
-        step_state = gr.State(None, time_to_live=limits.current().session_ttl_seconds,
-                              delete_callback=stepper.expire)
-        gr.Markdown(stepper.CAPTION)
-        with gr.Row():
-            reset_btn = gr.Button("⟲ Reset", size="sm", elem_id="step-reset")
-            back_btn = gr.Button("◀ Back", size="sm", elem_id="step-back")
-            forward_btn = gr.Button("Forward ▶", variant="primary", size="sm", elem_id="step-forward")
-            play_btn = gr.Button("▶ Play", size="sm", elem_id="step-play")
-            pause_btn = gr.Button("⏸ Pause", size="sm", elem_id="step-pause")
-            speed = gr.Slider(*SPEEDS[:2], value=SPEEDS[2], step=0.1, label="seconds per round (autoplay)",
-                              elem_id="step-speed", min_width=200)
-        with gr.Row():
-            position = gr.Number(2, precision=0, minimum=1, maximum=se.MAX_K, label="draft position i (1 = first)",
-                                 elem_id="step-position", min_width=220, scale=0)
-            find_rejection_btn = gr.Button("Next round rejecting draft i ▶▶", size="sm", elem_id="step-find-rejection")
-            find_accepted_btn = gr.Button("Next all-accepted round ▶▶", size="sm", elem_id="step-find-accepted")
-            lesson_btn = gr.Button(f"Show me: draft {LESSON_POSITION} of {LESSON['k']} rejected", size="sm",
-                                   variant="secondary", elem_id="step-lesson")
-        timer = gr.Timer(SPEEDS[2], active=False)
-        initial = stepper.view(None)
-        s["status"] = gr.Markdown(initial["status"], elem_id="step-status")
-        s["round"] = gr.HTML(initial["round"], css_template=stepper.STEP_CSS, elem_id="step-round")
-        s["tree"] = gr.Plot(initial["tree"], show_label=False, elem_id="step-tree", visible=False)
-        with gr.Row(equal_height=False):
-            s["residual"] = gr.Plot(initial["residual"], show_label=False, elem_id="step-residual", scale=3)
-            s["kv"] = gr.HTML(initial["kv"], css_template=stepper.STEP_CSS, elem_id="step-kv", scale=2)
-        s["tokens"] = gr.HTML(initial["tokens"], css_template=render.CSS, elem_id="step-tokens", max_height=320,
-                              autoscroll=True, js_on_load=render.TOOLTIP_JS)
-        s["explain"] = gr.Markdown("", elem_id="step-explain")
+        w = step_panel(s)
     with gr.Tab("Trace export / replay") as trace_tab:
-        replay_state = gr.State(None, time_to_live=limits.current().session_ttl_seconds)
-        gr.Markdown(TRACE_CAPTION)
-        with gr.Row():
-            export_btn = gr.Button("Export the latest run", size="sm", elem_id="trace-export")
-            export_steps_btn = gr.Button("Export the step-through", size="sm", elem_id="trace-export-steps")
-            upload_btn = gr.UploadButton("Load a trace (.json)", file_types=[".json"], type="filepath", size="sm",
-                                         elem_id="trace-upload")
-            example_btn = gr.Button("Load the example trace", size="sm", elem_id="trace-example")
-            step_trace_btn = gr.Button("Step through this trace", size="sm", elem_id="trace-step")
-        with gr.Row():
-            trace_file = gr.File(label="Trace file (download)", interactive=False, elem_id="trace-file", scale=2)
-            export_md = gr.Markdown("", elem_id="trace-export-status")
-        r["status"] = gr.Markdown("Load a trace to replay it here.", elem_id="trace-status")
-        r["stats"] = gr.HTML(render.stats_html(None, "No trace loaded."), css_template=render.CSS,
-                             elem_id="trace-stats")
-        r["tokens"] = gr.HTML(render.empty_view("The replayed tokens appear here.", legend=False),
-                              css_template=render.CSS, elem_id="trace-tokens", max_height=430,
-                              js_on_load=render.TOOLTIP_JS)
-        r["explain"] = gr.Markdown("", elem_id="trace-explain")
-        with gr.Row():
-            r["acceptance_plot"] = gr.Plot(plots.acceptance_figure([]), show_label=False, elem_id="trace-acceptance")
-            r["forward_plot"] = gr.Plot(plots.forward_figure([]), show_label=False, elem_id="trace-forward")
+        t = trace_panel(r)
+    step_outputs = wire_step(c, w, s)
+    wire_trace(state, w, t, r, step_outputs)
+    for tab in (step_tab, trace_tab):   # plots drawn while their tab was hidden get their width now
+        tab.select(None, None, None, js=RESIZE_JS, **PRIVATE)
+    return {**{f"step_{k}": v for k, v in s.items()}, **{f"trace_{k}": v for k, v in r.items()},
+            "step_state": w["step_state"], "trace_file": t["trace_file"], "timer": w["timer"]}
 
+
+def step_panel(s: dict) -> dict:
+    """The step-through tab's components: its views go into `s` (STEP_OUTPUTS); the buttons, state and timer are
+    returned by name."""
+    w: dict[str, gr.components.Component] = {}
+    w["step_state"] = gr.State(None, time_to_live=limits.current().session_ttl_seconds,
+                               delete_callback=stepper.expire)
+    gr.Markdown(stepper.CAPTION)
+    with gr.Row():
+        w["reset_btn"] = gr.Button("⟲ Reset", size="sm", elem_id="step-reset")
+        w["back_btn"] = gr.Button("◀ Back", size="sm", elem_id="step-back")
+        w["forward_btn"] = gr.Button("Forward ▶", variant="primary", size="sm", elem_id="step-forward")
+        w["play_btn"] = gr.Button("▶ Play", size="sm", elem_id="step-play")
+        w["pause_btn"] = gr.Button("⏸ Pause", size="sm", elem_id="step-pause")
+        w["speed"] = gr.Slider(*SPEEDS[:2], value=SPEEDS[2], step=0.1, label="seconds per round (autoplay)",
+                               elem_id="step-speed", min_width=200)
+    with gr.Row():
+        w["position"] = gr.Number(2, precision=0, minimum=1, maximum=se.MAX_K,
+                                  label="draft position i (1 = first)", elem_id="step-position", min_width=220,
+                                  scale=0)
+        w["find_rejection_btn"] = gr.Button("Next round rejecting draft i ▶▶", size="sm",
+                                            elem_id="step-find-rejection")
+        w["find_accepted_btn"] = gr.Button("Next all-accepted round ▶▶", size="sm", elem_id="step-find-accepted")
+        w["lesson_btn"] = gr.Button(f"Show me: draft {LESSON_POSITION} of {LESSON['k']} rejected", size="sm",
+                                    variant="secondary", elem_id="step-lesson")
+    w["timer"] = gr.Timer(SPEEDS[2], active=False)
+    initial = stepper.view(None)
+    s["status"] = gr.Markdown(initial["status"], elem_id="step-status")
+    s["round"] = gr.HTML(initial["round"], css_template=stepper.STEP_CSS, elem_id="step-round")
+    s["tree"] = gr.Plot(initial["tree"], show_label=False, elem_id="step-tree", visible=False)
+    with gr.Row(equal_height=False):
+        s["residual"] = gr.Plot(initial["residual"], show_label=False, elem_id="step-residual", scale=3)
+        s["kv"] = gr.HTML(initial["kv"], css_template=stepper.STEP_CSS, elem_id="step-kv", scale=2)
+    s["tokens"] = gr.HTML(initial["tokens"], css_template=render.CSS, elem_id="step-tokens", max_height=320,
+                          autoscroll=True, js_on_load=render.TOOLTIP_JS)
+    s["explain"] = gr.Markdown("", elem_id="step-explain")
+    return w
+
+
+def trace_panel(r: dict) -> dict:
+    """The trace tab's components: its views go into `r` (REPLAY_OUTPUTS); the buttons, state and file are
+    returned by name."""
+    t: dict[str, gr.components.Component] = {}
+    t["replay_state"] = gr.State(None, time_to_live=limits.current().session_ttl_seconds)
+    gr.Markdown(TRACE_CAPTION)
+    with gr.Row():
+        t["export_btn"] = gr.Button("Export the latest run", size="sm", elem_id="trace-export")
+        t["export_steps_btn"] = gr.Button("Export the step-through", size="sm", elem_id="trace-export-steps")
+        t["upload_btn"] = gr.UploadButton("Load a trace (.json)", file_types=[".json"], type="filepath", size="sm",
+                                          elem_id="trace-upload")
+        t["example_btn"] = gr.Button("Load the example trace", size="sm", elem_id="trace-example")
+        t["step_trace_btn"] = gr.Button("Step through this trace", size="sm", elem_id="trace-step")
+    with gr.Row():
+        t["trace_file"] = gr.File(label="Trace file (download)", interactive=False, elem_id="trace-file", scale=2)
+        t["export_md"] = gr.Markdown("", elem_id="trace-export-status")
+    r["status"] = gr.Markdown("Load a trace to replay it here.", elem_id="trace-status")
+    r["stats"] = gr.HTML(render.stats_html(None, "No trace loaded."), css_template=render.CSS,
+                         elem_id="trace-stats")
+    r["tokens"] = gr.HTML(render.empty_view("The replayed tokens appear here.", legend=False),
+                          css_template=render.CSS, elem_id="trace-tokens", max_height=430,
+                          js_on_load=render.TOOLTIP_JS)
+    r["explain"] = gr.Markdown("", elem_id="trace-explain")
+    with gr.Row():
+        r["acceptance_plot"] = gr.Plot(plots.acceptance_figure([]), show_label=False, elem_id="trace-acceptance")
+        r["forward_plot"] = gr.Plot(plots.forward_figure([]), show_label=False, elem_id="trace-forward")
+    return t
+
+
+def wire_step(c: dict, w: dict, s: dict) -> list:
+    """The step-through's events; returns its outputs (the trace tab's "Step through this trace" fills them too)."""
+    step_state, timer, position = w["step_state"], w["timer"], w["position"]
     controls = [c[name] for name in STEP_INPUTS] + [step_state]
     step_outputs = [step_state] + [s[name] for name in STEP_OUTPUTS] + [timer]
     # The validators are /run's checks: a bad value is refused by field name before it takes a place in the queue
     # (preprocess=False, as for /run: Gradio's own range checks would answer first, without the field's name).
     checked = {**COMPUTE, "validator": validate.step_validator, "preprocess": False}
-    forward_btn.click(step_forward, controls, step_outputs, api_name="step", **checked)
-    reset_btn.click(step_reset, controls, step_outputs, api_name="step_reset", **checked)
-    back_btn.click(step_back, [step_state], step_outputs, **PRIVATE)
-    find_rejection_btn.click(step_find_rejection, controls[:-1] + [position, step_state], step_outputs, **COMPUTE,
-                             validator=validate.find_validator, preprocess=False, **PRIVATE)
-    find_accepted_btn.click(step_find_accepted, controls, step_outputs, **checked, **PRIVATE)
-    lesson_btn.click(step_lesson, [c["target"], c["show_spaces"]],
-                     step_outputs + [c[name] for name in LESSON_CONTROLS] + [position], **COMPUTE, **PRIVATE)
+    w["forward_btn"].click(step_forward, controls, step_outputs, api_name="step", **checked)
+    w["reset_btn"].click(step_reset, controls, step_outputs, api_name="step_reset", **checked)
+    w["back_btn"].click(step_back, [step_state], step_outputs, **PRIVATE)
+    w["find_rejection_btn"].click(step_find_rejection, controls[:-1] + [position, step_state], step_outputs,
+                                  **COMPUTE, validator=validate.find_validator, preprocess=False, **PRIVATE)
+    w["find_accepted_btn"].click(step_find_accepted, controls, step_outputs, **checked, **PRIVATE)
+    w["lesson_btn"].click(step_lesson, [c["target"], c["show_spaces"]],
+                          step_outputs + [c[name] for name in LESSON_CONTROLS] + [position], **COMPUTE, **PRIVATE)
     timer.tick(step_tick, controls, step_outputs, trigger_mode="once", **checked, **PRIVATE)
-    play_btn.click(play, [speed], [timer], **PRIVATE)
-    pause_btn.click(pause, None, [timer], **PRIVATE)
-    speed.change(set_speed, [speed], [timer], **PRIVATE)
+    w["play_btn"].click(play, [w["speed"]], [timer], **PRIVATE)
+    w["pause_btn"].click(pause, None, [timer], **PRIVATE)
+    w["speed"].change(set_speed, [w["speed"]], [timer], **PRIVATE)
+    return step_outputs
 
-    replay_outs = [replay_state] + [r[name] for name in REPLAY_OUTPUTS]
-    export_btn.click(export_run, [state], [trace_file, export_md], api_name="trace_export")
-    export_steps_btn.click(export_steps, [step_state], [trace_file, export_md], **PRIVATE)
-    upload_btn.upload(replay_file, [upload_btn], replay_outs, api_name="trace_replay")
-    example_btn.click(replay_example, None, replay_outs, **PRIVATE)
-    step_trace_btn.click(step_trace, [replay_state], step_outputs, **PRIVATE)
-    for tab in (step_tab, trace_tab):   # plots drawn while their tab was hidden get their width now
-        tab.select(None, None, None, js=RESIZE_JS, **PRIVATE)
-    return {**{f"step_{k}": v for k, v in s.items()}, **{f"trace_{k}": v for k, v in r.items()},
-            "step_state": step_state, "trace_file": trace_file, "timer": timer}
+
+def wire_trace(state: gr.State, w: dict, t: dict, r: dict, step_outputs: list) -> None:
+    replay_outs = [t["replay_state"]] + [r[name] for name in REPLAY_OUTPUTS]
+    exported = [t["trace_file"], t["export_md"]]
+    t["export_btn"].click(export_run, [state], exported, api_name="trace_export")
+    t["export_steps_btn"].click(export_steps, [w["step_state"]], exported, **PRIVATE)
+    t["upload_btn"].upload(replay_file, [t["upload_btn"]], replay_outs, api_name="trace_replay")
+    t["example_btn"].click(replay_example, None, replay_outs, **PRIVATE)
+    t["step_trace_btn"].click(step_trace, [t["replay_state"]], step_outputs, **PRIVATE)

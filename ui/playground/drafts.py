@@ -72,7 +72,8 @@ def build_drafter(spec, target, draft, options: DraftOptions, sizing=None) -> se
 def draft_kinds() -> list[se.DraftMode]:
     """The engine's registered draft modes (se.draft_modes(): name, label, lesson, needs_model, available, tree), as
     the playground offers them. Draft values are spelled as the registry and presets/models.yaml spell them:
-    "layer-skip", "early-exit[:N]", "prompt-lookup[:N]", "<preset>", "<preset>:cross-tokenizer", "<preset>:naive-ids"."""
+    "layer-skip", "early-exit[:N]", "prompt-lookup[:N]", "<preset>", "<preset>:cross-tokenizer",
+    "<preset>:naive-ids"."""
     return list(se.draft_modes().values())
 
 

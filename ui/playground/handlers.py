@@ -162,7 +162,8 @@ def status_text(record, summary: dict, running: bool) -> str:
     if running:
         return f"Decoding… round {summary['rounds']}, {summary['new_tokens']} tokens"
     reason = {"eos": "end of sequence", "max_new_tokens": "max new tokens reached", "cancelled": "stopped",
-              runner.TIME_LIMIT: f"stopped at this server's time limit ({record.time_limit or limits.current().max_run_seconds:g} s)"
+              runner.TIME_LIMIT: "stopped at this server's time limit "
+                                 f"({record.time_limit or limits.current().max_run_seconds:g} s)"
               }.get(record.stop_reason or "", record.stop_reason or "done")
     if not summary["rounds"] and record.stop_reason in ("cancelled", runner.TIME_LIMIT):
         return f"Run {record.run_id} finished: {reason} while reading the prompt, before the first round"
@@ -244,7 +245,8 @@ def starting_view() -> tuple:
 
 def initial_outputs() -> dict[str, object]:
     empty = {
-        "tokens": render.empty_view(legend=False), "stats": render.stats_html(None, "No run yet: press Run."), "text": "",
+        "tokens": render.empty_view(legend=False), "stats": render.stats_html(None, "No run yet: press Run."),
+        "text": "",
         "acceptance_plot": plots.acceptance_figure([]), "accepted_plot": plots.accepted_figure([]),
         "forward_plot": plots.forward_figure([]), "speed_plot": plots.speed_figure([]),
         "kv_plot": plots.kv_figure([]), "kv_table": pd.DataFrame([], columns=plots.KV_COLUMNS),
@@ -332,7 +334,8 @@ def lead(computation: coalesce.Computation, state: SessionState, job: compute.Ru
         computation.finish(all(done.values()) and not state.stop_event.is_set())
 
 
-SETTLE_SECONDS = 1.0    # lets the browser finish drawing the last live updates (Plotly included) before the engine is timed
+# lets the browser finish drawing the last live updates (Plotly included) before the engine is timed
+SETTLE_SECONDS = 1.0
 MEASURING = {"timed": "Measuring the speed without drawing: speculative decoding",
              "plain": "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"}
 
@@ -393,7 +396,8 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
             runner.add_label(record, state, f"shared: one computation served {computation.viewers} identical "
                                             "requests (same model, prompt, settings, seed and rule)")
         elif not leader:
-            what = (f"replayed: an identical request's run, computed {coalesce.age_text(time.time() - computation.finished_at)} ago"
+            what = ("replayed: an identical request's run, computed "
+                    f"{coalesce.age_text(time.time() - computation.finished_at)} ago"
                     if replay else f"shared: one computation served {computation.viewers} identical requests")
             runner.add_label(record, state, what + " (same model, prompt, settings, seed and rule)")
         state.finish(record)
@@ -402,7 +406,8 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
             status = (status_text(record, state.summary(record), running=False) + " (the identical request this "
                       "run shared was stopped: press Run to compute it yourself)")
         elif auto_baseline and record.timing is None and record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
-            status = status_text(record, state.summary(record), running=False) + " (the speed measurement hit the time limit)"
+            status = (status_text(record, state.summary(record), running=False)
+                      + " (the speed measurement hit the time limit)")
         yield run_view(prep, state, status=status, final=True)
     finally:
         runner.release(prep, reg.REGISTRY)
@@ -485,8 +490,9 @@ def measure_baseline(state: SessionState):
             yield message_view("Measurement stopped.")
             return
         try:
-            job = compute.RunJob(record.settings, prep.prompt_ids, compute.call_seconds(budget, 2 * record.settings.max_new_tokens),
-                                 live=False, timed=True, plain=True, sizing=record.sizing)
+            job = compute.RunJob(record.settings, prep.prompt_ids,
+                                 compute.call_seconds(budget, 2 * record.settings.max_new_tokens), live=False,
+                                 timed=True, plain=True, sizing=record.sizing)
             timing, plain, label = None, None, ""
             for item in fold(prep, state, job, budget):
                 if isinstance(item, se.GenerationResult):

@@ -207,8 +207,8 @@ def build_panel(demo: gr.Blocks, controls: Mapping[str, gr.components.Component]
     private = {"api_visibility": "private"}
     code_outputs = [out["code_transformers"], out["code_vllm"], out["code_llama_cpp"], out["equivalent_notes"]]
     # Opening the panel redraws the code too: a model loaded since the page was built may now name its local path.
-    gr.on([control.change for control in inputs] + [panel.expand], equivalent, inputs, code_outputs, trigger_mode="always_last",
-          show_progress="hidden", **private)
+    gr.on([control.change for control in inputs] + [panel.expand], equivalent, inputs, code_outputs,
+          trigger_mode="always_last", show_progress="hidden", **private)
     out["share_btn"].click(share_link, [*inputs, scenario], [out["share_link"]], **private).success(
         None, [out["share_link"]], [out["share_link"]], js=FULL_LINK_JS, **private)
     demo.load(restorer(presets, start, default_target), None, [*inputs, scenario, caption], **private)

@@ -25,8 +25,8 @@ from spec_engine import acceptance_rate, judged_acceptance
 MAX_HISTORY = 100        # finished runs kept per session (the oldest go first): a session's memory is bounded
 MAX_BASELINES = 64       # measured baselines kept per session
 
-HISTORY_COLUMNS = ["#", "scenario", "target", "draft", "k", "T", "top-p", "top-k", "rule", "seed", "max", "tokens", "rounds",
-                   "accept", "tok/fwd", "theory", "tok/s", "plain tok/s", "speedup", "stop"]
+HISTORY_COLUMNS = ["#", "scenario", "target", "draft", "k", "T", "top-p", "top-k", "rule", "seed", "max", "tokens",
+                   "rounds", "accept", "tok/fwd", "theory", "tok/s", "plain tok/s", "speedup", "stop"]
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,8 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
         "matches_baseline": None,
         "first_difference": None,
         "dtype": record.dtype or None,
-        "tree_nodes_per_round": (drafted / len(rounds)) if any(getattr(r, "tree_parents", None) is not None for r in rounds) else None,
+        "tree_nodes_per_round": ((drafted / len(rounds))
+                                 if any(getattr(r, "tree_parents", None) is not None for r in rounds) else None),
         "labels": list(record.labels),
     }
     if baseline is not None and baseline.tokens_per_second > 0 and out["tokens_per_second"] > 0:
@@ -197,9 +198,10 @@ def summarize(record: RunRecord, baseline=None, baseline_info: dict | None = Non
 def history_row(summary: dict, settings: RunSettings) -> list:
     def r(x, nd=2):
         return None if x is None else round(x, nd)
-    return [summary["run_id"], summary.get("scenario") or "", settings.target, summary["draft_label"], settings.k, settings.temperature,
-            settings.top_p, settings.top_k, settings.rule, settings.seed, settings.max_new_tokens,
-            summary["new_tokens"], summary["rounds"], r(summary["acceptance_rate"], 3), r(summary["tokens_per_forward"]),
+    return [summary["run_id"], summary.get("scenario") or "", settings.target, summary["draft_label"], settings.k,
+            settings.temperature, settings.top_p, settings.top_k, settings.rule, settings.seed, settings.max_new_tokens,
+            summary["new_tokens"], summary["rounds"], r(summary["acceptance_rate"], 3),
+            r(summary["tokens_per_forward"]),
             r(summary["expected_tokens_per_forward"]), r(summary["tokens_per_second"], 1),
             r(summary["baseline_tokens_per_second"], 1), r(summary["speedup"]), summary["stop_reason"] or ""]
 

@@ -37,8 +37,9 @@ def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens,
                 return
             try:
                 plain = settings.baseline_key(prep.prompt_ids) not in state.baselines
-                job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, (1 + plain) * settings.max_new_tokens),
-                                     live=False, timed=True, plain=plain, show_timed=True)
+                job = compute.RunJob(settings, prep.prompt_ids,
+                                     compute.call_seconds(budget, (1 + plain) * settings.max_new_tokens), live=False,
+                                     timed=True, plain=plain, show_timed=True)
                 doing = "decoding without drawing"
                 yield message_view(f"{label}: {doing}…")
                 for item in fold(prep, state, job, budget):

@@ -101,7 +101,8 @@ def plan(draft: str, exit_after: int = 0) -> DraftPlan:
     spec = se.parse_draft(draft)
     if spec.mode == "prompt-lookup":
         longest = spec.arg or se.PROMPT_LOOKUP_MAX_NGRAM
-        return DraftPlan("lookup", max_ngram=longest, min_ngram=min(spec.min_ngram or se.PROMPT_LOOKUP_MIN_NGRAM, longest))
+        return DraftPlan("lookup", max_ngram=longest,
+                         min_ngram=min(spec.min_ngram or se.PROMPT_LOOKUP_MIN_NGRAM, longest))
     if spec.mode == "same-tokenizer":
         return DraftPlan("model", draft_model=spec.model)
     if spec.mode == "cross-tokenizer":
@@ -115,8 +116,9 @@ def plan(draft: str, exit_after: int = 0) -> DraftPlan:
                  "llama.cpp run EAGLE heads trained and exported for them (shown where they exist).",
         "eagle+lookup": "This project's EAGLE head (with prompt lookup where the text repeats) has no equivalent; "
                         "vLLM and llama.cpp run EAGLE heads trained and exported for them.",
-        "layer-skip-tree": "A layer-skip draft tree has no equivalent in transformers, vLLM or llama.cpp (no layer-skip "
-                           "draft there, and transformers' and llama.cpp's assisted decoding verify chains, not trees).",
+        "layer-skip-tree": "A layer-skip draft tree has no equivalent in transformers, vLLM or llama.cpp (no "
+                           "layer-skip draft there, and transformers' and llama.cpp's assisted decoding verify chains, "
+                           "not trees).",
         "lookup-tree": "Prompt lookup as a draft tree has no equivalent here: transformers' prompt_lookup_num_tokens, "
                        "vLLM's ngram method and llama.cpp's lookup decoding verify one copied chain per round.",
         "naive-ids": "Naive ids are the tokenizer-mismatch mistake, shown on purpose: no library does it (they "
@@ -127,11 +129,11 @@ def plan(draft: str, exit_after: int = 0) -> DraftPlan:
 
 def snippets(settings, target_path: str | None = None, draft_path: str | None = None,
              chat_prompt: str | None = None) -> Snippets:
-    """The three snippets for `settings` (a RunSettings: target, draft, k, temperature, top_p, top_k,
-    max_new_tokens, seed, rule, chat, prompt, exit_after). `target_path` / `draft_path` replace the models' Hub
-    ids in the transformers code (the local checkpoint the playground loaded, when the Hub id cannot load here: see
-    share.local_checkpoint; the offline test runs it so), with a comment and a note naming the Hub id; `chat_prompt` is the chat-templated prompt text, for
-    llama.cpp's programs, which take raw text."""
+    """The three snippets for `settings` (a RunSettings: target, draft, k, temperature, top_p, top_k, max_new_tokens,
+    seed, rule, chat, prompt, exit_after). `target_path` / `draft_path` replace the models' Hub ids in the transformers
+    code (the local checkpoint the playground loaded, when the Hub id cannot load here: see share.local_checkpoint; the
+    offline test runs it so), with a comment and a note naming the Hub id; `chat_prompt` is the chat-templated prompt
+    text, for llama.cpp's programs, which take raw text."""
     draft_plan = plan(settings.draft, getattr(settings, "exit_after", 0))
     notes = []
     info = se.RULE_INFO[settings.rule]
@@ -158,7 +160,8 @@ def snippets(settings, target_path: str | None = None, draft_path: str | None = 
     hub_draft = None if draft_plan.draft_model is None else model_id(draft_plan.draft_model)
     target = target_path or hub_target
     draft = None if hub_draft is None else (draft_path or hub_draft)
-    local = [(role, path, hub) for role, path, hub in (("TARGET", target_path, hub_target), ("DRAFT", draft_path, hub_draft))
+    local = [(role, path, hub)
+             for role, path, hub in (("TARGET", target_path, hub_target), ("DRAFT", draft_path, hub_draft))
              if path and hub and path != hub]
     if local:
         notes.append("Offline here: the transformers code loads " + " and ".join(
@@ -175,7 +178,8 @@ def snippets(settings, target_path: str | None = None, draft_path: str | None = 
 def transformers_code(settings, draft_plan: DraftPlan, target: str, draft: str | None,
                       local: list[tuple[str, str, str]] = ()) -> str:
     """`local`: (TARGET or DRAFT, local directory, Hub id) for each model loaded from a local checkpoint here."""
-    lines = [f"# Hugging Face transformers generate(): option names checked against transformers {TRANSFORMERS_VERSION}",
+    lines = ["# Hugging Face transformers generate(): option names checked against transformers "
+             f"{TRANSFORMERS_VERSION}",
              "import torch",
              "from transformers import AutoModelForCausalLM, AutoTokenizer",
              ""]

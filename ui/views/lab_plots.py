@@ -15,7 +15,8 @@ SAMPLER_NAMES = {"exact_target": "exact (from the model)", "plain": "plain sampl
                     for name, info in se.RULE_INFO.items()},               # spec_engine.core.rule.RULE_INFO
                  "exact": "speculative, exact rule", "tree_best_sibling": "speculative tree, best sibling (wrong)"}
 SAMPLER_COLORS = {"exact_target": "#111827", "plain": COLORS["plain"], "exact": COLORS["accepted"],
-                  "strict": "#0f766e", "invariant": "#7c3aed", "typical": COLORS["theory"], "q_mismatch": COLORS["draft"],
+                  "strict": "#0f766e", "invariant": "#7c3aed", "typical": COLORS["theory"],
+                  "q_mismatch": COLORS["draft"],
                   "topp_membership": COLORS["rejected"], "no_residual": COLORS["correction"],
                   "tree_best_sibling": COLORS["rejected"]}
 ALPHA = 1e-3          # the table's verdict: "rejects" when the chi-square p-value is below this

@@ -44,7 +44,8 @@ def acceptance_interval(rounds, level: float = 0.9, resamples: int = 2000, seed:
 
 
 def running_judged_acceptance(rounds) -> list[float]:
-    """The i.i.d. formula's a after each round: accepted / judged drafts (spec_engine.core.metrics.judged_acceptance)."""
+    """The i.i.d. formula's a after each round: accepted / judged drafts
+    (spec_engine.core.metrics.judged_acceptance)."""
     accepted = running([r.accepted for r in rounds])
     rejected = running([int(r.correction is not None) for r in rounds])
     return [a / (a + j) if a + j else 0.0 for a, j in zip(accepted, rejected)]

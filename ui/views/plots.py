@@ -159,7 +159,8 @@ def speed_figure(rounds, baseline=None) -> go.Figure:
     else:
         title = f"Speculative {spec_tps:.1f} tok/s: baseline pending"
         notes.append({"text": "plain decoding: baseline pending", "showarrow": False, "x": 0.02, "y": 0.95,
-                      "xref": "paper", "yref": "paper", "xanchor": "left", "font": {"size": 11, "color": COLORS["plain"]}})
+                      "xref": "paper", "yref": "paper", "xanchor": "left",
+                      "font": {"size": 11, "color": COLORS["plain"]}})
     return figure(traces, layout(title, "seconds (engine time)", "tokens generated", annotations=notes))
 
 
@@ -184,7 +185,8 @@ def time_figure(rounds, baseline=None) -> go.Figure:
     ]
     traces += [
         scatter(x, [c.tokens for c in costs], "tokens emitted", "markers", hovertemplate="round %{x}: %{y} tokens",
-                marker={"color": COLORS["accepted"], "symbol": "diamond", "size": 7, "line": {"color": "white", "width": 1}}),
+                marker={"color": COLORS["accepted"], "symbol": "diamond", "size": 7,
+                        "line": {"color": "white", "width": 1}}),
         scatter([x[0] - 0.5, x[-1] + 0.5], [1, 1], "1 plain step", line={"color": COLORS["plain"], "dash": "dash",
                                                                           "width": 1.5}, hoverinfo="skip"),
     ]
@@ -192,7 +194,8 @@ def time_figure(rounds, baseline=None) -> go.Figure:
     mean = {part: sum(getattr(c, part) for c in costs) / n for part in ("draft", "verify", "overhead")}
     tokens = sum(c.tokens for c in costs) / n
     title = (f"{TIME_TITLE}: {sum(mean.values()):.2f} plain steps a round for {tokens:.2f} tokens (draft "
-             f"{mean['draft']:.2f}, verify {mean['verify']:.2f}, overhead {mean['overhead']:.2f}; 1 step = {step_ms:.1f} ms)")
+             f"{mean['draft']:.2f}, verify {mean['verify']:.2f}, overhead {mean['overhead']:.2f}; "
+             f"1 step = {step_ms:.1f} ms)")
     return figure(traces, layout(title, "round (timed run)", "plain decoding steps", barmode="stack", bargap=0.15))
 
 
@@ -204,7 +207,8 @@ def kv_figure(rounds) -> go.Figure:
     traces = [
         scatter(x, [r.target_cache_len_before for r in rounds], "target before trim", "markers",
                 marker={"symbol": "triangle-up", "color": COLORS["target"], "size": 7, "opacity": 0.6}),
-        scatter(x, [r.target_cache_len for r in rounds], "target after trim", line={"color": COLORS["target"], "width": 2}),
+        scatter(x, [r.target_cache_len for r in rounds], "target after trim",
+                line={"color": COLORS["target"], "width": 2}),
     ]
     if any(r.draft_cache_len is not None for r in rounds):
         traces += [
@@ -341,7 +345,8 @@ def mismatch_figure(results: list[dict], draft_name: str = "the other-tokenizer 
         return empty_figure("Acceptance by draft", "Press the button to run the demo")
     colors = {True: ["#d64545", "#e39a26"], False: ["#9ca3af", "#b8bec8"]}
     traces, top = [], max([r["high"] for r in results] + [r["acceptance_rate"] for r in results] + [0.04])
-    for pair, name in ((True, f"{draft_name}, the same draft two ways"), (False, "same tokenizer: other drafts, for scale")):
+    for pair, name in ((True, f"{draft_name}, the same draft two ways"),
+                       (False, "same tokenizer: other drafts, for scale")):
         group = [r for r in results if r["pair"] == pair]
         if not group:
             continue
@@ -355,13 +360,14 @@ def mismatch_figure(results: list[dict], draft_name: str = "the other-tokenizer 
                         "arrayminus": [max(0.0, a - r["low"]) for r, a in zip(group, rate)]},
             "customdata": [[r["low"], r["high"], r["tokens_per_forward"], r["rounds"]] for r in group],
             "hovertemplate": "%{x}<br>acceptance %{y:.1%} (90%: %{customdata[0]:.1%} to %{customdata[1]:.1%})"
-                             "<br>%{customdata[2]:.2f} tokens per target forward, %{customdata[3]} rounds<extra></extra>"})
+                             "<br>%{customdata[2]:.2f} tokens per target forward, %{customdata[3]} rounds"
+                             "<extra></extra>"})
     notes = []
     pair = {r["label"][:3]: r for r in results if r["pair"]}
     naive, retok = pair.get("(a)"), pair.get("(b)")
     if naive and retok:
-        gain = (f"×{retok['acceptance_rate'] / naive['acceptance_rate']:.0f} the acceptance" if naive["acceptance_rate"] > 0
-                else f"from 0 to {retok['acceptance_rate']:.0%}")
+        gain = (f"×{retok['acceptance_rate'] / naive['acceptance_rate']:.0f} the acceptance"
+                if naive["acceptance_rate"] > 0 else f"from 0 to {retok['acceptance_rate']:.0%}")
         apart = retok["low"] > naive["high"]
         notes.append({"text": f"re-tokenizing: {gain}" + ("" if apart else " (intervals overlap: within noise)"),
                       "x": 0.5, "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom", "showarrow": False,

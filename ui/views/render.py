@@ -70,7 +70,8 @@ CSS = """
 .mm-box { max-height: 230px; overflow-y: auto; border: 1px solid rgba(127,127,127,.25); border-radius: 6px; }
 .spec-tokcmp { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 13px; line-height: 2; }
 .spec-tokcmp .row { margin: 4px 0; }
-.spec-tokcmp .lbl { font-family: system-ui, sans-serif; font-size: 12px; color: #6b7280; display: inline-block; min-width: 150px; }
+.spec-tokcmp .lbl { font-family: system-ui, sans-serif; font-size: 12px; color: #6b7280; display: inline-block;
+  min-width: 150px; }
 .spec-tokcmp .tok { display: inline-block; border: 1px solid #b8bec7; border-radius: 4px; padding: 0 2px; margin: 1px;
   white-space: pre; line-height: 1.6; }
 .spec-tokcmp .tok sub { font-size: 9px; color: #6b7280; }
@@ -91,7 +92,8 @@ html.spec-present { --body-text-color: #000; --body-text-color-subdued: #1f2937;
   --block-info-text-color: #1f2937; --block-label-text-size: 16px; --block-info-text-size: 15px;
   --text-md: 17px; --text-lg: 19px; --input-text-size: 17px; --button-small-text-size: 16px;
   --button-medium-text-size: 17px; --button-large-text-size: 18px; }
-html.spec-present #spec-caption p, html.spec-present #spec-explain p { font-size: 18px; line-height: 1.45; color: #000; }
+html.spec-present #spec-caption p, html.spec-present #spec-explain p {
+  font-size: 18px; line-height: 1.45; color: #000; }
 html.spec-present .spec-view { font-size: 24px; line-height: 2.0; color: #000; }
 html.spec-present .spec-view .legend { font-size: 15px; line-height: 1.7; }
 html.spec-present .spec-view .legend > span:last-child { display: none; }   /* the hover hint: room for tokens */
@@ -293,7 +295,8 @@ def draft_tip(ev, i: int, kind: str, piece: Piece, label: Labeler, opts: RenderO
              f"token {show_text(piece)} (id {ev.drafted[i]})"]
     p_name = "p(x) target (softmax, T=1)" if opts.greedy else "p(x) target"
     lines.append(f"{p_name} = {fmt_prob(p)}")
-    lines.append(f"q(x) draft = {fmt_prob(q)}" + ("  (deterministic draft: q is one-hot)" if q == 1.0 and not opts.greedy else ""))
+    lines.append(f"q(x) draft = {fmt_prob(q)}"
+                 + ("  (deterministic draft: q is one-hot)" if q == 1.0 and not opts.greedy else ""))
     if kind in ("accepted", "rejected"):
         if u is not None and not opts.greedy and opts.rule == "strict":
             lines.append(f"strict: the target's own draw (its CDF at u = {fmt_prob(u)}) "
@@ -315,7 +318,8 @@ def draft_tip(ev, i: int, kind: str, piece: Piece, label: Labeler, opts: RenderO
             elif kind == "accepted":
                 lines.append("greedy: equals the target's argmax, ACCEPTED")
             else:
-                lines.append(f"greedy: the target's argmax is {show_text(label(top)) if top is not None else '?'}, REJECTED")
+                lines.append(f"greedy: the target's argmax is {show_text(label(top)) if top is not None else '?'}, "
+                             "REJECTED")
     elif kind == "discarded":
         if ev.correction is None and ev.bonus is None:
             lines.append("dropped: the text ended (end of sequence) before it")
@@ -348,7 +352,8 @@ def next_tip(ev, kind: str, piece: Piece, token: int, label: Labeler, opts: Rend
         if not ev.drafted:
             lines.append("no draft this round: the target's own next token")
         else:
-            lines.append(f"all {len(ev.drafted)} draft tokens accepted: a free token from the target's last distribution")
+            lines.append(f"all {len(ev.drafted)} draft tokens accepted: a free token from the target's last "
+                         "distribution")
         label_top = "top candidates"
     if pos < len(ev.target_top):
         p = dict(ev.target_top[pos]).get(token)
@@ -504,7 +509,8 @@ def stats_html(summary: dict | None, message: str = "") -> str:
         chips.append(("same text as plain", "yes" if same else f'no (token {s.get("first_difference")})',
                       "good" if same else "pending" if low_precision else "bad"))
         if low_precision:
-            note = f'<div class="msg note" data-note="dtype">{esc(REDUCED_PRECISION_NOTE.format(dtype=s["dtype"]))}</div>'
+            note = (f'<div class="msg note" data-note="dtype">'
+                    f'{esc(REDUCED_PRECISION_NOTE.format(dtype=s["dtype"]))}</div>')
     if s.get("tree_nodes_per_round") is not None and s.get("speedup") is not None and s["speedup"] < 1:
         note += f'<div class="msg note" data-note="tree-slower">{esc(tree_slower_note(s))}</div>'
     html_chips = "".join(f'<div class="chip {cls}" data-stat="{esc(key)}"{title_attr(key)}><span class="k">{esc(key)}'

@@ -247,7 +247,8 @@ def tree_figure(rounds, label: Labeler, opts: RenderOptions = RenderOptions(), l
                 hover(node_tip(ev, i, kind, label, opts)))
         if emitted is not None:
             kind, token = emitted
-            add(points[kind], xs[n], ys[n], short_label(label(token).text), hover(next_tip(ev, kind, token, label, opts)))
+            add(points[kind], xs[n], ys[n], short_label(label(token).text),
+                hover(next_tip(ev, kind, token, label, opts)))
         root = roots.get(ev.index)
         root_text = "…" if root is None else short_label(label(root).text)
         add(points["root"], 0, ys[-1], root_text, hover([f"round {ev.index + 1} · the root",
