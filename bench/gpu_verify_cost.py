@@ -84,20 +84,23 @@ def main(argv=None) -> None:
         r = results[-1]
         print(f"{name} {r['dtype']}: one token {r['one_token_ms']:.2f} ms; " +
               " ".join(f"{row['tokens']}:{row['vs_one']:.2f}" for row in r["rows"]), flush=True)
-    head = "| tokens per forward | " + " | ".join(f"{r['model']} {r['dtype']}" for r in results) + " | What-if projection |"
+    head = ("| tokens per forward | " + " | ".join(f"{r['model']} {r['dtype']}" for r in results)
+            + " | What-if projection |")
     lines = [head, "|---" * (len(results) + 2) + "|"]
     for i, n in enumerate(args.tokens):
-        lines.append(f"| {n} | " + " | ".join(f"{r['rows'][i]['vs_one']:.2f} ({r['rows'][i]['ms']:.2f} ms)" for r in results)
+        lines.append(f"| {n} | "
+                     + " | ".join(f"{r['rows'][i]['vs_one']:.2f} ({r['rows'][i]['ms']:.2f} ms)" for r in results)
                      + f" | {roofline.verify_cost(n):.2f} |")
-    reads = " ".join(f"{r['model']}: {r['weights_gb']:.2f} GB of weights, {r['weights_gb'] / args.bandwidth * 1e3:.2f} ms "
-                     f"to read at {args.bandwidth:g} GB/s against {r['one_token_ms']:.2f} ms measured." for r in results)
+    reads = " ".join(f"{r['model']}: {r['weights_gb']:.2f} GB of weights, "
+                     f"{r['weights_gb'] / args.bandwidth * 1e3:.2f} ms to read at {args.bandwidth:g} GB/s "
+                     f"against {r['one_token_ms']:.2f} ms measured." for r in results)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": device_name, "context": args.context, "repeats": args.repeats, "torch": torch.__version__,
             "ridge_rows": ridge, "bandwidth_gb_s": args.bandwidth, "tensor_tflops": args.tflops,
             "command": "python -m bench.gpu_verify_cost " + " ".join(argv or [])}
-    text = ("\n".join(lines) + f"\n\nCost of one forward over n new tokens after {args.context} cached ones, in one-token "
-            f"forwards of the same model (medians of {args.repeats}, ms in brackets), on {device_name}. The projection is "
-            f"the What-if tab's v(n) = 1 + (n - 1) / {ridge:.0f}. {reads}\n\n{json.dumps(meta)}\n")
+    text = ("\n".join(lines) + f"\n\nCost of one forward over n new tokens after {args.context} cached ones, "
+            f"in one-token forwards of the same model (medians of {args.repeats}, ms in brackets), on {device_name}. "
+            f"The projection is the What-if tab's v(n) = 1 + (n - 1) / {ridge:.0f}. {reads}\n\n{json.dumps(meta)}\n")
     print(text)
     if args.out:
         out = Path(args.out)

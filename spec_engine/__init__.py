@@ -10,15 +10,15 @@ from spec_engine.core import speed
 from spec_engine.core.batch import BatchCosts, BatchDecoder, BatchEvent, Request
 from spec_engine.core.decoder import (MAX_K, MAX_NEW_TOKENS, DecodeState, SpeculativeDecoder, autoregressive_generate,
                                      context_length, validate_request)
-from spec_engine.drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter, LookupFirstDrafter, ModelDrafter,
-                       NaiveIdDrafter, PromptLookupDrafter, Proposal, early_exit_layers, TreeLookupDrafter,
-                       LayerSkipTreeDrafter, ModelTreeDrafter)
+from spec_engine.drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter,
+                                  LookupFirstDrafter, ModelDrafter, NaiveIdDrafter, PromptLookupDrafter, Proposal,
+                                  early_exit_layers, TreeLookupDrafter, LayerSkipTreeDrafter, ModelTreeDrafter)
 from spec_engine.drafters.eagle import EagleDrafter, EagleHead, load_eagle_drafter
 from spec_engine.drafters.base import vocab_size
 from spec_engine.drafters.eagle import recommended_settings as eagle_recommended_settings
 from spec_engine.drafters.lookup import PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM
-from spec_engine.drafters.registry import (EARLY_EXIT_AFTER, LAYER_SKIP_MODES, DraftMode, DraftSpec, make_drafter, parse_draft,
-                                          register_draft)
+from spec_engine.drafters.registry import (EARLY_EXIT_AFTER, LAYER_SKIP_MODES, DraftMode, DraftSpec, make_drafter,
+                                          parse_draft, register_draft)
 from spec_engine.drafters.sizing import Sizing, drafter_sizing
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
 from spec_engine.core.metrics import (acceptance_by_position, acceptance_rate, expected_tokens_by_position,
@@ -36,15 +36,20 @@ speed.select_from_env(accel.install_from_env, static_cache.install_from_env)
 __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES", "TREE_RULES", "WRONG_TREE_RULES",
     "TreeLookupDrafter", "LayerSkipTreeDrafter", "ModelTreeDrafter",
-    "SamplingParams", "warp", "SpeculativeDecoder", "context_length", "DecodeState", "autoregressive_generate", "validate_request",
-    "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "LookupFirstDrafter", "CrossTokenizerDrafter",
+    "SamplingParams", "warp", "SpeculativeDecoder", "context_length", "DecodeState", "autoregressive_generate",
+    "validate_request",
+    "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "LookupFirstDrafter",
+    "CrossTokenizerDrafter",
     "acceptance_rate", "expected_tokens_per_round", "judged_acceptance", "speedup_model",
     "acceptance_by_position", "expected_tokens_by_position", "RULE_INFO", "RuleInfo", "LIBRARY_RULES",
-    "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS", "DraftSpec", "parse_draft", "make_drafter", "register_draft", "draft_modes", "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
+    "NaiveIdDrafter", "EagleDrafter", "EagleHead", "load_eagle_drafter", "early_exit_layers", "DEFAULT_SKIP_LAYERS",
+    "DraftSpec", "parse_draft", "make_drafter", "register_draft", "draft_modes",
+    "RoundEvent", "GenerationResult", "BaselineResult", "RunStats", "run_stats",
     "load_model", "LoadedModel", "prepare", "speed_layer", "use_speed_layer",
     "BatchDecoder", "BatchEvent", "BatchCosts", "Request",
-    "vocab_size", "eagle_recommended_settings", "PROMPT_LOOKUP_MAX_NGRAM", "PROMPT_LOOKUP_MIN_NGRAM", "EARLY_EXIT_AFTER",
-    "LAYER_SKIP_MODES", "DraftMode", "Sizing", "drafter_sizing", "default_model_name", "parse_parameter_count", "load_source",
+    "vocab_size", "eagle_recommended_settings", "PROMPT_LOOKUP_MAX_NGRAM", "PROMPT_LOOKUP_MIN_NGRAM",
+    "EARLY_EXIT_AFTER", "LAYER_SKIP_MODES", "DraftMode", "Sizing", "drafter_sizing", "default_model_name",
+    "parse_parameter_count", "load_source",
     "hub_source", "hub_offline_reason", "is_offline_available", "OFFLINE_HUB_REASON", "resolve_device", "resolve_dtype",
 ]
 

@@ -40,7 +40,8 @@ def validate_request(model, input_ids, k: int, max_new_tokens: int, sampling) ->
         raise ValueError("the prompt is empty: give at least one token")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
         raise ValueError(f"k (draft tokens per round) must be an integer in [1, {MAX_K}], got {k!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+    if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+            or not 1 <= max_new_tokens <= MAX_NEW_TOKENS):
         raise ValueError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {max_new_tokens!r}")
     if not isinstance(sampling, SamplingParams):
         raise ValueError("sampling must be a spec_engine.SamplingParams")
@@ -52,7 +53,8 @@ def validate_request(model, input_ids, k: int, max_new_tokens: int, sampling) ->
             f"of {limit} tokens: shorten the prompt or lower max_new_tokens")
     vocab = model.get_output_embeddings().weight.shape[0]
     if min(prompt) < 0 or max(prompt) >= vocab:
-        raise ValueError(f"prompt token ids must lie in [0, {vocab}); was the prompt encoded with this model's tokenizer?")
+        raise ValueError(f"prompt token ids must lie in [0, {vocab}); "
+                         "was the prompt encoded with this model's tokenizer?")
     return prompt
 
 
@@ -131,9 +133,9 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.rule = rule
 
-    def stream(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-               seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None,
-               display: bool = True) -> Iterator[RoundEvent]:
+    def stream(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64,
+               sampling: SamplingParams | None = None, seed: int = 0, eos_token_id=None,
+               should_stop: Callable[[], bool] | None = None, display: bool = True) -> Iterator[RoundEvent]:
         """Rounds until max_new_tokens, EOS, or `should_stop()` turns true. Validates and prefills at call time,
         so bad input raises here rather than at the first `next()`; stopped during the prefill, it yields no round.
         `display=False`: the events leave out what only a view reads (`RoundEvent.target_probs`, `draft_probs`,
@@ -145,9 +147,9 @@ class SpeculativeDecoder:
         while state.stop_reason is None:
             yield self.step(state, should_stop)
 
-    def start(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-              seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None,
-              display: bool = True) -> DecodeState:
+    def start(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64,
+              sampling: SamplingParams | None = None, seed: int = 0, eos_token_id=None,
+              should_stop: Callable[[], bool] | None = None, display: bool = True) -> DecodeState:
         """Validate, prefill the target (all prompt tokens but the last, in chunks) and the drafter. If
         `should_stop()` turns true between two chunks, the state comes back finished ("cancelled", no round to
         step) and the drafter is never begun."""
@@ -207,10 +209,12 @@ class SpeculativeDecoder:
             return self.tree_step(state, planned, scored, should_stop, report)
         proposal, device, committed = planned.proposal, self.target.device, state.committed
         drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=device)                       # [n]
-        target_logits, features = scored if self.drafter.feature_layers else (scored, None)   # [n + 1, vocab], [n + 1, F]
-        verdict, target_probs, target_members = verify(self.chain_rule(proposal), state.sampling, drafted, proposal.probs,
-                                                       target_logits, state.generator, proposal.unwarped,
-                                                       state.display, self.noise(state, len(proposal.tokens) + 1))
+        # target_logits [n + 1, vocab], features [n + 1, F]
+        target_logits, features = scored if self.drafter.feature_layers else (scored, None)
+        verdict, target_probs, target_members = verify(self.chain_rule(proposal), state.sampling, drafted,
+                                                       proposal.probs, target_logits, state.generator,
+                                                       proposal.unwarped, state.display,
+                                                       self.noise(state, len(proposal.tokens) + 1))
         verify_done = timing.clock(device)
         if report:
             timing.report_forward(self.target, len(proposal.tokens) + 1, verify_done - planned.drafted)
@@ -256,9 +260,11 @@ class SpeculativeDecoder:
         proposal = planned.proposal
         tree, committed = proposal.tree, state.committed
         start = len(committed)            # the cache holds committed[:-1]; the accepted path's entries go here
-        target_logits, features = scored if self.drafter.feature_layers else (scored, None)  # [n + 1, vocab], [n + 1, F]
+        # target_logits [n + 1, vocab], features [n + 1, F]
+        target_logits, features = scored if self.drafter.feature_layers else (scored, None)
         verdict, target_rows = verify_tree(self.rule, state.sampling, tree, proposal.probs, target_logits,
-                                           state.generator, state.display, self.noise(state, max(tree.depths(), default=0) + 1))
+                                           state.generator, state.display,
+                                           self.noise(state, max(tree.depths(), default=0) + 1))
         verified = timing.clock(self.target.device)
         if report:
             timing.report_forward(self.target, len(tree.tokens) + 1, verified - planned.drafted)   # the sizing's curve
@@ -367,9 +373,9 @@ class SpeculativeDecoder:
             finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note,
             drafter=proposal.source or self.drafter.name)
 
-    def generate(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64, sampling: SamplingParams | None = None,
-                 seed: int = 0, eos_token_id=None, should_stop: Callable[[], bool] | None = None,
-                 display: bool = True) -> GenerationResult:
+    def generate(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64,
+                 sampling: SamplingParams | None = None, seed: int = 0, eos_token_id=None,
+                 should_stop: Callable[[], bool] | None = None, display: bool = True) -> GenerationResult:
         """The whole run; `display` as in `stream`."""
         device = self.target.device
         start = timing.clock(device)
@@ -427,4 +433,5 @@ def autoregressive_generate(target_model, input_ids: torch.Tensor, max_new_token
         step_seconds.append(timing.clock(logits.device) - step_start)
         timing.report_forward(target_model, 1, step_seconds[-1])
     return BaselineResult(tokens=tokens, prompt_len=len(prompt), prefill_seconds=prefill_seconds,
-                          total_seconds=timing.clock(device) - start, step_seconds=step_seconds, stop_reason=stop_reason)
+                          total_seconds=timing.clock(device) - start, step_seconds=step_seconds,
+                          stop_reason=stop_reason)

@@ -271,8 +271,8 @@ def _load_hub(hub_id: str, device, dtype, placement: dict, report, gated: bool =
     return model, tokenizer, f"{'hub-cache' if from_cache else 'hub'}:{hub_id}"
 
 
-def _from_pretrained(source: str, device, dtype, quantization=None, device_map=None, use_safetensors: bool | None = None,
-                     local_files_only: bool = False):
+def _from_pretrained(source: str, device, dtype, quantization=None, device_map=None,
+                     use_safetensors: bool | None = None, local_files_only: bool = False):
     """Load with from_pretrained; hub downloads insist on safetensors so no pickle is ever unpickled.
     `local_files_only`: read the Hugging Face cache, never the network."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
