@@ -1,0 +1,129 @@
+"""Suffix decoding's numbers (spec_engine/drafters/suffix.py): each node's score, the learned odds after a round,
+which rounds go to the fallback, and the tree's size under a verify-cost curve. Identity tests cannot see these:
+a wrong score or odds count changes the drafts' sizes, never the text."""
+import pytest
+
+import spec_engine as se
+from spec_engine.drafters.lookup import LookupOdds
+from spec_engine.drafters.sizing import CostView
+from spec_engine.drafters.suffix import (MIN_FALLBACK_MATCH, SuffixDrafter, SuffixFirstDrafter, SuffixIndex,
+                                         best_tree_size, speculate)
+
+GREEDY = se.SamplingParams(temperature=0)
+
+
+class Fallback(se.Drafter):
+    name = "fallback"
+
+    def propose(self, committed, k, params, generator):
+        return se.Proposal([99], None)
+
+
+def index_of(*sequences) -> SuffixIndex:
+    index = SuffixIndex(8)
+    for n, sequence in enumerate(sequences):
+        index.extend(n, sequence)
+    return index
+
+
+def test_a_nodes_score_is_its_parents_times_its_share_times_the_odds_of_its_level():
+    index = index_of([1, 2, 3, 4, 5, 1, 2, 6, 7])          # after "1 2": 3 then 6, once each
+    node = index.find([1, 2])
+    tokens, parents, scores = speculate(index, node, 5, first=0.8, later=0.5, min_score=0.0)
+    assert tokens == [3, 6, 4, 7, 5] and parents == [-1, -1, 0, 1, 2]
+    assert scores == pytest.approx([0.4, 0.4, 0.2, 0.2, 0.1])   # 1/2 * 0.8, then * 1 * 0.5 a level
+    tokens, _, scores = speculate(index, node, 8, first=0.8, later=0.5, min_score=0.15)
+    assert tokens == [3, 6, 4, 7] and min(scores) >= 0.15        # below min_score: not drafted
+    assert speculate(index, node, 2, first=0.8, later=0.5, min_score=0.0)[0] == [3, 6]    # the budget
+
+
+def test_a_score_exactly_at_the_minimum_is_drafted():
+    index = index_of([1, 2, 3, 1, 2, 4])
+    node = index.find([1, 2])                      # followed by 3 and 4, once each: 1/2 * 0.5 = 0.25
+    tokens, _, scores = speculate(index, node, 8, first=0.5, later=0.5, min_score=0.25)
+    assert tokens == [3, 4] and scores == [0.25, 0.25]
+    assert speculate(index, node, 8, first=0.5, later=0.5, min_score=0.2500001)[0] == []
+
+
+def test_the_drafters_scores_use_the_first_odds_at_the_root_and_the_later_odds_below():
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]                     # "1 2 3" occurred, followed by 4 5 6 7 8 ...
+    drafter = SuffixDrafter(size_by_cost=False, min_token_prob=0.0)
+    drafter.begin(text)
+    tree = drafter.propose(text, 4, GREEDY, None).tree
+    first, later = LookupOdds().chances(3, 2)
+    assert drafter.last_match == 3 and tree.tokens == [4, 5, 6, 7]
+    assert drafter.last_scores == pytest.approx([first, first * later, first * later ** 2, first * later ** 3])
+    assert first != later
+
+
+def odds_after(growth: int) -> list[float]:
+    """The learned counts of a 3-token match's bucket after one round whose 4-deep chain kept `growth` - 1 tokens
+    (then a correction, or the bonus)."""
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]
+    drafter = SuffixDrafter(size_by_cost=False, min_token_prob=0.0)
+    drafter.begin(text)
+    assert drafter.propose(text, 4, GREEDY, None).tree.tokens == [4, 5, 6, 7]
+    drafter.rollback(text + [4, 5, 6, 7][:growth - 1] + ([8] if growth == 5 else [9]))
+    assert drafter.pending is None
+    return drafter.odds.counts[LookupOdds.bucket(3)]
+
+
+@pytest.mark.parametrize("growth, first_hit, next_hits, next_trials", [
+    (1, 0, 0, 0),          # the first draft refused: one trial, no hit; the correction is no copy
+    (3, 1, 1, 2),          # 2 kept, the third refused: 1 right after the first, 2 judged after it
+    (5, 1, 3, 3),          # all 4 kept, then the bonus: 3 right after the first, none wrong
+])
+def test_the_learned_odds_count_only_accepted_copies_not_the_correction_or_bonus(growth, first_hit, next_hits,
+                                                                                  next_trials):
+    prior = LookupOdds().counts[LookupOdds.bucket(3)]
+    counts = odds_after(growth)
+    assert counts == pytest.approx([prior[0] + first_hit, prior[1] + 1, prior[2] + next_hits, prior[3] + next_trials])
+
+
+def test_a_round_without_a_tree_learns_nothing():
+    drafter = SuffixDrafter(size_by_cost=False)
+    drafter.begin([1, 2, 3])
+    assert drafter.propose([1, 2, 3], 4, GREEDY, None).tree.tokens == [] and drafter.pending is None
+    drafter.rollback([1, 2, 3, 4])
+    assert drafter.odds.counts == LookupOdds().counts
+
+
+@pytest.mark.parametrize("text, suffix_drafts", [
+    ([5, 6, 8, 9, 1, 5, 6], True),             # "5 6" occurred: a match of exactly MIN_FALLBACK_MATCH tokens
+    ([5, 6, 8, 9, 1, 7, 6], False),            # only "6" occurred: one token is too short
+])
+def test_a_match_of_exactly_the_minimum_length_is_suffix_decodings(text, suffix_drafts):
+    assert MIN_FALLBACK_MATCH == 2
+    drafter = SuffixFirstDrafter(Fallback(), SuffixDrafter(size_by_cost=False))
+    drafter.begin(text)
+    proposal = drafter.propose(text, 3, GREEDY, None)
+    if suffix_drafts:
+        assert drafter.suffix.last_match == 2 and proposal.tree.tokens == [8, 9, 1] and drafter.first_drafted
+    else:
+        assert drafter.suffix.last_match == 1 and proposal.tokens == [99] and drafter.suffix.pending is None
+
+
+def test_the_suffix_tree_is_cut_to_its_best_size_under_the_verify_cost():
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]
+    costs = (0.0, 1.0, 1.1, 1.2, 1.3, 3.5, 6.0, 7.0, 8.0, 9.0)   # a step at 5 rows
+    drafter = SuffixDrafter(min_token_prob=0.0)
+    drafter.costs = CostView(costs)
+    drafter.begin(text)
+    tree = drafter.propose(text, 8, GREEDY, None).tree
+    first, later = LookupOdds().chances(3, 2)
+    scores = [first * later ** i for i in range(8)]
+    assert tree.tokens == [4, 5, 6, 7, 8, 1, 2, 3][:best_tree_size(scores, costs)] == [4, 5, 6]
+    assert best_tree_size([0.5, 0.5], (0.0, 1.0, 1.5, 2.0)) == 0            # a tie keeps nothing
+    assert best_tree_size([0.6, 0.5], (0.0, 1.0, 1.5, 1.6)) == 2
+    assert best_tree_size([0.6, 0.5], (0.0, 1.0, 1.5, 2.0)) == 1
+    assert best_tree_size([0.9] * 5, (0.0, 1.0, 1.0, 1.0)) == 2             # no more nodes than the curve has rows
+
+
+def test_the_index_match_is_bounded_by_its_depth_and_the_asked_length():
+    index = index_of([1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5])
+    assert index.match([1, 2, 3, 4, 5], 3) == (3, index.find([3, 4, 5]))
+    assert index.match([1, 2, 3, 4, 5]) == (5, index.find([1, 2, 3, 4, 5]))
+    assert index.match([7]) == (0, 0)
+    shallow = SuffixIndex(3)
+    shallow.extend("a", [1, 2, 3, 4, 1, 2, 3])
+    assert shallow.match([1, 2, 3]) == (2, shallow.find([2, 3]))           # depth 3: strings of 2 can be followed

@@ -1,0 +1,60 @@
+"""The What-if projection's rows and costs (spec_engine/classroom/whatif.py) for chains and trees: a tree verifies its
+nodes + 1 rows after one draft forward a level, and this machine's draft cost is per level, not per node."""
+from types import SimpleNamespace
+
+import pytest
+
+from spec_engine.classroom import whatif
+
+COST = whatif.CostModel(name="test", verify_one=1.0, verify_per_row=0.1, draft_forward=0.05,
+                        plain_tokens_per_second=40.0, measured=False)
+HEAD = whatif.Draft(id="head", label="a head", kind="head")
+LOOKUP = whatif.Draft(id="lookup", label="lookup", kind="lookup")
+
+
+def test_a_chain_verifies_k_plus_one_rows_after_k_draft_forwards():
+    p = whatif.project_alphas([0.8, 0.5, 0.5], COST, HEAD)
+    assert (p.verify_rows, p.draft_forwards) == (4, 3)
+    assert p.tokens_per_forward == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+    assert p.verify_cost == pytest.approx(1.3) and p.draft_cost == pytest.approx(0.15)
+    assert p.speedup == pytest.approx(2.4 / 1.45)
+    assert p.tokens_per_second == pytest.approx(40.0 * 2.4 / 1.45)
+
+
+def test_a_tree_verifies_its_nodes_plus_one_rows_after_one_draft_forward_a_level():
+    p = whatif.project_alphas([0.8, 0.5, 0.5], COST, HEAD, tree_nodes=10)
+    assert (p.verify_rows, p.draft_forwards) == (11, 3)
+    assert p.verify_cost == pytest.approx(2.0) and p.draft_cost == pytest.approx(0.15)
+    assert p.round_cost == pytest.approx(2.15) and p.speedup == pytest.approx(2.4 / 2.15)
+    lookup = whatif.project_alphas([0.8, 0.5, 0.5], COST, LOOKUP, tree_nodes=5)
+    assert (lookup.verify_rows, lookup.draft_forwards, lookup.draft_cost) == (6, 0, 0.0)
+    exact = whatif.project_alphas([0.8, 0.5], COST, HEAD, tree_nodes=2)          # a tree as deep as its nodes
+    assert (exact.verify_rows, exact.draft_forwards) == (3, 2)
+    with pytest.raises(ValueError, match="at least 3 nodes"):
+        whatif.project_alphas([0.8, 0.5, 0.5], COST, HEAD, tree_nodes=2)
+
+
+def tree_round(parents, verify, draft):
+    return SimpleNamespace(drafted=[0] * len(parents), accepted=1, tree_parents=parents, verify_seconds=verify,
+                           draft_seconds=draft)
+
+
+def test_this_machines_draft_cost_of_a_tree_is_per_level_not_per_node():
+    # 6 nodes 2 levels deep, then 3 nodes 3 deep: 5 levels drafted for 9 ms of drafting over 10 ms plain steps
+    rounds = [tree_round([-1, -1, -1, 0, 1, 2], verify=0.02, draft=0.004),
+              tree_round([-1, 0, 1], verify=0.015, draft=0.005)]
+    cost = whatif.measured_cost(rounds, [0.01])
+    assert cost.draft_forward == pytest.approx(0.009 / 0.01 / 5)
+    assert cost.verify_per_row == pytest.approx((2.0 - 1.5) / (7 - 4))   # rows are nodes + 1: 7 and 4
+    assert cost.verify_one == pytest.approx(1.5 - cost.verify_per_row * 3)
+    assert "fitted over 2 rounds of 4-7 rows" in cost.assumptions[1]
+
+
+def test_one_row_count_gives_a_flat_verify_cost_and_says_so():
+    rounds = [tree_round([-1, 0], verify=0.02, draft=0.002)] * 3
+    cost = whatif.measured_cost(rounds, [0.01, 0.03, 0.0])       # a zero step time is left out: the mean is 20 ms
+    assert cost.verify_per_row == 0.0 and cost.verify_one == pytest.approx(1.0)
+    assert cost.draft_forward == pytest.approx(0.002 / 0.02 / 2)
+    assert cost.plain_tokens_per_second == pytest.approx(50.0)
+    assert "every round verified 3 rows" in cost.assumptions[1] and cost.measured
+    assert whatif.measured_cost([tree_round([], 0.01, 0.0)], [0.01]).draft_forward == 0.0     # nothing drafted
