@@ -2,6 +2,7 @@
 which rounds go to the fallback, and the tree's size under a verify-cost curve. Identity tests cannot see these:
 a wrong score or odds count changes the drafts' sizes, never the text."""
 import pytest
+import torch
 
 import spec_engine as se
 from spec_engine.drafters.lookup import LookupOdds
@@ -127,3 +128,49 @@ def test_the_index_match_is_bounded_by_its_depth_and_the_asked_length():
     shallow = SuffixIndex(3)
     shallow.extend("a", [1, 2, 3, 4, 1, 2, 3])
     assert shallow.match([1, 2, 3]) == (2, shallow.find([2, 3]))           # depth 3: strings of 2 can be followed
+
+
+class Recording(se.Drafter):
+    """A fallback that proposes [99] and records what it was asked with."""
+    name = "recording"
+
+    def __init__(self):
+        self.asked = []
+
+    def propose(self, committed, k, params, generator):
+        self.asked.append((k, params, generator))
+        return se.Proposal([99], None)
+
+
+def test_the_suffix_first_drafter_is_named_after_both_and_drafts_a_weak_tree_by_default():
+    drafter = SuffixFirstDrafter(Recording(), SuffixDrafter(size_by_cost=False))
+    assert drafter.name == "recording+suffix" and drafter.min_expected == 0.0
+    text = [5, 6, 8, 9, 5, 6]
+    drafter.begin(text)
+    proposal = drafter.propose(text, 1, GREEDY, None)
+    assert proposal.tree.tokens == [8] and sum(drafter.suffix.last_scores) < 1.0
+
+
+def test_a_tree_worth_exactly_the_minimum_expected_is_drafted():
+    text = [5, 6, 8, 9, 5, 6]
+    probe = SuffixDrafter(size_by_cost=False)
+    probe.begin(text)
+    probe.propose(text, 2, GREEDY, None)
+    worth = sum(probe.last_scores)
+    for needed, drafts in ((worth, True), (worth + 1e-9, False)):
+        drafter = SuffixFirstDrafter(Recording(), SuffixDrafter(size_by_cost=False), min_expected=needed)
+        drafter.begin(text)
+        proposal = drafter.propose(text, 2, GREEDY, None)
+        assert (proposal.tree.tokens if drafts else proposal.tokens) == ([8, 9] if drafts else [99])
+
+
+def test_the_fallback_gets_the_rounds_settings_and_nothing_is_asked_for_zero_drafts():
+    fallback = Recording()
+    drafter = SuffixFirstDrafter(fallback, SuffixDrafter(size_by_cost=False))
+    text = [1, 2, 3]
+    drafter.begin(text)
+    generator = torch.Generator().manual_seed(0)
+    assert drafter.propose(text, 3, GREEDY, generator).tokens == [99]
+    assert fallback.asked == [(3, GREEDY, generator)]
+    empty = drafter.propose(text, 0, GREEDY, generator)
+    assert empty.tokens == [] and fallback.asked == [(3, GREEDY, generator)]
