@@ -174,3 +174,51 @@ def test_the_fallback_gets_the_rounds_settings_and_nothing_is_asked_for_zero_dra
     assert fallback.asked == [(3, GREEDY, generator)]
     empty = drafter.propose(text, 0, GREEDY, generator)
     assert empty.tokens == [] and fallback.asked == [(3, GREEDY, generator)]
+
+
+def test_continuations_come_most_frequent_first_then_by_token():
+    index = index_of([1, 5, 1, 3, 1, 5, 1, 4])            # after "1": 5 twice, 3 and 4 once each
+    found = index.continuations(index.find([1]))
+    assert [(token, share) for token, _, share in found] == [(5, 0.5), (3, 0.25), (4, 0.25)]
+    assert index.continuations(index.find([4])) == []       # the text's last token: nothing followed it
+
+
+def test_no_draft_asked_or_found_leaves_no_match_no_note_and_nothing_pending():
+    text = [1, 2, 3, 4, 1, 2, 3]
+    drafter = SuffixDrafter(size_by_cost=False)
+    drafter.begin(text)
+    proposal = drafter.propose(text, 0, GREEDY, None)
+    assert proposal.tree.tokens == [] and proposal.note is None and drafter.last_match == 0
+    assert drafter.pending is None
+    fresh = [7, 8, 9]
+    drafter.begin(fresh)
+    proposal = drafter.propose(fresh, 4, GREEDY, None)
+    assert proposal.tree.tokens == [] and proposal.note is None and drafter.last_match == 0
+    proposal = drafter.propose(text, 4, GREEDY, None)
+    assert proposal.note is not None and proposal.tree.drawn == ["deterministic"] * (len(proposal.tree.tokens) + 1)
+
+
+def test_the_match_is_capped_at_max_match_and_the_papers_cap_drafts_at_least_one_node():
+    text = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4]
+    short = SuffixDrafter(max_match=2, size_by_cost=False, min_token_prob=0.0)
+    short.begin(text)
+    short.propose(text, 4, GREEDY, None)
+    assert short.last_match == 2
+    capped = SuffixDrafter(max_spec_factor=0.1, size_by_cost=False, min_token_prob=0.0)
+    capped.begin(text)
+    assert capped.propose(text, 4, GREEDY, None).tree.tokens == [5]      # 0.1 x 4 tokens rounds to none: one
+
+
+def test_each_remembered_run_is_its_own_sequence():
+    drafter = SuffixDrafter(size_by_cost=False, remember_runs=True, min_token_prob=0.0)
+    for prompt, output in (([1], [10, 11]), ([2], [12, 13]), ([3], [14, 15])):
+        drafter.begin(prompt)
+        drafter.rollback(prompt + output)
+    drafter.begin([4])
+    assert drafter.runs == 3
+    for end, follows in (([10, 11], []), ([12, 13], []), ([10], [11])):
+        proposal = drafter.propose([4, *end], 4, GREEDY, None)
+        assert proposal.tree.tokens == follows, end              # no run continues into the next one
+    drafter.begin([5])
+    drafter.begin([6])
+    assert drafter.runs == 4                                     # the run of [5] had no output: nothing filed
