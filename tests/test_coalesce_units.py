@@ -1,6 +1,8 @@
 """ui/playground/coalesce.py piece by piece, on clocks the tests move and without threads: the gate's line and
 estimates, a shared computation's followers and replays, the gated work's labels and turn. The handlers' use of them
 (a class at once, with a model) is tests/test_class_at_once.py."""
+import time
+
 import pytest
 
 from ui.playground import coalesce, limits
@@ -98,13 +100,14 @@ def test_followers_join_a_computation_in_flight_and_a_session_never_replays_its_
 
 
 def test_a_complete_computation_is_replayed_for_replay_seconds_and_a_cut_one_never():
-    now = [0.0]
+    now = [1000.0]
     coalescer = Coalescer(clock=lambda: now[0], replay_seconds=120.0)
     done, _ = coalescer.join("key", session=1)
+    assert done.key == "key" and not done.done and not done.complete and done.finished_at is None
     done.finish(complete=True)
-    now[0] = 120.0
+    now[0] = 1120.0
     assert coalescer.join("key", session=2) == (done, False)         # exactly replay_seconds old: replayed
-    now[0] = 120.5
+    now[0] = 1120.5
     fresh, leads = coalescer.join("key", session=3)
     assert leads and fresh is not done
     fresh.finish(complete=False)                                     # stopped: not replayed
@@ -125,6 +128,23 @@ def test_a_follower_gets_every_result_and_the_leaders_place_while_it_waits():
     assert list(follower) == ["result"]
     assert computation.done and computation.complete and computation.finished_at == 50.0
     assert list(computation.follow(poll=0)) == ["built", "round", "result"]     # a replay: all at once
+
+
+def test_a_follower_never_waits_for_results_already_there():
+    computation = Computation("key", session=1)
+    computation.publish("built")
+    began = time.monotonic()
+    assert next(computation.follow(poll=30.0)) == "built"            # in flight: what is there comes at once
+    computation.finish(complete=True)
+    assert list(computation.follow(poll=30.0)) == ["built"]          # finished: all at once, no wait
+    assert time.monotonic() - began < 10.0
+
+
+def test_a_follower_of_a_leader_that_is_not_waiting_yields_nothing_until_results_come():
+    computation = Computation("key", session=1)
+    asked = []
+    follower = computation.follow(should_stop=lambda: asked.append(1) or len(asked) > 3, poll=0)
+    assert list(follower) == [] and len(asked) == 4
 
 
 def test_a_stopped_follower_ends_without_the_rest():
@@ -178,10 +198,12 @@ def test_closing_gated_work_closes_the_work_and_ends_the_turn():
         finally:
             closed.append(True)
 
-    gated = coalesce.gated(work, lambda: False, gate)
+    made = []                                  # held here too: only gated's own close() can close it
+    gated = coalesce.gated(lambda: made.append(work()) or made[0], lambda: False, gate)
     assert next(gated) == "round" and gate.busy == 1
     gated.close()
     assert closed == [True] and gate.busy == 0
+    assert 0.0 <= gate.durations[-1] < 60.0                          # the turn's own duration
 
 
 def test_ages_and_waiting_texts():
