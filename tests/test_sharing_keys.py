@@ -163,3 +163,11 @@ def test_the_cache_keeps_the_newest_measurement_and_a_bounded_number(clocked):
         clocked.cache.put(("other", n), n, session=4)
     assert len(clocked.cache.entries) == coalesce.MAX_BASELINES and KEY not in clocked.cache.entries
     assert ("other", 0) not in clocked.cache.entries and clocked.cache.fresh(("other", 1), 2)[0] == 1
+
+
+def test_a_baseline_measured_again_is_the_newest_and_outlives_older_ones(clocked):
+    clocked.cache.put(("a",), "a", session=4)
+    clocked.cache.put(KEY, "again", session=3)
+    for n in range(coalesce.MAX_BASELINES - 1):
+        clocked.cache.put(("other", n), n, session=4)
+    assert ("a",) not in clocked.cache.entries and clocked.cache.fresh(KEY, 2)[0] == "again"

@@ -58,3 +58,12 @@ def test_one_row_count_gives_a_flat_verify_cost_and_says_so():
     assert cost.plain_tokens_per_second == pytest.approx(50.0)
     assert "every round verified 3 rows" in cost.assumptions[1] and cost.measured
     assert whatif.measured_cost([tree_round([], 0.01, 0.0)], [0.01]).draft_forward == 0.0     # nothing drafted
+
+
+def test_a_verify_faster_than_a_plain_step_is_kept_and_the_model_says_how_it_was_measured():
+    rounds = [tree_round([-1, 0], verify=0.005, draft=0.001)] * 2
+    cost = whatif.measured_cost(rounds, [0.01])
+    assert cost.verify_one == pytest.approx(0.5) and cost.name == "this CPU"
+    assert cost.assumptions[0].startswith("measured on this machine, from this run's rounds") and \
+        "(10.0 ms)" in cost.assumptions[0]
+    assert whatif.measured_cost(rounds, [0.01], label="a laptop").name == "a laptop"
