@@ -211,3 +211,32 @@ def test_ages_and_waiting_texts():
     assert coalesce.age_text(120) == "2 min" and coalesce.age_text(600) == "10 min"
     assert Waiting(2, 5, 12.4).text() == "Waiting for the model: position 2 of 5 in line, about 12 s before it starts"
     assert Waiting(1, 1, 0.0).text("Waiting").startswith("Waiting: position 1 of 1")
+
+
+def test_a_waiter_is_forgotten_once_it_leaves_and_one_dropped_as_stale_comes_back_in_line_or_closes():
+    now = [1000.0]
+    gate = Gate(capacity=lambda: 1, clock=lambda: now[0])
+    ticket = turn(gate)
+    stale, other = gate.enter(poll=0), gate.enter(poll=0)
+    assert next(stale).position == 1 and next(other).position == 2
+    now[0] += coalesce.STALE_SECONDS                                  # exactly the limit: not yet stale
+    third = gate.enter(poll=0)
+    assert next(third).position == 3
+    now[0] += 1
+    assert next(other).position == 1                                  # its poll dropped the stale one
+    assert len(gate.polled) == 2 and gate.wait_line() == 2
+    assert next(stale) == Waiting(3, 3, 3 * coalesce.DEFAULT_SECONDS)   # pulled again: back in line, last
+    for waiter in (stale, other, third):
+        waiter.close()
+    assert gate.polled == {} and gate.wait_line() == 0
+    dropped = gate.enter(poll=0)
+    next(dropped)
+    now[0] += coalesce.STALE_SECONDS + 1
+    gate.enter(poll=0).__next__()                                     # another's poll drops it
+    dropped.close()                                                   # closing it then is no error
+    gate.leave(ticket)
+    gate.leave(ticket)                                                # a turn taken back, then left: no error
+
+
+def test_long_ages_in_minutes():
+    assert coalesce.age_text(7200) == "120 min"
