@@ -67,3 +67,75 @@ def test_a_verify_faster_than_a_plain_step_is_kept_and_the_model_says_how_it_was
     assert cost.assumptions[0].startswith("measured on this machine, from this run's rounds") and \
         "(10.0 ms)" in cost.assumptions[0]
     assert whatif.measured_cost(rounds, [0.01], label="a laptop").name == "a laptop"
+
+
+def test_a_draft_forwards_cost_by_kind():
+    target = whatif.Target(id="t", label="t", params_b=8.0, layers=32, hidden=4096, vocab=128000)
+    assert LOOKUP.forward_cost(target) == 0.0
+    head = (8e9 / 32 + 2 * 4096 ** 2 + 4096 * 128000) / 8e9          # a layer, the 2h -> h projection, the LM head
+    assert HEAD.forward_cost(target) == pytest.approx(head) and head > 1 / 32
+    tiny_head = whatif.Target(id="s", label="s", params_b=1000.0, layers=4, hidden=8, vocab=8)
+    assert HEAD.forward_cost(tiny_head) == pytest.approx(1 / 4)        # at least one layer's share
+    model = whatif.Draft(id="m", label="m", kind="model", params_b=0.5, layers=16)
+    assert model.forward_cost(target) == pytest.approx(0.5)             # its layers' share beats its weights'
+
+
+def test_positions_run_from_one_to_sixteen_and_alphas_above_one_count_as_one():
+    assert whatif.project_alphas([0.5], COST).verify_rows == 2
+    assert whatif.project_alphas([0.5] * whatif.MAX_POSITIONS, COST).verify_rows == whatif.MAX_POSITIONS + 1
+    for alphas in ([], [0.5] * (whatif.MAX_POSITIONS + 1)):
+        with pytest.raises(ValueError, match=f"needs 1 to {whatif.MAX_POSITIONS} positions, got {len(alphas)}"):
+            whatif.project_alphas(alphas, COST)
+    assert whatif.expected_tokens([1.5, 1.5]) == 3.0 and whatif.expected_tokens([-1.0, 1.0]) == 1.0
+
+
+def test_an_unknown_preset_is_named_with_the_known_ones():
+    presets = whatif.load_presets()
+    known = ", ".join(h.id for h in presets.hardware)
+    with pytest.raises(ValueError) as refused:
+        presets.get("hardware", "tpu")
+    assert str(refused.value) == f"unknown hardware preset 'tpu'; known: {known}"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: "- just a list\n", "whatif.yaml: the top level must be a mapping with exactly hardware, targets, drafts, "
+                                  "calibration"),
+    (lambda t: t + "extra: 1\n", "the top level must be a mapping with exactly"),
+    (lambda t: t.replace("hardware:\n  - id: rtx-3090", "hardware:\n  - rtx-3090\n  - id: rtx-3090", 1),
+     "whatif.yaml: hardware[0]: must be a mapping"),
+    (lambda t: t.replace("    memory_gb: 24\n", "    memory_gb: 24\n    colour: green\n", 1),
+     "whatif.yaml: hardware[0]: unknown field(s) ['colour']"),
+    (lambda t: t.replace("    bandwidth_gb_s: 936\n", "", 1), "whatif.yaml: hardware[0]: missing field 'bandwidth_gb_s'"),
+    (lambda t: t.replace("  - id: rtx-3090", "  - id: 3090", 1),
+     "whatif.yaml: hardware[0].id: expected a text, got 3090"),
+    (lambda t: t.replace("bandwidth_gb_s: 936", "bandwidth_gb_s: -1", 1),
+     "whatif.yaml: hardware[0].bandwidth_gb_s: expected a non-negative number, got -1"),
+])
+def test_each_bad_preset_is_named(tmp_path, edit, message):
+    bad = tmp_path / "whatif.yaml"
+    bad.write_text(edit(whatif.PRESETS_PATH.read_text(encoding="utf-8")), encoding="utf-8")
+    with pytest.raises(ValueError) as refused:
+        whatif.load_presets(bad)
+    assert message in str(refused.value)
+
+
+def test_counts_must_be_whole_and_optional_fields_may_be_left_out(tmp_path):
+    text = whatif.PRESETS_PATH.read_text(encoding="utf-8")
+    layers = next(line for line in text.splitlines() if line.strip().startswith("layers:"))
+    bad = tmp_path / "whatif.yaml"
+    bad.write_text(text.replace(layers, layers + ".5", 1), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"layers: expected a non-negative number"):
+        whatif.load_presets(bad)
+    sourceless = tmp_path / "sourceless.yaml"
+    sourceless.write_text("\n".join(line for line in text.splitlines() if not line.strip().startswith("source:")),
+                          encoding="utf-8")
+    presets = whatif.load_presets(sourceless)
+    assert presets.hardware[0].source == "" and len(presets.hardware) == len(whatif.load_presets().hardware)
+    with pytest.raises(ValueError, match=r"missing.yaml: cannot read it"):
+        whatif.load_presets(tmp_path / "missing.yaml")
+
+
+def test_the_measured_models_notes_say_what_was_measured():
+    cost = whatif.measured_cost([tree_round([-1, 0], verify=0.005, draft=0.001)], [0.0125])
+    assert "(12.5 ms)" in cost.assumptions[0]
+    assert cost.assumptions[2] == "draft cost per drafted token (a tree: per level); every round drafts all k"
