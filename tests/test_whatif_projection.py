@@ -139,3 +139,30 @@ def test_the_measured_models_notes_say_what_was_measured():
     cost = whatif.measured_cost([tree_round([-1, 0], verify=0.005, draft=0.001)], [0.0125])
     assert "(12.5 ms)" in cost.assumptions[0]
     assert cost.assumptions[2] == "draft cost per drafted token (a tree: per level); every round drafts all k"
+
+
+def test_project_takes_one_row_no_draft_and_one_token_and_refuses_less():
+    p = whatif.project(1.0, COST, 1, 0)
+    assert (p.verify_cost, p.draft_cost, p.speedup) == (1.0, 0.0, 1.0)
+    for args in ((1.0, COST, 0, 0), (1.0, COST, 1, -1), (0.99, COST, 1, 0)):
+        with pytest.raises(ValueError, match="need verify_rows >= 1"):
+            whatif.project(*args)
+    free = whatif.CostModel("free", 0.0, 0.0, 0.0, 10.0, measured=True)
+    assert whatif.project(2.0, free, 3, 2).speedup == 0.0                # no cost at all: no figure
+    negative = whatif.CostModel("odd", 0.5, 0.0, -0.5, 10.0, measured=True)
+    assert whatif.project(2.0, negative, 1, 2).speedup == 0.0            # verify + draft <= 0
+
+
+def test_the_gpu_model_names_its_parts_and_its_assumptions():
+    hardware = whatif.Hardware(id="g", label="a GPU", bandwidth_gb_s=1000.0, tensor_tflops=100.0, memory_gb=24.0)
+    big = whatif.Target(id="b", label="a big model", params_b=70.0, layers=80, hidden=8192, vocab=128000)
+    cost = whatif.gpu_cost(hardware, big, LOOKUP)
+    assert cost.name == "a GPU, a big model" and cost.measured is False
+    assert cost.plain_tokens_per_second == pytest.approx(1000.0 / 140.0)
+    assert cost.verify_per_row == pytest.approx(1 / hardware.ridge_rows) and cost.verify_one == 1.0
+    assert cost.assumptions[0] == ("140 GB of weights do not fit one 24 GB card: several cards in tensor parallel, "
+                                   "whose communication is not modelled")
+    assert cost.assumptions[-2:] == (
+        "plain tokens/s is the bandwidth ceiling; real runs reach part of it (the speedup does not depend on which)",
+        "prefill, sampling and Python overhead per round are left out")
+    assert len(whatif.gpu_cost(hardware, whatif.Target("s", "s", 7.0, 32, 4096, 32000), LOOKUP).assumptions) == 5
