@@ -222,3 +222,17 @@ def test_each_remembered_run_is_its_own_sequence():
     drafter.begin([5])
     drafter.begin([6])
     assert drafter.runs == 4                                     # the run of [5] had no output: nothing filed
+
+
+def test_the_settings_are_checked_at_their_bounds_and_the_defaults_size_by_cost():
+    assert SuffixIndex(1).depth == 1
+    for depth in (0, True, 1.5):
+        with pytest.raises(ValueError, match="depth must be an integer >= 1"):
+            SuffixIndex(depth)
+    drafter = SuffixDrafter(max_match=1, max_spec_factor=0.01, min_token_prob=0.0)
+    assert (drafter.max_match, drafter.size_by_cost, drafter.name) == (1, True, "suffix")
+    for kwargs, words in (({"max_match": 0}, "max_match"), ({"max_match": True}, "max_match"),
+                          ({"max_spec_factor": 0.0}, "max_spec_factor"), ({"min_token_prob": 1.0}, "min_token_prob"),
+                          ({"min_token_prob": -0.1}, "min_token_prob")):
+        with pytest.raises(ValueError, match=words):
+            SuffixDrafter(**kwargs)
