@@ -98,14 +98,15 @@ def test_an_unknown_preset_is_named_with_the_known_ones():
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda t: "- just a list\n", "whatif.yaml: the top level must be a mapping with exactly hardware, targets, drafts, "
-                                  "calibration"),
+    (lambda t: "- just a list\n",
+     "whatif.yaml: the top level must be a mapping with exactly hardware, targets, drafts, calibration"),
     (lambda t: t + "extra: 1\n", "the top level must be a mapping with exactly"),
     (lambda t: t.replace("hardware:\n  - id: rtx-3090", "hardware:\n  - rtx-3090\n  - id: rtx-3090", 1),
      "whatif.yaml: hardware[0]: must be a mapping"),
     (lambda t: t.replace("    memory_gb: 24\n", "    memory_gb: 24\n    colour: green\n", 1),
      "whatif.yaml: hardware[0]: unknown field(s) ['colour']"),
-    (lambda t: t.replace("    bandwidth_gb_s: 936\n", "", 1), "whatif.yaml: hardware[0]: missing field 'bandwidth_gb_s'"),
+    (lambda t: t.replace("    bandwidth_gb_s: 936\n", "", 1),
+     "whatif.yaml: hardware[0]: missing field 'bandwidth_gb_s'"),
     (lambda t: t.replace("  - id: rtx-3090", "  - id: 3090", 1),
      "whatif.yaml: hardware[0].id: expected a text, got 3090"),
     (lambda t: t.replace("bandwidth_gb_s: 936", "bandwidth_gb_s: -1", 1),
