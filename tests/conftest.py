@@ -234,8 +234,8 @@ CURVED_VERIFY = (0.0, 1.0, 1.12, 1.25, 1.45, 1.7, 2.0, 2.4, 2.9, 3.5, 4.2, 5.0, 
 @pytest.fixture
 def curved_verify_costs(monkeypatch):
     """The opt-out of the flat curve above: every model's verify cost is a CostCurve over CURVED_VERIFY, kept per
-    model as `verify_costs` keeps the measured one (so a run's forwards correct it, and decoders size by views of
-    it). Returns the dict of curves by model id."""
+    model as `verify_costs` keeps the measured one (decoders size by views of it; a test corrects it by calling its
+    `observe`: no forward watcher is installed). Returns the dict of curves by model id."""
     import spec_engine.drafters.eagle
     import spec_engine.drafters.lookup
     import spec_engine.drafters.sizing
