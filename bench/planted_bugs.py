@@ -1,4 +1,4 @@
-"""Plant the bugs of issues #29, #34 and #37 one at a time in a copy of the project and run the tests that must catch each.
+"""Plant the bugs of issues #29, #34, #37 and #63 one at a time in a copy and run the tests that must catch each.
 
 Each bug is a small source edit (a string replacement that must find its original text exactly once, so this script
 fails loudly when the code moves). The copy is the checkout's tracked and untracked, not ignored, files (so tests
@@ -161,6 +161,55 @@ BUGS = (
         "deepest", "spec_engine/core/tree_rule.py",
         "deepest = max((i for i in range(n) if passed[i]), key=lambda i: (depth[i], -i), default=-1)",
         "deepest = max((i for i in range(n) if passed[i]), key=lambda i: -i, default=-1)", ("tests/test_tree_rule.py",)),
+    # issue #63: slips in the newer parts, each invisible to identity tests (sizes, figures and keys, not the text)
+    Bug("suffix_min_match_to_the_fallback", "suffix decoding: a match exactly at the minimum length handed to the "
+        "fallback (off by one)", "spec_engine/drafters/suffix.py",
+        "and self.suffix.last_match >= self.min_match", "and self.suffix.last_match > self.min_match",
+        ("tests/test_suffix_scores.py",)),
+    Bug("suffix_deeper_levels_first_odds", "suffix decoding: deeper levels scored with the first level's odds",
+        "spec_engine/drafters/suffix.py",
+        "heapq.heappush(heap, (negative * share * later, order, child, me, next_token))",
+        "heapq.heappush(heap, (negative * share * first, order, child, me, next_token))",
+        ("tests/test_suffix_scores.py",)),
+    Bug("suffix_correction_counted_as_copy", "suffix decoding: the correction or bonus counted as an accepted copy "
+        "in the learned odds", "spec_engine/drafters/suffix.py",
+        "accepted = len(committed) - start - 1", "accepted = len(committed) - start", ("tests/test_suffix_scores.py",)),
+    Bug("whatif_tree_chain_rows", "What-if: a tree projected with a chain's k + 1 verify rows",
+        "spec_engine/classroom/whatif.py", "rows = (tree_nodes or k) + 1", "rows = k + 1",
+        ("tests/test_whatif_projection.py",)),
+    Bug("whatif_tree_draft_cost_per_node", "What-if: a tree's draft cost divided by nodes instead of levels",
+        "spec_engine/classroom/whatif.py", "drafted = sum(draft_length(r) for r in rounds)",
+        "drafted = sum(len(r.drafted) for r in rounds)", ("tests/test_whatif_projection.py",)),
+    Bug("sharing_key_ignores_speed_switch", "sharing: the sharing key ignores the speed-measurement switch",
+        "ui/playground/handlers.py", "coalesce.COALESCER.join((settings, prep.prompt_ids, auto_baseline), id(state))",
+        "coalesce.COALESCER.join((settings, prep.prompt_ids), id(state))", ("tests/test_sharing_keys.py",)),
+    Bug("baseline_reused_whenever_busy", "sharing: another session's baseline reused whenever the gate is busy, not "
+        "only while others wait", "ui/playground/coalesce.py",
+        "return BASELINES.fresh(key, session) if GATE.wait_line() else None",
+        "return BASELINES.fresh(key, session) if GATE.busy else None", ("tests/test_sharing_keys.py",)),
+    Bug("sampled_baseline_key_ignores_temperature", "sharing: a sampled baseline key ignores the temperature",
+        "ui/playground/state.py",
+        "return (self.target, prompt_ids, self.temperature, self.top_k, self.top_p, self.seed, self.max_new_tokens)",
+        "return (self.target, prompt_ids, 1.0, self.top_k, self.top_p, self.seed, self.max_new_tokens)",
+        ("tests/test_sharing_keys.py",)),
+    Bug("scenario_link_keeps_page_rule", "a `?scenario=` link keeps the page's rule (strict, typical and wrong-rule "
+        "scenarios open as \"exact\")", "ui/playground/share.py", "seed=s.seed, rule=s.rule, chat=s.chat)",
+        "seed=s.seed, chat=s.chat)", ("tests/test_scenario_links.py",)),
+    Bug("lookup_cost_view_not_reset", "prompt lookup's cost view not reset between runs (its paused rounds carried "
+        "over)", "spec_engine/drafters/lookup.py",
+        "        self.odds, self.pending = LookupOdds(), None\n        reset_view(self.costs)\n",
+        "        self.odds, self.pending = LookupOdds(), None\n", ("tests/test_cost_views.py",)),
+    Bug("build_ignores_the_runs_sizing", "a decoder built outside its pinned costs: the build drops the run's sizing "
+        "(\"measure again\" sizes by the corrected curve)", "ui/playground/compute.py",
+        "drafter = drafts.build_drafter(spec, target, draft, options, sizing=sizing)",
+        "drafter = drafts.build_drafter(spec, target, draft, options)", ("tests/test_build_sizing.py",)),
+    Bug("make_drafter_pins_nothing", "a decoder built outside its pinned costs: make_drafter pins no sizing",
+        "spec_engine/drafters/registry.py", "    pin_sizing(drafter, sizing)\n", "    pin_sizing(drafter, None)\n",
+        ("tests/test_cost_views.py",)),
+    Bug("measure_again_without_the_records_sizing", "a decoder built outside its pinned costs: \"measure again\" "
+        "builds without the record's sizing", "ui/playground/handlers.py",
+        "live=False, timed=True, plain=True, sizing=record.sizing)", "live=False, timed=True, plain=True)",
+        ("tests/test_build_sizing.py",)),
 )
 
 
@@ -236,7 +285,7 @@ def main() -> None:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     lines = [
-        "# Planted bugs (issues #29, #34 and #37), each against the tests that must catch it",
+        "# Planted bugs (issues #29, #34, #37 and #63), each against the tests that must catch it",
         "",
         "```bash",
         "nice -n 10 " + " ".join(["python", "-m", "bench.planted_bugs", *sys.argv[1:]]),

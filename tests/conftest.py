@@ -231,6 +231,29 @@ def steady_verify_costs(request, monkeypatch):
             monkeypatch.setattr(module, "verify_costs", lambda model: FREE_VERIFY)   # nothing cached on the model
 
 
+# A CPU-like curve (rows 2-8 cheap, dearer beyond: bench/results/verify-cost-fp32*.md's shape): a test that asks for
+# `curved_verify_costs` sizes its drafts by it, as the app does, so a drafter's cost view is exercised.
+CURVED_VERIFY = (0.0, 1.0, 1.12, 1.25, 1.45, 1.7, 2.0, 2.4, 2.9, 3.5, 4.2, 5.0, 5.9, 6.9, 8.0, 9.2, 10.5, 12.0)
+
+
+@pytest.fixture
+def curved_verify_costs(monkeypatch):
+    """The opt-out of the flat curve above: every model's verify cost is a CostCurve over CURVED_VERIFY, kept per
+    model as `verify_costs` keeps the measured one (decoders size by views of it; a test corrects it by calling its
+    `observe`: no forward watcher is installed). Returns the dict of curves by model id."""
+    import spec_engine.drafters.eagle
+    import spec_engine.drafters.lookup
+    import spec_engine.drafters.sizing
+    curves = {}
+
+    def verify_costs(model):
+        return curves.setdefault(id(model), spec_engine.drafters.sizing.CostCurve(CURVED_VERIFY))
+
+    for module in (spec_engine.drafters.sizing, spec_engine.drafters.lookup, spec_engine.drafters.eagle):
+        monkeypatch.setattr(module, "verify_costs", verify_costs)
+    return curves
+
+
 @pytest.fixture(autouse=True)
 def own_class_state():
     """The engine's gate, the shared computations and the reused baselines (ui/playground/coalesce.py) are
