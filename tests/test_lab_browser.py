@@ -23,7 +23,7 @@ def test_exactness_lab_draws_both_histograms(page, tmp_path):
     page.wait_for_function("document.querySelector('#lab-status').innerText.includes('Done')", timeout=120_000)
     assert "toy pair" in page.inner_text("#lab-status")
 
-    for plot, samplers, count in (("#lab-plot-exact", "speculative, strict (target's own draw)", 4),
+    for plot, samplers, count in (("#lab-plot-exact", "speculative, strict (target's own draw)", 5),
                                   ("#lab-plot-wrong", "speculative, no residual (wrong)", 5)):
         page.wait_for_function(f"({PLOT_DATA.format(plot)})?.length === {count}", timeout=30_000)
         traces = page.evaluate(f"({PLOT_DATA.format(plot)}).map(t => [t.name, t.y.length, t.type])")
@@ -53,7 +53,7 @@ def test_lab_endpoints_answer_over_http(playground):
     status, exact_plot, wrong_plot, table = client.predict(
         "toy", "the cat", 50, 1, 2, 1.0, 0.9, 0, 0, True, "next", "Hi", "smollm2-135m-instruct", "layer-skip", True,
         "", 0, api_name="/lab_exactness")
-    assert "Done: 350 continuations" in status                  # plain and the six chain rules, 50 each
+    assert "Done: 400 continuations" in status                  # plain and the seven chain rules, 50 each
     assert [row[0] for row in table["data"]][1] == "speculative, exact rule"
     with pytest.raises(Exception, match="needs sampling"):
         client.predict("toy", "the cat", 50, 1, 2, 0, 0.9, 0, 0, True, "next", "Hi", "smollm2-135m-instruct",

@@ -32,15 +32,16 @@ def toy_run():
 def test_lab_streams_then_shows_both_histograms_and_the_table(toy_run):
     assert toy_run[0][0].startswith("Enumerating")
     status, exact_plot, wrong_plot, table, run = toy_run[-1]
-    assert "toy pair" in status and "Done: 700 continuations" in status
+    assert "toy pair" in status and "Done: 800 continuations" in status
     assert [t.name for t in exact_plot.data] == ["exact (from the model)", "plain sampling", "speculative, exact rule",
-                                                 "speculative, strict (target's own draw)"]
+                                                 "speculative, strict (target's own draw)",
+                                                 "speculative, drafter-invariant (the seed fixes the text)"]
     assert [t.name for t in wrong_plot.data] == [
         "exact (from the model)", "speculative, typical acceptance (Medusa, lossy)",
         "speculative, q before warping (transformers bug #32867)", "speculative, top-p membership (wrong)",
         "speculative, no residual (wrong)"]
     assert list(exact_plot.data[0].x) == ["sat", "ran", "and", "."]     # the top-p set after "the cat", by p
-    assert isinstance(table, pd.DataFrame) and len(table) == 7
+    assert isinstance(table, pd.DataFrame) and len(table) == 8
 
 
 @pytest.mark.slow
@@ -85,7 +86,7 @@ def test_lab_input_mistakes_are_readable_errors(change, message):
 @pytest.mark.slow              # the lab draws hundreds of toy runs
 def test_lab_without_wrong_rules_draws_plain_and_the_exact_rules():
     *_, table, run = list(lab_ui.run_lab(*lab_args(n=50, depth=1, wrong_rules=False), SessionState()))[-1]
-    assert [d.sampler for d in run.draws] == ["plain", "exact", "strict"] and len(table) == 3
+    assert [d.sampler for d in run.draws] == ["plain", "exact", "strict", "invariant"] and len(table) == 4
 
 
 def test_labels_are_escaped_for_plotly():

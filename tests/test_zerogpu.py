@@ -121,7 +121,7 @@ def test_the_lab_and_the_sweeps_tab_come_back_as_in_process(zerogpu, playground_
     quiet = dict(progress=lambda *a, **k: None)
     lab_out = list(lab.run_lab("toy", "the cat", 100, 2, 2, 1.0, 0.9, 0, 0, True, "next", PROMPT, TARGET,
                                "layer-skip", True, "", 0, SessionState(), **quiet))[-1]
-    assert "Done: 700 continuations" in zerogpu["lab"]["status"]         # 100 each: plain and six rules (#37)
+    assert "Done: 800 continuations" in zerogpu["lab"]["status"]         # 100 each: plain and seven rules
     assert [row[:-1] for row in zerogpu["lab"]["table"]] == [row[:-1] for row in lab_out[3].values.tolist()]
     sweep_out = list(sweeps.run_sweep("k", "1, 3", PROMPT, TARGET, "prompt-lookup", 4, 0, 1.0, 0, 8, 0, "exact",
                                       True, "", 0, SessionState(), 1, **quiet))[-1]
