@@ -220,8 +220,8 @@ FREE_VERIFY = (0.0,) + (1.0,) * 17      # a verify forward costs the same for 1.
 
 @pytest.fixture(autouse=True)
 def steady_verify_costs(request, monkeypatch):
-    """Draft lengths sized by a measured cost curve (spec_engine/drafters/sizing.py) would make a test's rounds depend on
-    the timing of a shared machine. Tests get a fixed curve under which no draft is cut for cost, unless marked
+    """Draft lengths sized by a measured cost curve (spec_engine/drafters/sizing.py) would make a test's rounds depend
+    on the timing of a shared machine. Tests get a fixed curve under which no draft is cut for cost, unless marked
     `measured_costs` (the real-model identity tests, which then exercise sizing as the app runs it)."""
     if request.node.get_closest_marker("measured_costs") is None:
         import spec_engine.drafters.eagle
@@ -310,7 +310,8 @@ def playground(playground_registry):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    app.demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **app.launch_options())
+    app.demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                    **app.launch_options())
     yield f"http://127.0.0.1:{port}/"
     app.demo.close()
 
