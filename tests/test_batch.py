@@ -242,3 +242,29 @@ def test_on_the_speed_layer_a_packed_row_gets_its_lone_numbers_bit_for_bit():
         else:
             torch.testing.assert_close(alone, batched_row, rtol=1e-5, atol=1e-5)
     assert [packed.cache_len(s.cache) for s in segments] == [4, 11, 21, 31, 9]
+
+
+def test_a_batch_of_many_rows_keeps_lone_numbers_whatever_kernel_the_plan_picks_for_blocks(monkeypatch):
+    """A batch of 20 sequences feeds 20 rows, past the per-row-count plans (cpu_gemm.MAX_ROWS); a machine's plan may
+    pick F.linear for such blocks (measured so on an AVX-512 EPYC), whose rows differ from a one-row product in the
+    last bits. The packed forward must still give every row its lone numbers: planted here, that plan for every
+    weight, and each sequence's logits compared with its lone one-token forward's."""
+    import copy
+    from spec_engine.accel import cpu_gemm, native_layers
+    from spec_engine.core.cache import forward_logits, new_cache, prefill
+    model = tiny_llama(vocab=VOCAB, layers=2, seed=6, hidden=64)
+    if se.speed_layer() == "off" or native_layers.library() is None:
+        pytest.skip("the speed layer's compiled kernels are not in use")
+    for linear in model.modules():
+        if isinstance(linear, cpu_gemm.PackedLinear):
+            monkeypatch.setitem(cpu_gemm._PLANS, cpu_gemm.plan_key(linear),
+                                ("linear",) + ("blocked",) * cpu_gemm.MAX_ROWS + ("linear",))
+    caches = []
+    for length in range(2, 22):
+        cache = new_cache(model)
+        prefill(model, [(7 * length + i) % VOCAB for i in range(length)], cache)
+        caches.append(cache)
+    segments = [packed.Segment([i % VOCAB], cache, 1) for i, cache in enumerate(caches)]
+    lone = [forward_logits(model, s.tokens, copy.deepcopy(s.cache), 1) for s in segments]
+    together = packed.forward_packed(model, segments)
+    assert all(torch.equal(a, b) for a, b in zip(lone, together))
