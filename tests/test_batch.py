@@ -268,3 +268,37 @@ def test_a_batch_of_many_rows_keeps_lone_numbers_whatever_kernel_the_plan_picks_
     lone = [forward_logits(model, s.tokens, copy.deepcopy(s.cache), 1) for s in segments]
     together = packed.forward_packed(model, segments)
     assert all(torch.equal(a, b) for a, b in zip(lone, together))
+
+
+def test_a_seed_fixes_the_text_in_concurrent_lone_runs(target, draft_model):
+    """The same 8 seeded sampled requests run concurrently as lone runs (the app's way: one decoder each): their
+    streams interleaved round by round in one thread, and each in its own thread; under the invariant rule every
+    text is plain decoding's of that seed, as alone and in a batch (test above)."""
+    import threading
+    params = se.SamplingParams(temperature=0.9, top_p=0.95)
+    plain = [se.autoregressive_generate(target, ids(p), max_new_tokens=20, sampling=params, seed=100 + i,
+                                        invariant=True).tokens for i, p in enumerate(PROMPTS)]
+
+    def stream(i):
+        decoder = se.SpeculativeDecoder(target, mixed_drafter(i, draft_model), "invariant")
+        return decoder.stream(ids(PROMPTS[i]), k=1 + i % 4, max_new_tokens=20, sampling=params, seed=100 + i)
+    texts = [[] for _ in PROMPTS]
+    running = {i: stream(i) for i in range(len(PROMPTS))}
+    while running:                                                  # one round of each run in turn
+        for i, events in list(running.items()):
+            event = next(events, None)
+            if event is None:
+                del running[i]
+            else:
+                texts[i] += event.emitted
+    assert texts == plain
+    threaded = [None] * len(PROMPTS)
+
+    def run(i):
+        threaded[i] = [t for event in stream(i) for t in event.emitted]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert threaded == plain

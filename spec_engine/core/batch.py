@@ -344,7 +344,8 @@ class BatchDecoder:
         member.state.prefill_seconds += forward_seconds
         if not member.prefilling:
             check_invariant(member.state.target_cache, len(member.state.committed) - 1, f"request {member.request.id!r}")
-            member.decoder.drafter.begin(member.state.committed, torch.cat(member.features) if member.features else None)
+            features = torch.cat(member.features) if member.features else None
+            member.decoder.drafter.begin(member.state.committed, features)
             member.features = []
 
     def result(self, member: Member) -> GenerationResult:
