@@ -127,7 +127,8 @@ def main(argv=None) -> None:
     rows.sort(key=lambda r: (r["batch"], (ARMS + ("lone",)).index(r["arm"])))
     load = os.getloadavg()
     header = (f"python -m spec_engine.bench_batch --threads {args.threads} --batches {' '.join(map(str, args.batches))} "
-              f"--tokens {args.tokens} --tree {args.tree} --chain {args.chain}\n\nload average (1 min) before/after: "
+              f"--tokens {args.tokens} --tree {args.tree} --chain {args.chain} --arms {' '.join(args.arms)}\n\n"
+              f"load average (1 min) before/after: "
               f"{before[0]:.2f} / {load[0]:.2f}; {torch.get_num_threads()} threads; speed layer {se.speed_layer()}\n\nPublished: "
               f"{PUBLISHED}\n\n")
     text = header + table(rows)
