@@ -101,6 +101,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    before = os.getloadavg()
     target = se.load_model(default_model_name())
     se.prepare(target.model)
     held = select_prompts(load_prompts(), "held-out")
@@ -126,8 +127,9 @@ def main(argv=None) -> None:
     rows.sort(key=lambda r: (r["batch"], (ARMS + ("lone",)).index(r["arm"])))
     load = os.getloadavg()
     header = (f"python -m spec_engine.bench_batch --threads {args.threads} --batches {' '.join(map(str, args.batches))} "
-              f"--tokens {args.tokens} --tree {args.tree} --chain {args.chain}\n\nload average before/after: "
-              f"{load[0]:.2f}; {torch.get_num_threads()} threads; speed layer {se.speed_layer()}\n\nPublished: "
+              f"--tokens {args.tokens} --tree {args.tree} --chain {args.chain} --arms {' '.join(args.arms)}\n\n"
+              f"load average (1 min) before/after: "
+              f"{before[0]:.2f} / {load[0]:.2f}; {torch.get_num_threads()} threads; speed layer {se.speed_layer()}\n\nPublished: "
               f"{PUBLISHED}\n\n")
     text = header + table(rows)
     print(text)

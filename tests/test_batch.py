@@ -242,3 +242,63 @@ def test_on_the_speed_layer_a_packed_row_gets_its_lone_numbers_bit_for_bit():
         else:
             torch.testing.assert_close(alone, batched_row, rtol=1e-5, atol=1e-5)
     assert [packed.cache_len(s.cache) for s in segments] == [4, 11, 21, 31, 9]
+
+
+def test_a_batch_of_many_rows_keeps_lone_numbers_whatever_kernel_the_plan_picks_for_blocks(monkeypatch):
+    """A batch of 20 sequences feeds 20 rows, past the per-row-count plans (cpu_gemm.MAX_ROWS); a machine's plan may
+    pick F.linear for such blocks (measured so on an AVX-512 EPYC), whose rows differ from a one-row product in the
+    last bits. The packed forward must still give every row its lone numbers: planted here, that plan for every
+    weight, and each sequence's logits compared with its lone one-token forward's."""
+    import copy
+    from spec_engine.accel import cpu_gemm, native_layers
+    from spec_engine.core.cache import forward_logits, new_cache, prefill
+    model = tiny_llama(vocab=VOCAB, layers=2, seed=6, hidden=64)
+    if se.speed_layer() == "off" or native_layers.library() is None:
+        pytest.skip("the speed layer's compiled kernels are not in use")
+    for linear in model.modules():
+        if isinstance(linear, cpu_gemm.PackedLinear):
+            monkeypatch.setitem(cpu_gemm._PLANS, cpu_gemm.plan_key(linear),
+                                ("linear",) + ("blocked",) * cpu_gemm.MAX_ROWS + ("linear",))
+    caches = []
+    for length in range(2, 22):
+        cache = new_cache(model)
+        prefill(model, [(7 * length + i) % VOCAB for i in range(length)], cache)
+        caches.append(cache)
+    segments = [packed.Segment([i % VOCAB], cache, 1) for i, cache in enumerate(caches)]
+    lone = [forward_logits(model, s.tokens, copy.deepcopy(s.cache), 1) for s in segments]
+    together = packed.forward_packed(model, segments)
+    assert all(torch.equal(a, b) for a, b in zip(lone, together))
+
+
+def test_a_seed_fixes_the_text_in_concurrent_lone_runs(target, draft_model):
+    """The same 8 seeded sampled requests run concurrently as lone runs (the app's way: one decoder each): their
+    streams interleaved round by round in one thread, and each in its own thread; under the invariant rule every
+    text is plain decoding's of that seed, as alone and in a batch (test above)."""
+    import threading
+    params = se.SamplingParams(temperature=0.9, top_p=0.95)
+    plain = [se.autoregressive_generate(target, ids(p), max_new_tokens=20, sampling=params, seed=100 + i,
+                                        invariant=True).tokens for i, p in enumerate(PROMPTS)]
+
+    def stream(i):
+        decoder = se.SpeculativeDecoder(target, mixed_drafter(i, draft_model), "invariant")
+        return decoder.stream(ids(PROMPTS[i]), k=1 + i % 4, max_new_tokens=20, sampling=params, seed=100 + i)
+    texts = [[] for _ in PROMPTS]
+    running = {i: stream(i) for i in range(len(PROMPTS))}
+    while running:                                                  # one round of each run in turn
+        for i, events in list(running.items()):
+            event = next(events, None)
+            if event is None:
+                del running[i]
+            else:
+                texts[i] += event.emitted
+    assert texts == plain
+    threaded = [None] * len(PROMPTS)
+
+    def run(i):
+        threaded[i] = [t for event in stream(i) for t in event.emitted]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert threaded == plain

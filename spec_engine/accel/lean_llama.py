@@ -36,7 +36,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel,
                                                       LlamaRMSNorm)
 
-from spec_engine.accel import native_layers
+from spec_engine.accel import blocked_gemm, cpu_gemm, native_layers
 from spec_engine.accel.cpu_gemm import ENGINE_LINEARS, PackedLinear, product
 from spec_engine.core.packed import Products
 
@@ -308,31 +308,43 @@ def run_packed(model, embeds: torch.Tensor, caches: list, starts: list[int], siz
     return hidden, states
 
 
+def rowwise(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x) by the blocked kernel wherever it serves this fp32 weight, whatever kernel cpu_gemm's plan picks
+    for the row count: its rows' numbers do not depend on the other rows (a plan may pick F.linear or oneDNN for a
+    block of 32 rows, whose rows differ from a lone one-row product in the last bits); else as `project`."""
+    if (cpu_gemm.enabled() and isinstance(linear, PackedLinear) and x.dtype == torch.float32 == linear.weight.dtype
+            and x.device.type == "cpu" and blocked_gemm.kernel() is not None and not torch.is_grad_enabled()):
+        return blocked_gemm.product(x, linear.packed_weight("blocked"), linear.bias, linear.out_features)
+    return project(linear, x)
+
+
 class LeanProducts(Products):
     """The products of core/packed.py's many-sequence forward on the lean path: q|k|v and gate|up fused, every
-    product by the kernel cpu_gemm picks for the batch's row count (the blocked kernel's many-row tiles), RMSNorm in
-    torch's fused kernel. Row-independent kernels: a row's numbers do not depend on the other rows of the batch."""
+    product by the blocked kernel where it serves (`rowwise`: its many-row tiles), RMSNorm in torch's fused kernel.
+    Row-independent kernels: a row's numbers do not depend on the other rows of the batch."""
 
     def __init__(self, lean: LeanLayers):
         self.lean = lean
 
     def qkv(self, attn, x):
         fused = self.lean.fused[self._layers[attn.layer_idx]]
-        qkv = project(fused.qkv_proj, x)                                               # [1, N, (Hq + 2 Hkv) D]
+        qkv = rowwise(fused.qkv_proj, x)                                               # [1, N, (Hq + 2 Hkv) D]
         kv = fused.kv_heads * attn.head_dim
         return qkv.split([qkv.shape[-1] - 2 * kv, kv, kv], dim=-1)
 
     def out(self, attn, x):
-        return project(attn.o_proj, x)
+        return rowwise(attn.o_proj, x)
 
     def mlp(self, block, x):
-        return mlp(block, self._mlps[block], x)
+        lean = self._mlps[block]
+        gate, up = rowwise(lean.gate_up_proj, x).chunk(2, dim=-1)                        # [1, N, I] each
+        return rowwise(block.down_proj, lean.act(gate) * up)
 
     def norm(self, module, x):
         return rms_norm(module, x)
 
     def head(self, model, x):
-        return project(model.lm_head, x)
+        return rowwise(model.lm_head, x)
 
     def bind(self, inner: LlamaModel) -> "LeanProducts":
         self._layers = list(inner.layers)

@@ -179,6 +179,11 @@ def run(inner, lean, embeds: torch.Tensor, cache, start: int, cos: torch.Tensor,
     the layer count); None where this path does not apply (the caller runs the torch operations)."""
     if embeds.shape[1] > cpu_gemm.MAX_ROWS:
         return None                         # prefill blocks: the torch operations (MKL / oneDNN products)
+    built = library()
+    stack = stack_for(inner, lean, built) if built is not None else None
+    if stack is not None and stack.dtype == torch.float32 and not all(
+            cpu_gemm.kernel_for(linear, embeds.shape[1]) == "blocked" for linear in stack.first_linears):
+        return None                         # the plan picked another kernel at this row count: the torch operations
     return run_packed(inner, lean, embeds, [cache], [start], [embeds.shape[1]], [visible], cos, sin, wanted)
 
 
@@ -195,11 +200,9 @@ def run_packed(inner, lean, embeds: torch.Tensor, caches: list, starts: list[int
     stack = stack_for(inner, lean, built)
     if stack is None or embeds.dtype != stack.dtype:
         return None
-    if stack.dtype == torch.float32 and not all(cpu_gemm.kernel_for(linear, n) == "blocked"
-                                                for linear in stack.first_linears):
-        return None                         # the plan picked another kernel at this row count: the torch operations
     # A batch's rows may number more than MAX_ROWS (many sequences' decode and verify rows: prompts are fed alone,
-    # core/batch.py); the blocked kernel's many-row tiles serve them.
+    # core/batch.py); the blocked kernel's many-row tiles serve them, whatever kernel cpu_gemm's plan would pick at
+    # that row count: a row then gets the numbers its lone one-row forward gets (the plan's pick there), bit for bit.
     per_cache = [[cache.layers[index] if index < len(cache.layers) else None for index in stack.cache_indices]
                  for cache in caches]
     if not all(type(layer) is GrowingLayer for layers in per_cache for layer in layers):

@@ -32,7 +32,7 @@ import torch
 from spec_engine.core import timing
 from spec_engine.core.cache import PREFILL_CHUNK, cache_len, check_invariant, new_cache
 from spec_engine.core.decoder import DecodeState, SpeculativeDecoder, eos_set, validate_request
-from spec_engine.core.drafting import Drafter
+from spec_engine.core.drafting import Drafter, Proposal
 from spec_engine.core.events import GenerationResult, RoundEvent, run_stats
 from spec_engine.core.packed import Segment, forward_packed, one_forward
 from spec_engine.core.sampling import SamplingParams, make_generator
@@ -66,6 +66,16 @@ class BatchEvent:
     batch_size: int                         # sequences whose rows the round's packed forward scored
     rows: int                               # rows of that forward, all sequences together
     draft_cap: int                          # drafts the batch allowed this sequence this round (at most its k)
+
+
+class Idle(Drafter):
+    """A drafter that proposes nothing and keeps no state: a sequence's stand-in drafter under draft_length "off"."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def propose(self, committed: list[int], k: int, params, generator) -> Proposal:
+        return Proposal([], None)
 
 
 @dataclass
@@ -231,7 +241,10 @@ class BatchDecoder:
         if len(self.members) >= self.max_batch:
             raise ValueError(f"the batch is full ({self.max_batch} sequences): request {request.id!r} must wait")
         try:
-            decoder = SpeculativeDecoder(self.target, request.drafter, request.rule)
+            # Plain batched decoding never drafts: its sequences skip their drafters' bookkeeping too (an EAGLE head
+            # would run a catch-up step per sequence per round to stay ready for drafts that never come).
+            drafter = Idle(request.drafter.name) if self.draft_length == "off" else request.drafter
+            decoder = SpeculativeDecoder(self.target, drafter, request.rule)
             sampling = request.sampling or SamplingParams()
             committed = validate_request(self.target, request.input_ids, request.k, request.max_new_tokens, sampling)
         except ValueError as error:
@@ -242,7 +255,7 @@ class BatchDecoder:
                             prefill_seconds=0.0, display=request.display, seed=request.seed)
         member = Member(request, decoder, state, started=timing.clock(device))
         if not member.prefilling:                       # a one-token prompt: nothing to feed before its first round
-            request.drafter.begin(committed, None)
+            decoder.drafter.begin(committed, None)
         self.members[request.id] = member
 
     def cancel(self, request_id) -> None:
@@ -307,7 +320,7 @@ class BatchDecoder:
         """Every hidden-state layer any member's drafter reads (each gets its own back, `own_output`)."""
         wanted = []
         for member in self.members.values():
-            wanted += [i for i in member.request.drafter.feature_layers if i not in wanted]
+            wanted += [i for i in member.decoder.drafter.feature_layers if i not in wanted]
         return tuple(wanted)
 
     @staticmethod
@@ -315,7 +328,7 @@ class BatchDecoder:
         """A segment's packed output as its own drafter's forward would give it: logits, and (logits, features of
         its drafter's layers) when it reads any."""
         logits, features = out if feature_layers else (out, None)
-        own = member.request.drafter.feature_layers
+        own = member.decoder.drafter.feature_layers
         if not own:
             return logits
         width = features.shape[-1] // len(feature_layers)
@@ -326,12 +339,13 @@ class BatchDecoder:
         """A prompt chunk went through; once the whole prompt has, the drafter begins."""
         member.fed += len(ids)
         features = self.own_output(member, out, self.feature_layers())
-        if member.request.drafter.feature_layers:
+        if member.decoder.drafter.feature_layers:
             member.features.append(features[1])
         member.state.prefill_seconds += forward_seconds
         if not member.prefilling:
             check_invariant(member.state.target_cache, len(member.state.committed) - 1, f"request {member.request.id!r}")
-            member.decoder.drafter.begin(member.state.committed, torch.cat(member.features) if member.features else None)
+            features = torch.cat(member.features) if member.features else None
+            member.decoder.drafter.begin(member.state.committed, features)
             member.features = []
 
     def result(self, member: Member) -> GenerationResult:
