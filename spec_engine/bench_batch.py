@@ -80,8 +80,8 @@ def run_lone(target, ids: torch.Tensor, args) -> dict:
 def table(rows: list[dict]) -> str:
     plain = {r["batch"]: r["tok_s"] for r in rows if r["arm"] == "plain"}
     base = plain.get(1)
-    lines = ["| batch | arm | batch tok/s | x plain (same batch) | x plain batch 1 | median latency s | tokens / forward "
-             "| mean draft cap | identical to plain |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| batch | arm | batch tok/s | x plain (same batch) | x plain batch 1 | median latency s "
+             "| tokens / forward | mean draft cap | identical to plain |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['batch']} | {r['arm']} | {r['tok_s']:.1f} | {r['tok_s'] / plain[r['batch']]:.2f} | "
                      f"{r['tok_s'] / base:.2f} | {r['latency_s']:.2f} | {r['tokens_per_forward']:.2f} | "
@@ -126,10 +126,12 @@ def main(argv=None) -> None:
         r["identical"] = r["texts"] == reference.get(r["batch"], r["texts"])
     rows.sort(key=lambda r: (r["batch"], (ARMS + ("lone",)).index(r["arm"])))
     load = os.getloadavg()
-    header = (f"python -m spec_engine.bench_batch --threads {args.threads} --batches {' '.join(map(str, args.batches))} "
+    header = (f"python -m spec_engine.bench_batch --threads {args.threads} "
+              f"--batches {' '.join(map(str, args.batches))} "
               f"--tokens {args.tokens} --tree {args.tree} --chain {args.chain} --arms {' '.join(args.arms)}\n\n"
               f"load average (1 min) before/after: "
-              f"{before[0]:.2f} / {load[0]:.2f}; {torch.get_num_threads()} threads; speed layer {se.speed_layer()}\n\nPublished: "
+              f"{before[0]:.2f} / {load[0]:.2f}; {torch.get_num_threads()} threads; "
+              f"speed layer {se.speed_layer()}\n\nPublished: "
               f"{PUBLISHED}\n\n")
     text = header + table(rows)
     print(text)

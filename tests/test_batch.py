@@ -235,7 +235,8 @@ def test_on_the_speed_layer_a_packed_row_gets_its_lone_numbers_bit_for_bit():
                                             segment.depths, cache))
     together = packed.forward_packed(model, segments)
     bitwise = se.speed_layer() != "off" and native_layers.library() is not None
-    assert not bitwise or native_layers.Stack.qualifies(model.model, lean_llama.lean_layers(model), native_layers.library())
+    assert not bitwise or native_layers.Stack.qualifies(model.model, lean_llama.lean_layers(model),
+                                                        native_layers.library())
     for alone, batched_row in zip(lone, together):
         if bitwise:
             assert torch.equal(alone, batched_row)

@@ -204,7 +204,8 @@ class PackedLinear(nn.Linear):
 
     def packed_weight(self, kernel: str) -> torch.Tensor:
         weight = self.weight
-        key = (weight.data_ptr(), weight._version)      # a new dtype or device is new memory; in-place edits bump _version
+        # a new dtype or device is new memory; in-place edits bump _version
+        key = (weight.data_ptr(), weight._version)
         if self.packed_key != key:
             self.packed, self.packed_key = {}, key
         packed = self.packed.get(kernel)

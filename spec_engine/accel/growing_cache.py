@@ -82,8 +82,9 @@ class GrowingLayer(DynamicLayer):
 
     def reserve(self, like: torch.Tensor, new: int) -> int:
         """Room for `new` positions after the cached ones in `key_buffer` / `value_buffer` ([B, Hkv, capacity, D],
-        shaped like `like` [B, Hkv, *, D] and of its dtype); returns the cached length. A writer fills positions length.. of both
-        buffers, then calls `extend(new)` (update does; so do the compiled layers, accel/native_layers.py)."""
+        shaped like `like` [B, Hkv, *, D] and of its dtype); returns the cached length. A writer fills positions
+        length.. of both buffers, then calls `extend(new)` (update does; so do the compiled layers,
+        accel/native_layers.py)."""
         if not self.is_initialized:
             self.lazy_initialization(like, like)
         length = self.get_seq_length()

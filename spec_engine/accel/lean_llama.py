@@ -57,7 +57,8 @@ def unsupported_reason(inner: nn.Module) -> str | None:
                  type(layer.post_attention_layernorm))
         if kinds != (LlamaDecoderLayer, LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRMSNorm):
             return f"layer {layer.self_attn.layer_idx} has modules other than transformers' Llama ones"
-        if len({attn.bias is None for attn in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)}) > 1:
+        if len({attn.bias is None
+                for attn in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)}) > 1:
             return f"layer {layer.self_attn.layer_idx} mixes projections with and without bias"
     if type(inner.norm) is not LlamaRMSNorm:
         return "the final norm is not LlamaRMSNorm"
@@ -186,7 +187,8 @@ def attention(attn: LlamaAttention, lean: LeanLayer, x: torch.Tensor, cos: torch
     queries and keys at once (split and chunk rather than indexing: fewer operations)."""
     kv_heads = lean.kv_heads
     qkv = project(lean.qkv_proj, x).unflatten(-1, (-1, attn.head_dim))                          # [1, n, Hq + 2 Hkv, D]
-    qk, value = qkv.split([qkv.shape[2] - kv_heads, kv_heads], dim=2)                # [1, n, Hq + Hkv, D], [1, n, Hkv, D]
+    # [1, n, Hq + Hkv, D], [1, n, Hkv, D]
+    qk, value = qkv.split([qkv.shape[2] - kv_heads, kv_heads], dim=2)
     first, second = qk.chunk(2, dim=-1)                                               # [1, n, Hq + Hkv, D / 2]
     qk = torch.addcmul(qk * cos, torch.cat((second, first), dim=-1), sin)
     query, key = qk.split([qk.shape[2] - kv_heads, kv_heads], dim=2)

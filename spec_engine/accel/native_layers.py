@@ -191,8 +191,8 @@ def run_packed(inner, lean, embeds: torch.Tensor, caches: list, starts: list[int
                cos: torch.Tensor, sin: torch.Tensor, wanted: set[int]) -> tuple[torch.Tensor, dict] | None:
     """The same over several sequences' rows packed side by side (core/packed.py): embeds [1, N, H] holds one run
     of rows per cache, in order, run s (sizes[s] rows) placed after the starts[s] positions that caches[s] holds and
-    seeing them as visibles[s] says ([rows, starts[s] + rows] bool, or None: causal); each run's keys and values go to its own
-    cache. -> (the last layer's output [1, N, H], states) or None where this path does not apply."""
+    seeing them as visibles[s] says ([rows, starts[s] + rows] bool, or None: causal); each run's keys and values go to
+    its own cache. -> (the last layer's output [1, N, H], states) or None where this path does not apply."""
     n = embeds.shape[1]
     built = library()
     if built is None or embeds.device.type != "cpu" or not cpu_gemm.enabled() or any(c is None for c in caches):

@@ -6,7 +6,8 @@ scores all their rows packed together (core/packed.py: each row attends only to 
 sequence verifies, commits and trims on its own, with the KV invariant checked for every sequence every round. The
 per-sequence steps are `SpeculativeDecoder.plan` and `.settle`, the same code a lone run takes, so a sequence in a
 batch is verified exactly as it is alone. Requests join between rounds (their prompts are prefilled before the next
-round's forward, in a lone run's chunks and by its forward) and leave when they finish or are cancelled: nobody waits for the batch to drain.
+round's forward, in a lone run's chunks and by its forward) and leave when they finish or are cancelled: nobody waits
+for the batch to drain.
 
 How many drafts a batch should verify depends on the batch. Verify work grows as (rows of all sequences), and a
 CPU's forward grows with rows much sooner than a GPU's: at batch 1 four extra rows are almost free, at batch 32 they
@@ -38,7 +39,8 @@ from spec_engine.core.packed import Segment, forward_packed, one_forward
 from spec_engine.core.sampling import SamplingParams, make_generator
 
 DRAFT_LENGTHS = ("adaptive", "fixed", "off")
-PREFILL_ROWS_PER_ROUND = PREFILL_CHUNK      # prompt rows a round feeds (whole chunks), so joiners never stall a batch long
+# prompt rows a round feeds (whole chunks), so joiners never stall a batch long
+PREFILL_ROWS_PER_ROUND = PREFILL_CHUNK
 ACCEPT_PRIOR = (1.5, 0.5)                   # a sequence's acceptance before its first rounds: Beta(1.5, 0.5), mean 0.75
 ACCEPT_MEMORY = 0.9                         # per round: older rounds' weight in a sequence's acceptance estimate
 
@@ -129,7 +131,8 @@ class BatchCosts:
         caches = []
         for _ in range(max(sequences)):
             cache = new_cache(model)
-            forward_packed(model, [Segment(torch.randint(0, vocab, (context,), generator=generator).tolist(), cache, 1)])
+            forward_packed(model, [Segment(torch.randint(0, vocab, (context,), generator=generator).tolist(),
+                                           cache, 1)])
             caches.append(cache)
         ids = torch.randint(0, vocab, (max(rows),), generator=generator).tolist()
         times = {(s, r): [] for s in sequences for r in rows}
@@ -294,7 +297,8 @@ class BatchDecoder:
         for member, cap, plan, out in zip(decoding, caps, planned, scored):
             own = self.own_output(member, out, feature_layers)
             event = member.decoder.settle(member.state, plan, own, report=False)
-            check_invariant(member.state.target_cache, len(member.state.committed) - 1, f"request {member.request.id!r}")
+            check_invariant(member.state.target_cache, len(member.state.committed) - 1,
+                            f"request {member.request.id!r}")
             member.learn(event)
             member.rounds.append(event)
             events.append(BatchEvent(member.request.id, event, len(segments), rows, cap))
@@ -343,7 +347,8 @@ class BatchDecoder:
             member.features.append(features[1])
         member.state.prefill_seconds += forward_seconds
         if not member.prefilling:
-            check_invariant(member.state.target_cache, len(member.state.committed) - 1, f"request {member.request.id!r}")
+            check_invariant(member.state.target_cache, len(member.state.committed) - 1,
+                            f"request {member.request.id!r}")
             features = torch.cat(member.features) if member.features else None
             member.decoder.drafter.begin(member.state.committed, features)
             member.features = []
