@@ -144,6 +144,11 @@ def main() -> None:
         print(f"repeat {repeat} done", flush=True)
     load_after = os.getloadavg()
     print(f"load after: {load_after}")
+    report(args, arms, rates, timed, clocks, {"load_before": load_before, "load_after": load_after}, cpu_layer.name)
+
+
+def report(args, arms: list[str], rates: dict, timed: dict, clocks: dict, loads: dict, cpu_layer: str) -> None:
+    """Print each arm's median rate against the CPU layer's, and with --out write OUT.json and OUT.md."""
     base = statistics.median(rates["cpu"])
     rows = []
     for arm in arms:
@@ -156,8 +161,8 @@ def main() -> None:
     if args.out:
         meta = {"command": "python -m bench.static_cpu " + " ".join(os.sys.argv[1:]), "threads": args.threads,
                 "capacity": args.capacity,
-                "tokens": args.tokens, "repeats": args.repeats, "load_before": load_before, "load_after": load_after,
-                "torch": torch.__version__, "cpu_layer": cpu_layer.name}
+                "tokens": args.tokens, "repeats": args.repeats, **loads,
+                "torch": torch.__version__, "cpu_layer": cpu_layer}
         out = Path(args.out)
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "arms": rows}, indent=1))
         table = ["| arm | tok/s (median) | vs cpu | time in the forward step |", "|---|---|---|---|"]
