@@ -123,20 +123,25 @@ def test_device_to_host_syncs_per_round(random_smollm2):
     decoder = se.SpeculativeDecoder(random_smollm2.model, se.PromptLookupDrafter())
     state = decoder.start(prompt, k=4, max_new_tokens=32, sampling=GREEDY)
     decoder.step(state)                                       # warm-up round
+    syncs, rounds = synchronising_calls(decoder, state)
+    print(f"{syncs} synchronising calls in {rounds} rounds")
+    assert syncs <= 6 * rounds
+
+
+def synchronising_calls(decoder, state, most_rounds: int = 8) -> tuple[int, int]:
+    """(synchronising calls CUDA's sync debug mode warned about, rounds) over up to `most_rounds` more rounds."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             rounds = 0
-            while state.stop_reason is None and rounds < 8:
+            while state.stop_reason is None and rounds < most_rounds:
                 decoder.step(state)
                 rounds += 1
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    syncs = sum("synchroniz" in str(w.message).lower() for w in caught)
-    print(f"{syncs} synchronising calls in {rounds} rounds")
-    assert syncs <= 6 * rounds
+    return sum("synchroniz" in str(w.message).lower() for w in caught), rounds
 
 
 @pytest.fixture(scope="module")
@@ -243,17 +248,6 @@ def test_captured_path_syncs_per_round(random_smollm2):
         state = decoder.start(prompt, k=4, max_new_tokens=32, sampling=GREEDY)
         for _ in range(2):
             decoder.step(state)                               # warm-up rounds: captures
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                rounds = 0
-                while state.stop_reason is None and rounds < 8:
-                    decoder.step(state)
-                    rounds += 1
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    syncs = sum("synchroniz" in str(w.message).lower() for w in caught)
+        syncs, rounds = synchronising_calls(decoder, state)
     print(f"captured path: {syncs} synchronising calls in {rounds} rounds")
     assert syncs <= 6 * rounds

@@ -2,20 +2,10 @@
 would cost minutes of a short lease): a tiny random-weight Llama, eager and on the static path's fixed-shape
 forwards (the CPU's fallback for captured graphs), the verify rows, both drafts, the tables. Never its timings."""
 import json
-from types import SimpleNamespace
 
-import pytest
+from test_gpu_verify_cost import tiny_shape  # noqa: F401  (the fixture: a tiny random-weight Llama shape)
 
 from bench import gpu_static
-from spec_engine import bench
-
-
-@pytest.fixture
-def tiny_shape(monkeypatch):
-    monkeypatch.setitem(bench.RANDOM_SIZES, "tiny", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                                         num_attention_heads=4, num_key_value_heads=2,
-                                                         tie_word_embeddings=True))
-    monkeypatch.setattr(bench, "random_tokenizer", lambda: SimpleNamespace(bos_token_id=1, eos_token_id=2))
 
 
 def test_every_measurement_has_its_row_and_the_paths_agree_in_fp32(tiny_shape, tmp_path):
