@@ -82,7 +82,7 @@ TUNE_PASSES = 3                       # passes per shape; the fastest pass of ea
 TUNE_MARGIN = 0.85                    # another kernel displaces the static rule's only when this much faster or more:
                                       # on a shared host, noise alone had put F.linear and oneDNN at some row counts
                                       # (6 and 8 rows of SmolLM2 cost 2x 5 and 11 rows: a jagged verify-cost curve)
-PLAN_RULE = "v4: the static rule's kernel unless another is TUNE_MARGIN faster; blocks planned too"   # in the key:
+PLAN_RULE = "v5: the static rule's kernel unless another is TUNE_MARGIN faster; blocks planned too"   # in the key:
                                       # plans saved under an older rule are measured again
 PLANS_FILE = "gemm-plans.json"        # measured plans kept in the cache folder, by machine (paths.cache_root)
 MAX_PACKED_BYTES = 2 << 30            # packed copies (one per kernel a plan picks): skip models above 2 GiB

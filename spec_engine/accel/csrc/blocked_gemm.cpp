@@ -154,7 +154,14 @@ static void over_blocks(const float* bias, float* y, int M, int N, int threads, 
 // Rows from WIDE_ROWS on take the half-block kernel: measured faster from 3 rows on an AVX2 EPYC (2 threads, a
 // 3072 x 576 weight: 3 / 4 / 8 / 32 rows 0.37 / 0.34 / 0.55 / 1.79 ms against 0.55 / 0.60 / 0.67 / 2.34 ms);
 // one and two rows stay on the streaming kernel above, as measured for decoding.
+#if defined(__AVX512F__)
+// On an AVX-512 EPYC the half-block kernel made verify widths of 3-16 rows slower (SmolLM2-135M: 12 rows cost 1.9
+// plain steps instead of ~1.05, so the cost-sized draft trees shrank to one node); a verify (at most 16 rows, the
+// engine's MAX_ROWS) keeps the streaming kernel there, and only a batch's or a prompt's many rows take the wide one.
+static const int WIDE_ROWS = 17;
+#else
 static const int WIDE_ROWS = 3;
+#endif
 
 extern "C" void blocked_gemm(const float* x, const float* packed, const float* bias, float* y, int M, int K, int N,
                              int threads) {
