@@ -12,6 +12,7 @@ import spec_engine as se
 from spec_engine.core import packed
 from spec_engine.core.batch import BatchCosts, BatchDecoder, Request, draft_caps
 from spec_engine.core.rule import invariant_step, position_noise, race
+from spec_engine.drafters.eagle import random_eagle_drafter
 from test_statistical import ALPHA, exact_joint, chi_square_pvalue
 from tiny import tiny_llama
 
@@ -303,3 +304,43 @@ def test_a_seed_fixes_the_text_in_concurrent_lone_runs(target, draft_model):
     for thread in threads:
         thread.join()
     assert threaded == plain
+
+
+def test_a_sequence_the_batch_gives_no_drafts_runs_no_head_step_and_catches_up_when_it_drafts(target, monkeypatch):
+    """In rounds whose cap is 0 an EAGLE head's catch-up waits (batch.Deferred): no head forward runs for the
+    sequence, so speculation sized off costs what plain batched decoding costs. When it drafts again, the waiting
+    features go in first: the head's cache holds exactly committed[:-1] before it drafts (EagleDrafter asserts it),
+    and the tokens stay plain decoding's."""
+    plain = [se.autoregressive_generate(target, ids(p), max_new_tokens=24, sampling=GREEDY).tokens for p in PROMPTS[:4]]
+    heads, steps, rounds = [], [], [0]
+    original = BatchDecoder.caps
+
+    def caps(self, decoding):                       # drafts in rounds 0-1 and 6-7 of every 8, none otherwise
+        rounds[0] += 1
+        full = original(self, decoding)
+        return full if rounds[0] % 8 in (1, 2, 7, 0) else [0] * len(full)
+    monkeypatch.setattr(BatchDecoder, "caps", caps)
+    requests = []
+    for i, p in enumerate(PROMPTS[:4]):
+        drafter = random_eagle_drafter(target, seed=i)
+        heads.append(drafter.head)
+        requests.append(Request(i, ids(p), drafter, k=3, max_new_tokens=24, sampling=GREEDY))
+    batch = BatchDecoder(target, draft_length="fixed")
+    for request in requests:
+        batch.add(request)
+    counted = {id(h): 0 for h in heads}
+    hooks = [h.register_forward_hook(lambda module, args, out: counted.__setitem__(id(module), counted[id(module)] + 1))
+             for h in heads]
+    try:
+        while batch.active:
+            before = dict(counted)
+            events = batch.step()
+            steps.append(([e.draft_cap for e in events], {k: counted[k] - before[k] for k in counted}))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    results = [batch.finished.pop(i).tokens for i in range(4)]
+    assert results == plain
+    idle = [ran for capped, ran in steps if capped and not any(capped)]
+    assert idle and all(not any(ran.values()) for ran in idle), steps       # no head forward in a round of cap 0
+    assert any(any(ran.values()) for capped, ran in steps if any(capped))

@@ -80,6 +80,56 @@ class Idle(Drafter):
         return Proposal([], None)
 
 
+class Deferred(Drafter):
+    """A sequence's drafter inside a batch. In a round the batch gives it no drafts (cap 0), the committed tokens'
+    features wait here instead of going through the drafter's catch-up: for an EAGLE head that is a head forward per
+    sequence per round, which made a batch with speculation sized off slower than plain batched decoding (x0.90 at
+    8 sequences, x0.89 at 32). The next round it drafts, they go in first, in one catch-up of all their rows (as
+    drafters/base.py's FirstThenFallback does after a lookup round). In a round it drafts, everything passes
+    straight through, so a sequence drafting every round feeds its drafter exactly as a lone run does."""
+
+    def __init__(self, drafter: Drafter):
+        self.inner = drafter
+        self.name = drafter.name
+        self.feature_layers = drafter.feature_layers
+        self.hold = False                           # this round's cap was 0: rollback keeps what it is given
+        self.held = False                           # a rollback was kept back: catch up before the next draft
+        self.waiting: list[torch.Tensor] = []       # [m, F] features of those rounds, in order
+
+    @property
+    def cache(self):
+        return self.inner.cache
+
+    def cache_len(self) -> int | None:
+        return self.inner.cache_len()
+
+    def check_target(self, target_model) -> None:
+        self.inner.check_target(target_model)
+
+    def model_modules(self):
+        return self.inner.model_modules()
+
+    def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
+        self.hold, self.held, self.waiting = False, False, []
+        self.inner.begin(prompt_ids, target_features)
+
+    def propose(self, committed: list[int], k: int, params, generator) -> Proposal:
+        if k and self.held:
+            self.catch_up(committed)
+        return self.inner.propose(committed, k, params, generator)
+
+    def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
+        if target_features is not None and target_features.shape[0]:
+            self.waiting.append(target_features)
+        self.held = True
+        if not self.hold:
+            self.catch_up(committed)
+
+    def catch_up(self, committed: list[int]) -> None:
+        parts, self.waiting, self.held = self.waiting, [], False
+        self.inner.rollback(committed, torch.cat(parts) if len(parts) > 1 else parts[0] if parts else None)
+
+
 @dataclass
 class Member:
     """A request in the batch: its decoder (the lone-run code), its state, and what the sizing has learnt of it."""
@@ -246,7 +296,7 @@ class BatchDecoder:
         try:
             # Plain batched decoding never drafts: its sequences skip their drafters' bookkeeping too (an EAGLE head
             # would run a catch-up step per sequence per round to stay ready for drafts that never come).
-            drafter = Idle(request.drafter.name) if self.draft_length == "off" else request.drafter
+            drafter = Idle(request.drafter.name) if self.draft_length == "off" else Deferred(request.drafter)
             decoder = SpeculativeDecoder(self.target, drafter, request.rule)
             sampling = request.sampling or SamplingParams()
             committed = validate_request(self.target, request.input_ids, request.k, request.max_new_tokens, sampling)
@@ -296,6 +346,8 @@ class BatchDecoder:
         events = []
         for member, cap, plan, out in zip(decoding, caps, planned, scored):
             own = self.own_output(member, out, feature_layers)
+            if isinstance(member.decoder.drafter, Deferred):
+                member.decoder.drafter.hold = cap == 0
             event = member.decoder.settle(member.state, plan, own, report=False)
             check_invariant(member.state.target_cache, len(member.state.committed) - 1,
                             f"request {member.request.id!r}")
