@@ -39,9 +39,9 @@ this is the model above, unchanged.
 This CPU: v_1, s and c come from the run's own rounds, in units of its own plain decoding step (`measured_cost`): a
 projection from measured costs, at the run's own batch (1) and weights.
 
-The presets (presets/whatif.yaml) are datasheet figures and model configs, plus the few calibrated constants of a
-serving stack (`Stack`: a fixed time per forward and per speculative round), each stated there with the published
-row it was calibrated on. The calibration rows (Spec-Bench's RTX 3090 leaderboard, EAGLE-3 on SGLang at batch 1, 8
+The presets (presets/whatif.yaml) are datasheet figures and model configs, plus four calibrated numbers: a serving
+stack's fixed time per forward and per speculative round (`Stack`), and the tokens per forward of a batch row whose
+acceptance is not published, each stated there with the published row it was calibrated on. The calibration rows (Spec-Bench's RTX 3090 leaderboard, EAGLE-3 on SGLang at batch 1, 8
 and 32, gpt-fast's bf16 / int8 / int4 tokens/s) check the model (tests/test_whatif.py, tests/test_whatif_batch.py).
 """
 from __future__ import annotations
