@@ -70,7 +70,7 @@ def chain_speedup(presets, batch: int, tokens_per_forward: float, overlap: bool 
     overhead = stack.forward_overhead_ms / 1e3
     plain = whatif.forward_seconds(hardware, target, batch, 2.0, overhead, overlap)
     verify = whatif.forward_seconds(hardware, target, batch * row.verify_rows, 2.0, overhead, overlap)
-    draft = whatif._draft_seconds(hardware, target, head, batch, row.draft_rows, 2.0, overhead)
+    draft = whatif.draft_seconds(hardware, target, head, batch, row.draft_rows, 2.0, overhead)
     return tokens_per_forward * plain / (stack.round_overhead_ms / 1e3 + row.draft_forwards * draft + verify)
 
 

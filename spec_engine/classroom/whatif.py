@@ -41,8 +41,9 @@ projection from measured costs, at the run's own batch (1) and weights.
 
 The presets (presets/whatif.yaml) are datasheet figures and model configs, plus four calibrated numbers: a serving
 stack's fixed time per forward and per speculative round (`Stack`), and the tokens per forward of a batch row whose
-acceptance is not published, each stated there with the published row it was calibrated on. The calibration rows (Spec-Bench's RTX 3090 leaderboard, EAGLE-3 on SGLang at batch 1, 8
-and 32, gpt-fast's bf16 / int8 / int4 tokens/s) check the model (tests/test_whatif.py, tests/test_whatif_batch.py).
+acceptance is not published, each stated there with the published row it was calibrated on. The calibration rows
+(Spec-Bench's RTX 3090 leaderboard, EAGLE-3 on SGLang at batch 1, 8 and 32, gpt-fast's bf16 / int8 / int4 tokens/s)
+check the model (tests/test_whatif.py, tests/test_whatif_batch.py).
 """
 from __future__ import annotations
 
@@ -171,7 +172,7 @@ class Precision:
 
 @dataclass(frozen=True)
 class Stack:
-    """A serving stack's calibrated constants: the only fitted numbers in the presets. forward_overhead_ms: time a
+    """A serving stack's calibrated constants (fitted, unlike the datasheet figures). forward_overhead_ms: time a
     target forward takes beyond its weight read and arithmetic (kernel launches and tails, attention, norms,
     sampling); round_overhead_ms: time a speculative round takes beyond its forwards (tree building, acceptance,
     cache bookkeeping). Each is calibrated on the published row named in `calibrated_on`."""
@@ -418,7 +419,7 @@ def forward_seconds(hardware: Hardware, target: Target, rows: int, bytes_per_wei
     return overhead_s + weights + max(0, rows - 1) * row_seconds(hardware, target)
 
 
-def _draft_seconds(hardware: Hardware, target: Target, draft: Draft, batch: int, draft_rows: int,
+def draft_seconds(hardware: Hardware, target: Target, draft: Draft, batch: int, draft_rows: int,
                    bytes_per_weight: float, overhead_s: float) -> float:
     """One draft forward over `draft_rows` rows for each of `batch` sequences, in seconds: c one-row target
     forwards (its weights' share, or its layers' share when launch bound), plus its own arithmetic for the rest."""
@@ -466,7 +467,7 @@ def gpu_cost(hardware: Hardware, target: Target, draft: Draft, batch: int = 1,
                          f"{bytes_per_weight}")
     overhead = stack.forward_overhead_ms / 1e3 if stack else 0.0
     step = forward_seconds(hardware, target, batch, bytes_per_weight, overhead)           # s, one plain step
-    draft_s = _draft_seconds(hardware, target, draft, batch, draft_rows, bytes_per_weight, overhead)
+    draft_s = draft_seconds(hardware, target, draft, batch, draft_rows, bytes_per_weight, overhead)
     round_s = stack.round_overhead_ms / 1e3 if stack else 0.0
     notes = _gpu_notes(hardware, target, draft, batch, bytes_per_weight, stack, draft_s / step)
     return CostModel(name=f"{hardware.label}, {target.label}", verify_one=1.0,
