@@ -435,7 +435,8 @@ def _gpu_notes(hardware: Hardware, target: Target, draft: Draft, batch: int, byt
     weight_gb = target.params_b * bytes_per_weight
     weights_ms = weight_gb / hardware.bandwidth_gb_s * 1e3
     notes = [
-        f"batch {batch}, {bytes_per_weight:g} bytes a weight ({weight_gb:.0f} GB): a forward reads every weight once "
+        f"batch {batch}, {bytes_per_weight:g} byte{'' if bytes_per_weight == 1 else 's'} a weight ({weight_gb:.0f} "
+        "GB): a forward reads every weight once "
         f"for all {batch} sequence{'s' if batch > 1 else ''}, then computes every row",
         f"each row beyond the first (all sequences' rows together) adds {row_seconds(hardware, target) * 1e3:.4f} "
         f"ms of arithmetic at {hardware.tensor_tflops:g} TFLOP/s to {weights_ms:.2f} ms of weights at "

@@ -28,8 +28,8 @@ decoding is bound by reading the weights, so verifying a few rows costs about on
 gives 2-3x. Set the acceptance at each draft position (or take the latest run's) and a GPU class: the panel
 **projects** tokens per second and the speedup from a cost model (not a measurement: its assumptions are listed
 under the result; `docs/whatif.md` in the repository explains it). No model is needed.
-**Batch size** shares one weight read across users and **bytes per weight** (quantization) shrinks it: both leave
-less slack for speculation, whose extra rows are arithmetic the batch already pays for."""
+**Batch size** shares one weight read across users and **bytes per weight** (quantization) shrinks it; both leave
+speculation less to gain: its extra rows add arithmetic, which weighs more against a shared or a shorter read."""
 
 
 def presets() -> whatif.Presets:
