@@ -153,6 +153,11 @@ def calibration_markdown() -> str:
     return "\n".join(lines + ["", batch_calibration_markdown(), "", precision_calibration_markdown()])
 
 
+def off_by(projected: float, reported: float) -> str:
+    """Signed whole percent, "+0%" for a row matched to rounding (never "-0%")."""
+    return f"{round(100 * (projected / reported - 1)):+d}%"
+
+
 def role(calibrates: str) -> str:
     return f"calibrated: sets {calibrates}" if calibrates else "predicted"
 
@@ -165,7 +170,7 @@ def batch_calibration_markdown() -> str:
              "|---|---|---|---|---|---|---|---|"]
     for row, p in whatif.batch_calibration(presets()):
         lines.append(f"| {row.method} | {row.batch} | {row.tokens_per_forward:.2f} | {row.verify_rows} | "
-                     f"{row.speedup:.2f}x | {p.speedup:.2f}x | {100 * (p.speedup / row.speedup - 1):+.0f}% | "
+                     f"{row.speedup:.2f}x | {p.speedup:.2f}x | {off_by(p.speedup, row.speedup)} | "
                      f"{role(row.calibrates)} |")
     return "\n".join(lines)
 
@@ -179,7 +184,7 @@ def precision_calibration_markdown() -> str:
         precision = data.get("precisions", row.precision)
         lines.append(f"| {row.system} | {data.get('targets', row.target).label} | {precision.label} | "
                      f"{precision.bytes_per_weight:g} | {row.tokens_per_second:g} | {rate_:.1f} | "
-                     f"{100 * (rate_ / row.tokens_per_second - 1):+.0f}% | {role(row.calibrates)} |")
+                     f"{off_by(rate_, row.tokens_per_second)} | {role(row.calibrates)} |")
     return "\n".join(lines)
 
 
