@@ -1,5 +1,6 @@
 """The "What if: a GPU" tab in Chromium (issue #38): with no run at all (model-free mode), moving the sliders and
-choosing a GPU class redraws the projection, labelled as one, with its formula and the calibration table."""
+choosing a GPU class redraws the projection, labelled as one, with its formula and the calibration table; a batch
+size out of range is refused by name, and batch size and bytes per weight redraw it (issue #60)."""
 import pytest
 
 from conftest import open_playground
@@ -25,5 +26,18 @@ def test_the_what_if_tab_projects_from_sliders_with_no_run(playground, chromium)
         page.locator("[role=option]", has_text="H100").first.click()
         page.wait_for_function(f"{RESULT}.includes('H100')", timeout=30_000)
         assert "E / (v(rows) + c · forwards)" in page.locator("#whatif-result").inner_text()
+        batch = page.locator("#whatif-batch input[type=number]")
+        batch.fill("0")
+        batch.press("Enter")
+        page.wait_for_function(f"{RESULT}.includes('batch size must be a whole number from 1 to 256, got 0')",
+                               timeout=30_000)
+        batch.fill("32")
+        batch.press("Enter")
+        weights = page.locator("#whatif-bytes input[type=number]")
+        weights.fill("0.625")
+        weights.press("Enter")
+        page.wait_for_function(f"{RESULT}.includes('batch 32, 0.625 bytes a weight')", timeout=30_000)
+        calibration = page.locator("#whatif-calibration").inner_text()
+        assert "EAGLE-3 chain" in calibration and "predicted" in calibration and "int4" in calibration
     finally:
         page.close()

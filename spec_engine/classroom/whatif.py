@@ -21,10 +21,29 @@ one decoder layer of the target's width, a 2h -> h projection and the target's L
 forward. Plain tokens/s is the bandwidth ceiling (weights / bandwidth); real runs reach part of it, and the speedup
 does not depend on that part when memory and arithmetic reach the same part of their peaks.
 
-This CPU: v_1, s and c come from the run's own rounds, in units of its own plain decoding step (`measured_cost`).
+Batch size and bytes per weight (`forward_seconds`). One forward over N rows (all B sequences together: B in plain
+decoding, B x rows when verifying) takes, in seconds,
 
-No constant here is fitted: the presets (presets/whatif.yaml) are datasheet figures and model configs; the
-calibration rows there (Spec-Bench's RTX 3090 leaderboard) only check the model (tests/test_whatif.py).
+    t(N) = overhead + params x bytes per weight / bandwidth + (N - 1) x 2 params / tensor FLOP/s
+
+the weights read once (fewer bytes a weight: int8, 4-bit), then the arithmetic of every row after the first (the first
+row's matrix-vector work hides under the weight read, which is what makes plain decoding memory bound). The two
+terms add rather than overlap (a sum, not a roofline max): a decode forward is a chain of small dependent kernels,
+each too small to keep the memory system and the tensor cores busy at once, and the published EAGLE-3 batch rows
+rule the max out (a chain of 5 at batch 32 verifies 192 rows, under the H100's ridge, so a max would give batch 32
+the same speedup as batch 8; SGLang measured 1.62x -> 1.32x). A plain step at batch B is t(B); verifying `rows` rows
+a sequence costs t(B x rows) = t(B) + B (rows - 1) x the row cost, so in plain steps v_1 = 1 and s = B x row cost /
+t(B): the gain of speculation falls as the batch grows towards compute bound. With no overhead at batch 1 in fp16
+this is the model above, unchanged.
+
+This CPU: v_1, s and c come from the run's own rounds, in units of its own plain decoding step (`measured_cost`): a
+projection from measured costs, at the run's own batch (1) and weights.
+
+The presets (presets/whatif.yaml) are datasheet figures and model configs, plus four calibrated numbers: a serving
+stack's fixed time per forward and per speculative round (`Stack`), and the tokens per forward of a batch row whose
+acceptance is not published, each stated there with the published row it was calibrated on. The calibration rows
+(Spec-Bench's RTX 3090 leaderboard, EAGLE-3 on SGLang at batch 1, 8 and 32, gpt-fast's bf16 / int8 / int4 tokens/s)
+check the model (tests/test_whatif.py, tests/test_whatif_batch.py).
 """
 from __future__ import annotations
 
@@ -115,14 +134,20 @@ class Draft:
     params_b: float = 0.0
     layers: int = 0
 
+    def params(self, target: Target) -> float:
+        """Parameters one draft forward reads (a count, not billions); a head's depend on its target."""
+        if self.kind == "lookup":
+            return 0.0
+        if self.kind == "head":   # one decoder layer of the target's width, the 2h -> h projection, the LM head
+            return target.params_b * 1e9 / target.layers + 2 * target.hidden ** 2 + target.hidden * target.vocab
+        return self.params_b * 1e9
+
     def forward_cost(self, target: Target) -> float:
         """c: one draft forward in target forwards (see the module docstring)."""
         if self.kind == "lookup":
             return 0.0
-        if self.kind == "head":   # one decoder layer of the target's width, the 2h -> h projection, the LM head
-            params = target.params_b * 1e9 / target.layers + 2 * target.hidden ** 2 + target.hidden * target.vocab
-            return max(params / (target.params_b * 1e9), 1 / target.layers)
-        return max(self.params_b / target.params_b, self.layers / target.layers)
+        layers = 1 if self.kind == "head" else self.layers
+        return max(self.params(target) / (target.params_b * 1e9), layers / target.layers)
 
 
 @dataclass(frozen=True)
@@ -138,11 +163,66 @@ class CalibrationRow:
 
 
 @dataclass(frozen=True)
+class Precision:
+    id: str
+    label: str
+    bytes_per_weight: float       # weight bytes read per parameter, scales and zero points included
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A serving stack's calibrated constants (fitted, unlike the datasheet figures). forward_overhead_ms: time a
+    target forward takes beyond its weight read and arithmetic (kernel launches and tails, attention, norms,
+    sampling); round_overhead_ms: time a speculative round takes beyond its forwards (tree building, acceptance,
+    cache bookkeeping). Each is calibrated on the published row named in `calibrated_on`."""
+    id: str
+    label: str
+    hardware: str
+    forward_overhead_ms: float
+    round_overhead_ms: float = 0.0
+    calibrated_on: str = ""
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """A published speedup at a batch size, with the draft shape of its run (rows verified and draft forwards, per
+    sequence; draft_rows: rows each draft forward runs per sequence, the top-k of a tree)."""
+    method: str
+    stack: str
+    target: str
+    draft: str
+    precision: str
+    batch: int
+    tokens_per_forward: float
+    verify_rows: int
+    draft_forwards: int
+    draft_rows: int
+    speedup: float
+    calibrates: str = ""          # the constant this row set ("" where the row is a prediction)
+
+
+@dataclass(frozen=True)
+class PrecisionRow:
+    """A published plain-decoding rate (batch 1) at a weight precision."""
+    system: str
+    stack: str
+    target: str
+    precision: str
+    tokens_per_second: float
+    calibrates: str = ""
+
+
+@dataclass(frozen=True)
 class Presets:
     hardware: tuple[Hardware, ...]
     targets: tuple[Target, ...]
     drafts: tuple[Draft, ...]
     calibration: tuple[CalibrationRow, ...]
+    precisions: tuple[Precision, ...] = ()
+    stacks: tuple[Stack, ...] = ()
+    batch_calibration: tuple[BatchRow, ...] = ()
+    precision_calibration: tuple[PrecisionRow, ...] = ()
 
     def get(self, kind: str, id_: str):
         for item in getattr(self, kind):
@@ -197,8 +277,56 @@ class _CalibrationEntry(_Entry):
     draft_forwards: Count
 
 
+class _PrecisionEntry(_Entry):
+    id: str
+    label: str
+    bytes_per_weight: Number
+    source: str = ""
+
+
+class _StackEntry(_Entry):
+    id: str
+    label: str
+    hardware: str
+    forward_overhead_ms: Number
+    round_overhead_ms: Number = 0.0
+    calibrated_on: str = ""
+
+
+class _BatchEntry(_Entry):
+    method: str
+    stack: str
+    target: str
+    draft: str
+    precision: str
+    batch: Count
+    tokens_per_forward: Number
+    verify_rows: Count
+    draft_forwards: Count
+    draft_rows: Count
+    speedup: Number
+    calibrates: str = ""
+
+
+class _PrecisionRowEntry(_Entry):
+    system: str
+    stack: str
+    target: str
+    precision: str
+    tokens_per_second: Number
+    calibrates: str = ""
+
+
 _SECTIONS = {"hardware": (Hardware, _HardwareEntry), "targets": (Target, _TargetEntry),
-             "drafts": (Draft, _DraftEntry), "calibration": (CalibrationRow, _CalibrationEntry)}
+             "drafts": (Draft, _DraftEntry), "calibration": (CalibrationRow, _CalibrationEntry),
+             "precisions": (Precision, _PrecisionEntry), "stacks": (Stack, _StackEntry),
+             "batch_calibration": (BatchRow, _BatchEntry), "precision_calibration": (PrecisionRow, _PrecisionRowEntry)}
+# Which preset each field of a row names: checked on load, so a typo is named with the known ids.
+_REFERENCES = {"calibration": {"hardware": "hardware", "target": "targets", "draft": "drafts"},
+               "stacks": {"hardware": "hardware"},
+               "batch_calibration": {"stack": "stacks", "target": "targets", "draft": "drafts",
+                                     "precision": "precisions"},
+               "precision_calibration": {"stack": "stacks", "target": "targets", "precision": "precisions"}}
 
 
 def _validated(schema: type[_Entry], entry, where: str) -> dict:
@@ -237,13 +365,21 @@ def load_presets(path: str | Path | None = None) -> Presets:
         if d.kind not in ("lookup", "head", "model") or (d.kind == "model" and not (d.params_b and d.layers)):
             raise ValueError(f"{label}: draft {d.id!r}: kind must be lookup, head or model (a model needs params_b "
                              "and layers)")
-    for row in presets.calibration:
-        for kind, id_ in (("hardware", row.hardware), ("targets", row.target), ("drafts", row.draft)):
-            try:
-                presets.get(kind, id_)
-            except ValueError as exc:
-                raise ValueError(f"{label}: calibration {row.method}: {exc}") from exc
+    _check_references(presets, label)
     return presets
+
+
+def _check_references(presets: Presets, label: str) -> None:
+    """Every id a row names is a preset of its kind; the error names the file, the section and the row."""
+    for section, fields in _REFERENCES.items():
+        for n, row in enumerate(getattr(presets, section)):
+            name = getattr(row, "method", None) or getattr(row, "id", None) or getattr(row, "system", "")
+            for field_name, kind in fields.items():
+                try:
+                    presets.get(kind, getattr(row, field_name))
+                except ValueError as exc:
+                    where = "calibration" if section == "calibration" else f"{section}[{n}]"
+                    raise ValueError(f"{label}: {where} {name}: {exc}") from exc
 
 
 # ------------------------------------------------------------------------------------------ the cost model
@@ -251,7 +387,8 @@ def load_presets(path: str | Path | None = None) -> Presets:
 @dataclass(frozen=True)
 class CostModel:
     """Costs in plain decoding steps: v(rows) = verify_one + verify_per_row * (rows - 1); a draft forward costs
-    draft_forward. plain_tokens_per_second: measured (this CPU) or the bandwidth ceiling (a GPU class)."""
+    draft_forward; a speculative round costs round_overhead beyond its forwards. plain_tokens_per_second: measured
+    (this CPU), or a GPU class's plain rate at its batch (every sequence's tokens together)."""
 
     name: str
     verify_one: float
@@ -260,29 +397,84 @@ class CostModel:
     plain_tokens_per_second: float
     measured: bool
     assumptions: tuple[str, ...] = field(default=())
+    round_overhead: float = 0.0
 
     def verify_cost(self, rows: int) -> float:
         return self.verify_one + self.verify_per_row * max(0, rows - 1)
 
 
-def gpu_cost(hardware: Hardware, target: Target, draft: Draft) -> CostModel:
-    """The GPU cost model of the module docstring, from datasheet and config figures only."""
-    ridge = hardware.ridge_rows
+def row_seconds(hardware: Hardware, target: Target) -> float:
+    """One row's arithmetic in a target forward: 2 FLOPs a parameter at the tensor peak, in seconds."""
+    return 2 * target.params_b * 1e9 / (hardware.tensor_tflops * 1e12)
+
+
+def forward_seconds(hardware: Hardware, target: Target, rows: int, bytes_per_weight: float = BYTES_PER_PARAM,
+                    overhead_s: float = 0.0, overlap: bool = False) -> float:
+    """One target forward over `rows` rows (every sequence of the batch together), in seconds: the overhead, the
+    weights read once, and the arithmetic of the rows after the first, added (module docstring). overlap=True takes
+    the roofline's max of reading and arithmetic instead, kept so a test can show the batch rows rule it out."""
+    weights = target.params_b * 1e9 * bytes_per_weight / (hardware.bandwidth_gb_s * 1e9)
+    if overlap:
+        return overhead_s + max(weights, rows * row_seconds(hardware, target))
+    return overhead_s + weights + max(0, rows - 1) * row_seconds(hardware, target)
+
+
+def draft_seconds(hardware: Hardware, target: Target, draft: Draft, batch: int, draft_rows: int,
+                   bytes_per_weight: float, overhead_s: float) -> float:
+    """One draft forward over `draft_rows` rows for each of `batch` sequences, in seconds: c one-row target
+    forwards (its weights' share, or its layers' share when launch bound), plus its own arithmetic for the rest."""
+    if draft.kind == "lookup":
+        return 0.0
+    one_row = draft.forward_cost(target) * forward_seconds(hardware, target, 1, bytes_per_weight, overhead_s)
+    share = draft.params(target) / (target.params_b * 1e9)
+    return one_row + max(0, batch * draft_rows - 1) * row_seconds(hardware, target) * share
+
+
+def _gpu_notes(hardware: Hardware, target: Target, draft: Draft, batch: int, bytes_per_weight: float,
+               stack: Stack | None, c: float) -> list[str]:
+    weight_gb = target.params_b * bytes_per_weight
+    weights_ms = weight_gb / hardware.bandwidth_gb_s * 1e3
     notes = [
-        f"batch 1, fp16 weights ({target.weight_gb:.0f} GB), memory-bound decode: a forward reads every weight once",
-        f"each verify row beyond the first adds 1/{ridge:.0f} of a step (arithmetic at {hardware.tensor_tflops:g} "
-        f"TFLOP/s against weights at {hardware.bandwidth_gb_s:g} GB/s, no overlap)",
-        f"a draft forward costs {draft.forward_cost(target):.3f} of a target forward ({draft.label})",
-        "plain tokens/s is the bandwidth ceiling; real runs reach part of it (the speedup does not depend on which)",
-        "prefill, sampling and Python overhead per round are left out",
+        f"batch {batch}, {bytes_per_weight:g} byte{'' if bytes_per_weight == 1 else 's'} a weight ({weight_gb:.0f} "
+        "GB): a forward reads every weight once "
+        f"for all {batch} sequence{'s' if batch > 1 else ''}, then computes every row",
+        f"each row beyond the first (all sequences' rows together) adds {row_seconds(hardware, target) * 1e3:.4f} "
+        f"ms of arithmetic at {hardware.tensor_tflops:g} TFLOP/s to {weights_ms:.2f} ms of weights at "
+        f"{hardware.bandwidth_gb_s:g} GB/s (added, no overlap)",
+        f"a draft forward costs {c:.3f} of a plain step ({draft.label})",
     ]
-    if target.weight_gb > hardware.memory_gb:
-        notes.insert(0, f"{target.weight_gb:.0f} GB of weights do not fit one {hardware.memory_gb:g} GB card: several "
+    if stack is None:
+        notes += ["plain tokens/s is the bandwidth ceiling; real runs reach part of it (the speedup does not depend "
+                  "on which)", "prefill, sampling and Python overhead per round are left out"]
+    else:
+        notes += [f"{stack.label}: {stack.forward_overhead_ms:g} ms a forward and {stack.round_overhead_ms:g} ms a "
+                  f"speculative round beyond the model's terms, calibrated on {stack.calibrated_on}",
+                  "prefill is left out"]
+    if batch > 1:
+        notes.append("KV-cache reads (every sequence's context) are left out: plain and speculative forwards both "
+                     "pay them")
+    if weight_gb > hardware.memory_gb:
+        notes.insert(0, f"{weight_gb:.0f} GB of weights do not fit one {hardware.memory_gb:g} GB card: several "
                         "cards in tensor parallel, whose communication is not modelled")
-    return CostModel(name=f"{hardware.label}, {target.label}", verify_one=1.0, verify_per_row=1.0 / ridge,
-                     draft_forward=draft.forward_cost(target),
-                     plain_tokens_per_second=hardware.bandwidth_gb_s / target.weight_gb, measured=False,
-                     assumptions=tuple(notes))
+    return notes
+
+
+def gpu_cost(hardware: Hardware, target: Target, draft: Draft, batch: int = 1,
+             bytes_per_weight: float = BYTES_PER_PARAM, stack: Stack | None = None, draft_rows: int = 1) -> CostModel:
+    """The GPU cost model of the module docstring at a batch size and a weight precision, in plain steps at that
+    batch: datasheet and config figures, plus a serving stack's calibrated overheads when one is given."""
+    if batch < 1 or draft_rows < 1 or bytes_per_weight <= 0:
+        raise ValueError(f"need batch >= 1, draft_rows >= 1 and bytes_per_weight > 0, got {batch}, {draft_rows}, "
+                         f"{bytes_per_weight}")
+    overhead = stack.forward_overhead_ms / 1e3 if stack else 0.0
+    step = forward_seconds(hardware, target, batch, bytes_per_weight, overhead)           # s, one plain step
+    draft_s = draft_seconds(hardware, target, draft, batch, draft_rows, bytes_per_weight, overhead)
+    round_s = stack.round_overhead_ms / 1e3 if stack else 0.0
+    notes = _gpu_notes(hardware, target, draft, batch, bytes_per_weight, stack, draft_s / step)
+    return CostModel(name=f"{hardware.label}, {target.label}", verify_one=1.0,
+                     verify_per_row=batch * row_seconds(hardware, target) / step, draft_forward=draft_s / step,
+                     plain_tokens_per_second=batch / step, measured=False, assumptions=tuple(notes),
+                     round_overhead=round_s / step)
 
 
 def measured_cost(rounds, plain_step_seconds: Sequence[float], label: str = "this CPU") -> CostModel | None:
@@ -322,12 +514,17 @@ class Projection:
     plain_tokens_per_second: float
     tokens_per_second: float
     cost: CostModel
+    overhead_cost: float = 0.0    # the round's own overhead, plain steps
 
     @property
     def round_cost(self) -> float:
-        return self.verify_cost + self.draft_cost
+        return self.verify_cost + self.draft_cost + self.overhead_cost
 
     def formula(self) -> str:
+        if self.overhead_cost:
+            return (f"speedup = E / (v(rows) + c · forwards + round overhead) = {self.tokens_per_forward:.2f} / "
+                    f"({self.verify_cost:.3f} + {self.draft_cost:.3f} + {self.overhead_cost:.3f}) = "
+                    f"{self.speedup:.2f}x")
         return (f"speedup = E / (v(rows) + c · forwards) = {self.tokens_per_forward:.2f} / ({self.verify_cost:.3f} + "
                 f"{self.draft_cost:.3f}) = {self.speedup:.2f}x")
 
@@ -340,11 +537,13 @@ def project(tokens_per_forward: float, cost: CostModel, verify_rows: int, draft_
                          f"{verify_rows}, {draft_forwards}, {tokens_per_forward}")
     verify = cost.verify_cost(verify_rows)
     draft = cost.draft_forward * draft_forwards
-    speedup = tokens_per_forward / (verify + draft) if verify + draft > 0 else 0.0
+    total = verify + draft + cost.round_overhead
+    speedup = tokens_per_forward / total if total > 0 else 0.0
     return Projection(tokens_per_forward=tokens_per_forward, verify_rows=verify_rows, draft_forwards=draft_forwards,
                       verify_cost=verify, draft_cost=draft, speedup=speedup,
                       plain_tokens_per_second=cost.plain_tokens_per_second,
-                      tokens_per_second=cost.plain_tokens_per_second * speedup, cost=cost)
+                      tokens_per_second=cost.plain_tokens_per_second * speedup, cost=cost,
+                      overhead_cost=cost.round_overhead)
 
 
 def project_alphas(alphas: Sequence[float], cost: CostModel, draft: Draft | None = None,
@@ -370,3 +569,59 @@ def calibration(presets: Presets | None = None) -> list[tuple[CalibrationRow, Pr
         cost = gpu_cost(presets.get("hardware", row.hardware), presets.get("targets", row.target), draft)
         out.append((row, project(row.tokens_per_forward, cost, row.verify_rows, row.draft_forwards)))
     return out
+
+
+# ------------------------------------------------------------------------------------------ batch and precision rows
+
+def stack_cost(presets: Presets, stack_id: str, target_id: str, draft_id: str, batch: int = 1,
+               precision_id: str = "bf16", draft_rows: int = 1) -> CostModel:
+    """gpu_cost on a serving stack's own card, with its calibrated overheads."""
+    stack = presets.get("stacks", stack_id)
+    return gpu_cost(presets.get("hardware", stack.hardware), presets.get("targets", target_id),
+                    presets.get("drafts", draft_id), batch, presets.get("precisions", precision_id).bytes_per_weight,
+                    stack, draft_rows)
+
+
+def batch_projection(row: BatchRow, presets: Presets) -> Projection:
+    """A published batch row's projection from its tokens per forward and its run's draft shape."""
+    cost = stack_cost(presets, row.stack, row.target, row.draft, row.batch, row.precision, row.draft_rows)
+    return project(row.tokens_per_forward, cost, row.verify_rows, row.draft_forwards)
+
+
+def batch_calibration(presets: Presets | None = None) -> list[tuple[BatchRow, Projection]]:
+    presets = presets or load_presets()
+    return [(row, batch_projection(row, presets)) for row in presets.batch_calibration]
+
+
+def plain_rate(row: PrecisionRow, presets: Presets) -> float:
+    """Projected plain decoding tokens/s at batch 1 for a precision row: 1 / t(1) on its stack's card."""
+    return stack_cost(presets, row.stack, row.target, "lookup", 1, row.precision).plain_tokens_per_second
+
+
+def precision_calibration(presets: Presets | None = None) -> list[tuple[PrecisionRow, float]]:
+    presets = presets or load_presets()
+    return [(row, plain_rate(row, presets)) for row in presets.precision_calibration]
+
+
+def forward_overhead_ms(row: PrecisionRow, presets: Presets) -> float:
+    """The forward overhead that makes plain decoding run at `row`'s published rate: 1 / rate less the weight read
+    (batch 1: the one row's arithmetic hides under it). How each stack's forward_overhead_ms was calibrated."""
+    stack = presets.get("stacks", row.stack)
+    weights = forward_seconds(presets.get("hardware", stack.hardware), presets.get("targets", row.target), 1,
+                              presets.get("precisions", row.precision).bytes_per_weight)
+    return (1 / row.tokens_per_second - weights) * 1e3
+
+
+def round_overhead_ms(row: BatchRow, presets: Presets) -> float:
+    """The round overhead that makes `row`'s projection equal its published speedup, with its stack's forward
+    overhead: E / speedup plain steps a round, less its verify and draft forwards. How round_overhead_ms was
+    calibrated."""
+    p = batch_projection(row, presets)
+    step_ms = row.batch / p.plain_tokens_per_second * 1e3
+    return (row.tokens_per_forward / row.speedup - p.verify_cost - p.draft_cost) * step_ms
+
+
+def tokens_per_forward_for(row: BatchRow, presets: Presets) -> float:
+    """The tokens per forward that makes `row`'s projection equal its published speedup: speedup x round cost. How
+    a row with no published acceptance length got its tokens_per_forward."""
+    return row.speedup * batch_projection(row, presets).round_cost

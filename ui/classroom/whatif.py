@@ -1,6 +1,6 @@
 """The "What if: a GPU" tab: the latest run's acceptance by position (or sliders, with no model at all) projected
-onto a GPU class and a target size, or onto this CPU's measured costs. The math is spec_engine.classroom.whatif;
-this module only reads the controls and renders its numbers.
+onto a GPU class, a target size, a batch size and a weight precision, or onto this CPU's measured costs. The math is
+spec_engine.classroom.whatif; this module only reads the controls and renders its numbers.
 """
 from __future__ import annotations
 
@@ -17,13 +17,19 @@ CPU = "cpu"
 PRIVATE = {"api_visibility": "private"}
 DEFAULT_ALPHAS = (0.8, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4)
 COMPARE_COLUMNS = ["where", "verify v(rows)", "draft c·forwards", "speedup", "tokens/s", "plain tokens/s"]
+CPU_ROW = "this CPU (projected from measured costs)"
+MAX_BATCH = 256               # sequences sharing one weight read
+BYTES_RANGE = (0.25, 4.0)     # bytes per weight: below 2-bit, above fp32, refused by name
+NO_STACK = "none"
 
 CAPTION = """**Beyond the anchors: what would this be on a GPU?** Every speed figure elsewhere in this app is measured
 on this CPU with a 135M target, where verifying k rows costs more than one plain step. On a GPU with a 7-70B target,
 decoding is bound by reading the weights, so verifying a few rows costs about one step, and speculative decoding
 gives 2-3x. Set the acceptance at each draft position (or take the latest run's) and a GPU class: the panel
 **projects** tokens per second and the speedup from a cost model (not a measurement: its assumptions are listed
-under the result; `docs/whatif.md` in the repository explains it). No model is needed."""
+under the result; `docs/whatif.md` in the repository explains it). No model is needed.
+**Batch size** shares one weight read across users and **bytes per weight** (quantization) shrinks it; both leave
+speculation less to gain: its extra rows add arithmetic, which weighs more against a shared or a shorter read."""
 
 
 def presets() -> whatif.Presets:
@@ -31,7 +37,13 @@ def presets() -> whatif.Presets:
 
 
 def hardware_choices() -> list[tuple[str, str]]:
-    return [("This CPU (measured in the latest run)", CPU)] + [(h.label, h.id) for h in presets().hardware]
+    return [("This CPU (projected from costs measured in the latest run)", CPU)] + \
+        [(h.label, h.id) for h in presets().hardware]
+
+
+def stack_choices() -> list[tuple[str, str]]:
+    return [("none: the datasheet ceiling", NO_STACK)] + \
+        [(f"{s.label}'s overheads (calibrated)", s.id) for s in presets().stacks]
 
 
 def latest_record(state: SessionState | None):
@@ -52,8 +64,29 @@ def cpu_cost(state: SessionState | None):
     return whatif.measured_cost(record.timing.rounds, baseline.step_seconds)
 
 
-def projection(alphas, hardware: str, target: str, draft: str, tree_nodes: int, state: SessionState | None):
-    """(Projection, None) or (None, why not)."""
+def read_scale(batch, bytes_per_weight) -> tuple[int, float]:
+    """The batch size and bytes per weight from their boxes; a ValueError names the field that is out of range."""
+    try:
+        batch_value = float(batch)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"batch size must be a whole number from 1 to {MAX_BATCH}, got {batch!r}") from None
+    if not (1 <= batch_value <= MAX_BATCH and batch_value == int(batch_value)):
+        raise ValueError(f"batch size must be a whole number from 1 to {MAX_BATCH}, got {batch_value:g}")
+    low, high = BYTES_RANGE
+    try:
+        bytes_value = float(bytes_per_weight)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"bytes per weight must be a number from {low:g} to {high:g}, got {bytes_per_weight!r}") \
+            from None
+    if not low <= bytes_value <= high:          # NaN fails this too
+        raise ValueError(f"bytes per weight must be a number from {low:g} to {high:g}, got {bytes_value:g}")
+    return int(batch_value), bytes_value
+
+
+def projection(alphas, hardware: str, target: str, draft: str, tree_nodes: int, state: SessionState | None,
+               batch: int = 1, bytes_per_weight: float = 2.0, stack: str = NO_STACK):
+    """(Projection, None) or (None, why not). Batch, bytes per weight and a stack's overheads apply to GPU classes;
+    this CPU's costs are its run's own (batch 1, the run's weights)."""
     data = presets()
     draft_preset = data.get("drafts", draft)
     if hardware == CPU:
@@ -63,7 +96,9 @@ def projection(alphas, hardware: str, target: str, draft: str, tree_nodes: int, 
                           "\"Measure the speedup after each run\" ticked) first, or pick a GPU class.")
         draft_preset = None          # measured: the draft cost per drafted token is this run's own
     else:
-        cost = whatif.gpu_cost(data.get("hardware", hardware), data.get("targets", target), draft_preset)
+        stack_preset = None if stack in (NO_STACK, "", None) else data.get("stacks", stack)
+        cost = whatif.gpu_cost(data.get("hardware", hardware), data.get("targets", target), draft_preset, batch,
+                               bytes_per_weight, stack_preset)
     return whatif.project_alphas(alphas, cost, draft_preset, tree_nodes), None
 
 
@@ -73,7 +108,9 @@ def rate(tokens_per_second: float) -> str:
 
 def result_markdown(p: whatif.Projection, alphas, source_note: str) -> str:
     alphas_text = ", ".join(f"{a:.2f}" for a in alphas)
-    kind = "measured on this machine" if p.cost.measured else "a projection from a cost model, not a measurement"
+    kind = ("a projection from costs measured on this machine (its batch of 1, its run's weights), not a "
+            "measurement of this acceptance" if p.cost.measured else
+            "a projection from a cost model, not a measurement")
     lines = [
         f"### {p.speedup:.2f}x · {rate(p.tokens_per_second)} tokens/s (plain {rate(p.plain_tokens_per_second)})",
         f"*{p.cost.name}: {kind}.* {source_note}",
@@ -83,21 +120,23 @@ def result_markdown(p: whatif.Projection, alphas, source_note: str) -> str:
         f"- one round verifies {p.verify_rows} rows: v = {p.cost.verify_one:.3f} + {p.cost.verify_per_row:.4f} × "
         f"({p.verify_rows} − 1) = **{p.verify_cost:.3f}** plain steps; drafting: {p.draft_forwards} forwards × "
         f"{p.cost.draft_forward:.3f} = **{p.draft_cost:.3f}**",
-        f"- `{p.formula()}`; tokens/s = plain × speedup",
+        f"- `{p.formula()}`; tokens/s = plain × speedup" + (" (every sequence of the batch together)"
+                                                            if not p.cost.measured else ""),
         "",
         "**Assumptions:** " + "; ".join(p.cost.assumptions) + ".",
     ]
     return "\n".join(lines)
 
 
-def comparison(alphas, target: str, draft: str, tree_nodes: int, state: SessionState | None) -> pd.DataFrame:
+def comparison(alphas, target: str, draft: str, tree_nodes: int, state: SessionState | None, batch: int = 1,
+               bytes_per_weight: float = 2.0, stack: str = NO_STACK) -> pd.DataFrame:
     """The same acceptance on every hardware choice: where the speedup comes from is the cost of a round."""
     rows = []
     for _, hw in hardware_choices():
-        p, _ = projection(alphas, hw, target, draft, tree_nodes, state)
+        p, _ = projection(alphas, hw, target, draft, tree_nodes, state, batch, bytes_per_weight, stack)
         if p is None:
             continue
-        where = "this CPU (measured)" if hw == CPU else presets().get("hardware", hw).label
+        where = CPU_ROW if hw == CPU else presets().get("hardware", hw).label
         rows.append([where, round(p.verify_cost, 3), round(p.draft_cost, 3), f"{p.speedup:.2f}x",
                      rate(p.tokens_per_second), rate(p.plain_tokens_per_second)])
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
@@ -111,12 +150,50 @@ def calibration_markdown() -> str:
     for row, p in whatif.calibration(presets()):
         lines.append(f"| {row.method} | {row.tokens_per_forward:.2f} | {row.verify_rows} | {row.draft_forwards} | "
                      f"{row.speedup:.2f}x | {p.speedup:.2f}x | {100 * (p.speedup / row.speedup - 1):+.0f}% |")
+    return "\n".join(lines + ["", batch_calibration_markdown(), "", precision_calibration_markdown()])
+
+
+def off_by(projected: float, reported: float) -> str:
+    """Signed whole percent, "+0%" for a row matched to rounding (never "-0%")."""
+    return f"{round(100 * (projected / reported - 1)):+d}%"
+
+
+def role(calibrates: str) -> str:
+    return f"calibrated: sets {calibrates}" if calibrates else "predicted"
+
+
+def batch_calibration_markdown() -> str:
+    lines = ["**Batch size** (EAGLE-3 on SGLang, one H100, Llama-3.1-8B, MT-bench): the published speedup at each "
+             "batch, projected from its draft shape on SGLang's calibrated overheads. A row that set a constant "
+             "matches by construction; the others are predictions.",
+             "", "| method | batch | tokens / forward | rows verified | reported | projected | off by | role |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row, p in whatif.batch_calibration(presets()):
+        lines.append(f"| {row.method} | {row.batch} | {row.tokens_per_forward:.2f} | {row.verify_rows} | "
+                     f"{row.speedup:.2f}x | {p.speedup:.2f}x | {off_by(p.speedup, row.speedup)} | "
+                     f"{role(row.calibrates)} |")
+    return "\n".join(lines)
+
+
+def precision_calibration_markdown() -> str:
+    data = presets()
+    lines = ["**Bytes per weight** (plain decoding at batch 1): fewer bytes a weight, a shorter weight read.", "",
+             "| system | target | weights | bytes / weight | reported tok/s | projected | off by | role |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row, rate_ in whatif.precision_calibration(data):
+        precision = data.get("precisions", row.precision)
+        lines.append(f"| {row.system} | {data.get('targets', row.target).label} | {precision.label} | "
+                     f"{precision.bytes_per_weight:g} | {row.tokens_per_second:g} | {rate_:.1f} | "
+                     f"{off_by(rate_, row.tokens_per_second)} | {role(row.calibrates)} |")
     return "\n".join(lines)
 
 
 def update(k, hardware, target, draft, tree_nodes, *rest):
-    """Every control's change: the projection for the sliders' first k positions. Pure arithmetic, no model."""
-    *alphas, state = rest
+    """Every control's change: the projection for the sliders' first k positions. Pure arithmetic, no model.
+    rest: the POSITIONS α sliders, the session state, then batch size, bytes per weight and the stack (optional:
+    batch 1, bf16's 2 bytes and no stack overheads when left out)."""
+    alphas, state, scale = rest[:POSITIONS], rest[POSITIONS], list(rest[POSITIONS + 1:])
+    batch, bytes_per_weight, stack = scale + [1, 2.0, NO_STACK][len(scale):]
     try:        # a raw call can send anything: clamp to the controls' ranges, refuse what is not a number by name
         k = min(max(int(k), 1), POSITIONS)
         alphas = [min(max(float(a), 0.0), 1.0) for a in alphas[:k]]
@@ -126,12 +203,15 @@ def update(k, hardware, target, draft, tree_nodes, *rest):
     if tree_nodes and tree_nodes < k:
         tree_nodes = k
     try:
-        p, why = projection(alphas, hardware, target, draft, tree_nodes, state)
+        batch, bytes_per_weight = read_scale(batch, bytes_per_weight)      # out of range: refused by name
+        p, why = projection(alphas, hardware, target, draft, tree_nodes, state, batch, bytes_per_weight, stack)
     except ValueError as exc:                                   # an unknown preset id: the message names it
         return esc(str(exc)), None
     shape = f"a tree of {tree_nodes} nodes, {k} deep" if tree_nodes else f"a chain of k = {k} drafts, every round"
+    if p is not None and p.cost.measured and (batch, bytes_per_weight, stack) != (1, 2.0, NO_STACK):
+        shape += " Batch size, bytes per weight and a stack's overheads apply to the GPU classes only."
     text = why if p is None else result_markdown(p, alphas, f"Draft shape: {shape}.")
-    return text, comparison(alphas, target, draft, tree_nodes, state)
+    return text, comparison(alphas, target, draft, tree_nodes, state, batch, bytes_per_weight, stack)
 
 
 def draft_of_run(draft_name: str) -> str | None:
@@ -180,6 +260,14 @@ def build_tab(state) -> None:
                     draft = gr.Dropdown([(d.label, d.id) for d in data.drafts], value="eagle-head",
                                         label="Draft (its cost on a GPU)", elem_id="whatif-draft", min_width=220)
                 with gr.Row():
+                    batch = gr.Number(1, label=f"Batch size (1-{MAX_BATCH} sequences per weight read)",
+                                      elem_id="whatif-batch", min_width=160)
+                    bytes_per_weight = gr.Number(2.0, label="Bytes per weight", elem_id="whatif-bytes",
+                                                 info="bf16 2 · int8 1 · int4 0.5 + scales (0.625 at groups of 32)",
+                                                 min_width=160)
+                    stack = gr.Dropdown(stack_choices(), value=NO_STACK, label="Serving overheads",
+                                        elem_id="whatif-stack", min_width=220)
+                with gr.Row():
                     k = gr.Slider(1, POSITIONS, value=4, step=1, label="k: draft positions", elem_id="whatif-k")
                     tree = gr.Slider(0, 64, value=0, step=1, label="Tree nodes (0 = a chain)",
                                      info="a tree k deep verifies its nodes + 1 rows", elem_id="whatif-tree")
@@ -199,7 +287,7 @@ def build_tab(state) -> None:
         table = gr.Dataframe(first_table, headers=COMPARE_COLUMNS, interactive=False, elem_id="whatif-compare",
                              label="The same acceptance everywhere (this CPU once a run has measured it)")
         gr.Markdown(calibration_markdown(), elem_id="whatif-calibration")
-    inputs = [k, hardware, target, draft, tree, *alphas, state]
-    for control in (k, hardware, target, draft, tree, *alphas):
+    inputs = [k, hardware, target, draft, tree, *alphas, state, batch, bytes_per_weight, stack]
+    for control in (k, hardware, target, draft, tree, *alphas, batch, bytes_per_weight, stack):
         control.change(update, inputs, [result, table], concurrency_limit=None, show_progress="hidden", **PRIVATE)
     use_run.click(from_run, [state], [k, draft, tree, *alphas, run_note], concurrency_limit=None, **PRIVATE)
