@@ -22,6 +22,10 @@ embedding's weight (the vocabulary size every run, the EAGLE head's reduced rows
 in the offline models (which must stay dense for the token lookup), and the top-1 choice is most sensitive there.
 Embeddings and norms stay as loaded. Quantized modules are not nn.Linear, so the CPU speed layer's lean forward
 declines such a model and transformers' modules run it (accel/lean_llama.py `unsupported_reason`).
+
+The offline default's fp32 weights were themselves dequantized from a Q4_1 GGUF (blocks of 32 weights with a scale and
+a minimum), so int4 in groups of 32 nearly reproduces them (up to the bf16 rounding of scale and zero): on that model
+int4 may change less than int8, which says nothing about int4 on a model trained and shipped in bf16.
 """
 from __future__ import annotations
 
