@@ -129,6 +129,15 @@ def test_the_quantized_self_draft_is_registered_and_checks_its_target(target):
         se.QuantizedSelfDrafter(target, "int3")
 
 
+def test_drafters_of_one_target_share_its_quantized_copy(target):
+    """The app builds a drafter per run: the copy is made once per target and scheme, not once per run."""
+    first, second = se.QuantizedSelfDrafter(target, "int8"), se.QuantizedSelfDrafter(target, "int8")
+    assert first.model is second.model
+    other = tiny_llama(vocab=8, layers=3, seed=0)
+    assert se.QuantizedSelfDrafter(other, "int8").model is not first.model
+    assert se.QuantizedSelfDrafter(target, "int4").model is not first.model
+
+
 # ------------------------------------------------------------------------------------------- load_model
 
 
