@@ -189,3 +189,26 @@ def test_formats_are_checked_before_loading_and_name_what_is_missing(llama_dir, 
     monkeypatch.setattr(loading, "_find_spec", lambda name: None if name == "bitsandbytes" else object())
     with pytest.raises(ModelLoadError, match="needs bitsandbytes, which is not installed"):
         load_model(str(llama_dir), device="cpu", quantization="4bit")
+
+
+# ------------------------------------------------------------------------------------------- bench/quantized.py
+
+
+def test_the_benchmark_measures_what_it_says_on_a_tiny_model(target):
+    """bench/quantized.py's measurements on a tiny model: fp32 against itself agrees fully, every quantized row
+    reads fewer bytes, and the self-drafts' runs (checked inside against plain decoding) report their forwards."""
+    from types import SimpleNamespace
+    from bench.quantized import measure_drafts, measure_targets, report
+
+    args = SimpleNamespace(tokens=6, repeats=1, k=2, threads=1, prompts=1)
+    rows, plain = measure_targets(target, {"p": PROMPT}, args)
+    by_name = {row["target"]: row for row in rows}
+    assert list(by_name) == ["fp32", "fp32 (transformers' modules)", "bf16", "int8", "int4"]
+    assert by_name["fp32"]["top1_agreement"] == 1.0 and by_name["fp32"]["kl_nats"] == 0.0
+    assert by_name["fp32"]["first_divergence"] == {"p": None} and len(plain["p"]) == 6
+    assert all(by_name[s]["weight_mb_per_token"] < by_name["fp32"]["weight_mb_per_token"] for s in q.TORCH_SCHEMES)
+    assert all(by_name[s]["kl_nats"] > 0 for s in q.TORCH_SCHEMES)
+    drafts = measure_drafts(target, {"p": PROMPT}, plain, args)
+    assert [d["draft"] for d in drafts] == [f"quantized-self:{s}" for s in q.TORCH_SCHEMES]
+    assert all(1 <= d["tokens_per_forward"] <= args.k + 1 and d["speedup"] > 0 for d in drafts)
+    assert "| int4 |" in report([], args, rows, drafts, (0.0, 0.0))
