@@ -115,6 +115,20 @@ def test_where_the_int4_copy_disagrees_the_full_precision_target_decides():
     assert rejected and runs[3].tokens == plain.tokens
 
 
+def test_other_architectures_gemma_drafts_exactly_and_gpt2_conv1d_is_refused():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    gemma = Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=64, hidden_size=64, intermediate_size=128, head_dim=16,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    gemma.eval().requires_grad_(False)
+    plain, runs = greedy_identity_runs(gemma, lambda: se.QuantizedSelfDrafter(gemma, "int4"), PROMPT, ks=(3,),
+                                       tokens=12)
+    assert runs[3].tokens == plain.tokens
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0))
+    with pytest.raises(ValueError, match="no floating-point nn.Linear layers besides its LM head"):
+        q.quantized_copy(gpt2.eval(), "int8")
+
+
 def test_the_quantized_self_draft_is_registered_and_checks_its_target(target):
     spec = se.parse_draft("quantized-self:4")
     assert spec.arg == 4 and "quantized-self" in se.draft_modes()
@@ -136,6 +150,18 @@ def test_drafters_of_one_target_share_its_quantized_copy(target):
     other = tiny_llama(vocab=8, layers=3, seed=0)
     assert se.QuantizedSelfDrafter(other, "int8").model is not first.model
     assert se.QuantizedSelfDrafter(target, "int4").model is not first.model
+
+
+@pytest.mark.slow         # SmolLM2-135M: three quantized copies and 3 x 2 decodes of 24 tokens
+def test_on_smollm2_each_self_draft_gives_plain_decodings_text(smollm2):
+    prompt = smollm2.encode_prompt("Name three colours of the rainbow.")
+    plain = se.autoregressive_generate(smollm2.model, prompt, max_new_tokens=24, sampling=GREEDY)
+    for bits in BITS.values():
+        drafter = se.make_drafter(f"quantized-self:{bits}", smollm2)
+        result = se.SpeculativeDecoder(smollm2.model, drafter).generate(prompt, k=3, max_new_tokens=24,
+                                                                        sampling=GREEDY)
+        assert result.tokens == plain.tokens, bits
+        assert len(result.rounds) < 24, bits                      # the copy's drafts were accepted
 
 
 # ------------------------------------------------------------------------------------------- load_model

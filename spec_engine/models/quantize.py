@@ -188,12 +188,14 @@ def quantize_(model: nn.Module, scheme: str) -> nn.Module:
         return model.to(torch.bfloat16)
     head = model.get_output_embeddings()
     make = Int8Linear if scheme == "int8" else Int4Linear
+    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if child is not head and isinstance(child, nn.Linear) and child.weight.is_floating_point()]
+    if not targets:
+        raise ValueError(f"{type(model).__name__} has no floating-point nn.Linear layers besides its LM head for "
+                         f"{scheme} (GPT-2's are Conv1D); use bf16 or bitsandbytes")
     with torch.no_grad():
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if child is head or not isinstance(child, nn.Linear) or not child.weight.is_floating_point():
-                    continue
-                setattr(parent, name, make(child))
+        for parent, name, child in targets:
+            setattr(parent, name, make(child))
         if isinstance(head, nn.Linear):
             model.set_output_embeddings(Bf16Head(head))
     if hasattr(model, "config"):
