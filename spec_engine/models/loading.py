@@ -135,7 +135,8 @@ def load_model(
     if quantization in ("int8", "int4"):
         quantize.quantize_(model, quantization)
         report(f"weights quantized to {quantization} (torch's CPU kernels): "
-               f"{quantize.weight_bytes_per_token(model) / 2**20:.0f} MB read per token")
+               f"{quantize.weight_bytes_per_token(model) / 2**20:.0f} MB read per token; transformers' modules run "
+               "it (the CPU speed layer's lean forward takes nn.Linear layers only)")
     _freeze(model)
     note = speed.use_from_env().adopt(model)   # the environment's speed layer prepares it, if any (core/speed.py)
     if note:
