@@ -12,7 +12,8 @@ from spec_engine.core.decoder import (MAX_K, MAX_NEW_TOKENS, DecodeState, Specul
                                      context_length, validate_request)
 from spec_engine.drafters import (DEFAULT_SKIP_LAYERS, CrossTokenizerDrafter, Drafter, LayerSkipDrafter,
                                   LookupFirstDrafter, ModelDrafter, NaiveIdDrafter, PromptLookupDrafter, Proposal,
-                                  early_exit_layers, TreeLookupDrafter, LayerSkipTreeDrafter, ModelTreeDrafter)
+                                  early_exit_layers, TreeLookupDrafter, LayerSkipTreeDrafter, ModelTreeDrafter,
+                                  QuantizedSelfDrafter)
 from spec_engine.drafters.eagle import EagleDrafter, EagleHead, load_eagle_drafter
 from spec_engine.drafters.base import vocab_size
 from spec_engine.drafters.eagle import recommended_settings as eagle_recommended_settings
@@ -35,7 +36,7 @@ speed.select_from_env(accel.install_from_env, static_cache.install_from_env)
 
 __all__ = [
     "MAX_K", "MAX_NEW_TOKENS", "RULES", "WRONG_RULES", "TREE_RULES", "WRONG_TREE_RULES",
-    "TreeLookupDrafter", "LayerSkipTreeDrafter", "ModelTreeDrafter",
+    "TreeLookupDrafter", "LayerSkipTreeDrafter", "ModelTreeDrafter", "QuantizedSelfDrafter",
     "SamplingParams", "warp", "SpeculativeDecoder", "context_length", "DecodeState", "autoregressive_generate",
     "validate_request",
     "Drafter", "Proposal", "ModelDrafter", "LayerSkipDrafter", "PromptLookupDrafter", "LookupFirstDrafter",

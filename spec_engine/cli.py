@@ -20,7 +20,7 @@ from spec_engine.core import speed
 from spec_engine.core.metrics import expected_tokens_by_position
 from spec_engine.core.decoder import MAX_K, MAX_NEW_TOKENS, SpeculativeDecoder, autoregressive_generate
 from spec_engine.drafters.registry import make_drafter, parse_draft
-from spec_engine.models import DEFAULT_MODEL, load_model
+from spec_engine.models import DEFAULT_MODEL, QUANTIZATIONS, load_model
 from spec_engine.core.sampling import SamplingParams
 from spec_engine.core.rule import RULE_INFO
 from spec_engine.core.verify import RULES
@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default=os.environ.get("SPEC_DTYPE") or None,
                         help="float32 | bfloat16 | float16 (default: $SPEC_DTYPE, else float32 on the CPU and for "
                              "models of 0.5B parameters or less, bfloat16 above)")
+    parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
+                        help="the target's weights: bf16, int8, int4 (torch's CPU kernels) or 8bit, 4bit "
+                             "(bitsandbytes); default as loaded")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding measurement")
     parser.add_argument("--json", action="store_true", help="print one JSON object: settings, text, stats, rounds")
     return parser.parse_args(argv)
@@ -78,7 +81,7 @@ def main(argv=None) -> int:
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
         spec = parse_draft(args.draft)
         log = (lambda message: None) if args.json else (lambda message: print(f"  {message}", file=sys.stderr))
-        target = load_model(args.model, args.device, args.dtype, progress=log)
+        target = load_model(args.model, args.device, args.dtype, quantization=args.quantization, progress=log)
         speed.active().warm(target.model)   # the speed layer's lazy state (packed weights) made before the timed run
         draft = load_model(spec.model, target.device, target.dtype, progress=log) if spec.needs_model else None
         prompt_ids = target.encode_prompt(args.prompt, chat=not args.no_chat)

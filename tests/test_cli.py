@@ -40,3 +40,19 @@ def test_cli_json_run_reports_where_it_ran(smollm2, capsys, monkeypatch):
     monkeypatch.setenv("SPEC_DTYPE", "float32")
     assert main(["--prompt", "Say hi.", "--max-new-tokens", "4", "--no-baseline", "--json", "--device", "cpu"]) == 0
     assert json.loads(capsys.readouterr().out)["placement"] == {"device": "cpu", "dtype": "float32"}
+
+
+def test_quantization_reaches_load_model_and_unknown_formats_are_refused(monkeypatch, capsys):
+    import pytest
+    from spec_engine import cli
+    asked = {}
+
+    def fake_load(*args, **kwargs):
+        asked.update(kwargs)
+        raise ValueError("stopped after load_model was asked")
+    monkeypatch.setattr(cli, "load_model", fake_load)
+    assert main(["--prompt", "hi", "--quantization", "int4"]) == 2
+    assert asked["quantization"] == "int4" and "stopped after load_model" in capsys.readouterr().err
+    assert parse_args(["--prompt", "hi"]).quantization is None
+    with pytest.raises(SystemExit):
+        parse_args(["--prompt", "hi", "--quantization", "int3"])

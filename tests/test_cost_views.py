@@ -74,7 +74,7 @@ def corrected(curve: CostCurve) -> None:
 def test_every_registered_mode_is_listed_here():
     assert set(registry.modes()) == {"layer-skip", "layer-skip-tree", "early-exit", "prompt-lookup", "lookup-tree",
                                      "eagle", "eagle+lookup", "same-tokenizer", "cross-tokenizer", "naive-ids",
-                                     "eagle-tree", "eagle+lookup-tree", "suffix", "eagle+suffix"}
+                                     "eagle-tree", "eagle+lookup-tree", "suffix", "eagle+suffix", "quantized-self"}
 
 
 @pytest.mark.parametrize("mode", registry.MODES)

@@ -266,10 +266,12 @@ def test_the_default_dtype_on_an_accelerator_follows_the_models_size(monkeypatch
     assert load_model("owner/unknown-size").dtype == torch.bfloat16           # the size unknown: bf16
 
 
-def test_quantization_is_checked_before_loading():
-    with pytest.raises(ValueError, match="quantization must be None, '8bit' or '4bit'"):
+def test_quantization_is_checked_before_loading(monkeypatch):
+    """Each format loads on the CPU (tests/test_quantized.py); what cannot run is refused before any loading."""
+    with pytest.raises(ValueError, match="quantization must be None, 'bf16', 'int8', 'int4' .torch. or '8bit'"):
         check_quantization("3bit", torch.device("cpu"))
-    with pytest.raises(ModelLoadError, match="needs a CUDA device"):
+    monkeypatch.setattr(loading, "_find_spec", lambda name: None)
+    with pytest.raises(ModelLoadError, match="'4bit' needs bitsandbytes, which is not installed"):
         load_model(DEFAULT_MODEL, device="cpu", quantization="4bit")
 
 

@@ -198,6 +198,14 @@ def test_layer_skip_drafter(target, params):
     assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
 
 
+@pytest.mark.parametrize("params", SAMPLED[1:2] + in_full(SAMPLED[0]), ids=ids)
+@pytest.mark.parametrize("scheme", ["int4"] + in_full("int8", "bf16"))
+def test_quantized_self_drafter(target, scheme, params):
+    """int4 by default: the copy that differs most from the target, so the most rejections and residual draws."""
+    samples = speculative_samples(target, lambda: se.QuantizedSelfDrafter(target, scheme), params)
+    assert chi_square_pvalue(samples, exact_joint(target, PROMPT, params)) > ALPHA
+
+
 @pytest.mark.parametrize("params", SAMPLED[3:] + in_full(SAMPLED[0]), ids=ids)
 def test_prompt_lookup_drafter(target, params):
     samples = speculative_samples(target, lambda: se.PromptLookupDrafter(max_ngram=3), params)
@@ -249,6 +257,7 @@ KINDS = {
     "model": lambda target, draft: se.ModelDrafter(draft),
     "layer-skip": lambda target, draft: se.LayerSkipDrafter(target, [1]),
     "prompt-lookup": lambda target, draft: se.PromptLookupDrafter(max_ngram=3),
+    "quantized-self": lambda target, draft: se.QuantizedSelfDrafter(target, "int4"),
     "naive-ids": lambda target, draft: se.NaiveIdDrafter(tiny_llama(vocab=12, layers=1, seed=2)),
     "cross-tokenizer": lambda target, draft: se.CrossTokenizerDrafter(
         tiny_llama(vocab=len(DRAFT_PIECES), layers=1, seed=3), ToyTokenizer(DRAFT_PIECES), ToyTokenizer(TARGET_PIECES)),

@@ -57,6 +57,10 @@ def unsupported_reason(inner: nn.Module) -> str | None:
                  type(layer.post_attention_layernorm))
         if kinds != (LlamaDecoderLayer, LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRMSNorm):
             return f"layer {layer.self_attn.layer_idx} has modules other than transformers' Llama ones"
+        projections = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                       layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+        if not all(isinstance(p, nn.Linear) and p.weight.is_floating_point() for p in projections):
+            return f"layer {layer.self_attn.layer_idx} has quantized projections (transformers' modules run them)"
         if len({attn.bias is None
                 for attn in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)}) > 1:
             return f"layer {layer.self_attn.layer_idx} mixes projections with and without bias"

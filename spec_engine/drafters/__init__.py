@@ -11,6 +11,7 @@ from spec_engine.drafters.lookup import (LOOKUP_FIRST_MIN_NGRAM, LOOKUP_NOTE, PR
                                          lookup_continuation)
 from spec_engine.drafters.model import (DEFAULT_SKIP_LAYERS, LayerSkipDrafter, ModelDrafter, early_exit_layers,
                                         layer_skip_view)
+from spec_engine.drafters.quantized import QuantizedSelfDrafter
 from spec_engine.drafters.tree import LayerSkipTreeDrafter, ModelTreeDrafter
 
 __all__ = [
@@ -18,5 +19,5 @@ __all__ = [
     "LOOKUP_FIRST_MIN_NGRAM", "LOOKUP_NOTE", "PROMPT_LOOKUP_MAX_NGRAM", "PROMPT_LOOKUP_MIN_NGRAM",
     "LookupFirstDrafter", "LookupOdds", "PromptLookupDrafter", "fixed_length_lookup", "longest_suffix_match",
     "lookup_continuation", "DEFAULT_SKIP_LAYERS", "LayerSkipDrafter", "ModelDrafter", "early_exit_layers",
-    "layer_skip_view", "TreeLookupDrafter", "LayerSkipTreeDrafter", "ModelTreeDrafter",
+    "layer_skip_view", "TreeLookupDrafter", "LayerSkipTreeDrafter", "ModelTreeDrafter", "QuantizedSelfDrafter",
 ]

@@ -29,7 +29,9 @@ import torch
 
 from spec_engine.core import speed
 from spec_engine.paths import cache_root
-from spec_engine.models.presets import (CACHE_MARKER, OFFLINE_HUB_REASON, QUANTIZATIONS, _DTYPES, _HUB_ID,
+from spec_engine.models import quantize
+from spec_engine.models.presets import (BITSANDBYTES_QUANTIZATIONS, CACHE_MARKER, OFFLINE_HUB_REASON, QUANTIZATIONS,
+                                        TORCH_QUANTIZATIONS, _DTYPES, _HUB_ID,
                                         _STALE_TEMP_SECONDS, ModelLoadError, ModelPreset, Progress, _find_spec,
                                         _package_dir, hub_cached, hub_offline_reason, hub_source, list_presets)
 
@@ -95,6 +97,10 @@ def load_model(
 ) -> LoadedModel:
     """Load a preset, a local model directory or a Hugging Face Hub id.
 
+    ``quantization``: "bf16" (the whole model in bfloat16, as dtype="bfloat16"), "int8" or "int4" (weight-only, with
+    torch's CPU kernels: models/quantize.py, applied after loading; the CPU speed layer's lean forward declines such
+    a model, so transformers' modules run it), or bitsandbytes' "8bit" (LLM.int8) and "4bit" (NF4), applied by
+    transformers while loading, on CUDA or the CPU.
     ``device_map="auto"`` (accelerate) spreads a directory or hub model that is larger than one GPU over
     the GPUs (then CPU memory); the packaged GGUF presets are small and ignore it.
     ``progress`` receives short stage messages so a UI can show what a slow first
@@ -106,14 +112,19 @@ def load_model(
     if dtype is not None:
         dtype = resolve_dtype(dtype, device)
     check_quantization(quantization, device)
+    if quantization == "bf16":
+        if dtype not in (None, torch.bfloat16):
+            raise ValueError(f"quantization='bf16' is the model in bfloat16; it contradicts dtype={dtype}")
+        dtype = torch.bfloat16
     if device_map not in (None, "auto"):
         raise ValueError(f"device_map must be None or 'auto', got {device_map!r}")
-    placement = {"quantization": quantization, "device_map": device_map}
+    bitsandbytes = quantization if quantization in BITSANDBYTES_QUANTIZATIONS else None
+    placement = {"quantization": bitsandbytes, "device_map": device_map}
     preset = _find_preset(name_or_path)
     if dtype is None:       # the default: on an accelerator it depends on the model's size (resolve_dtype)
         dtype = resolve_dtype(None, device, None if device.type == "cpu" else parameter_count(name_or_path, preset))
     if preset is not None and preset.kind == "gguf-package" and _packaged_or_offline(preset):
-        model, tokenizer, source = _load_packaged(preset, device, dtype, quantization, report)
+        model, tokenizer, source = _load_packaged(preset, device, dtype, bitsandbytes, report)
     elif preset is not None and preset.kind == "gguf-package":
         report(f"{preset.package} is not installed; loading {preset.hub_id} instead")
         model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, placement, report, preset.gated)
@@ -121,6 +132,11 @@ def load_model(
         model, tokenizer, source = _load_hub(preset.hub_id, device, dtype, placement, report, preset.gated)
     else:
         model, tokenizer, source = _load_path_or_hub(name_or_path, device, dtype, placement, report)
+    if quantization in ("int8", "int4"):
+        quantize.quantize_(model, quantization)
+        report(f"weights quantized to {quantization} (torch's CPU kernels): "
+               f"{quantize.weight_bytes_per_token(model) / 2**20:.0f} MB read per token; transformers' modules run "
+               "it (the CPU speed layer's lean forward takes nn.Linear layers only)")
     _freeze(model)
     note = speed.use_from_env().adopt(model)   # the environment's speed layer prepares it, if any (core/speed.py)
     if note:
@@ -208,15 +224,20 @@ def parameter_count(name_or_path: str, preset: ModelPreset | None = None) -> int
 
 
 def check_quantization(quantization: str | None, device: torch.device) -> None:
-    """bitsandbytes quantization only exists for CUDA; refuse early with the reason."""
+    """Refuse an unknown format, or one this device or environment cannot run, early and with what is missing."""
     if quantization is None:
         return
     if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be None, '8bit' or '4bit', got {quantization!r}")
-    if device.type != "cuda":
-        raise ModelLoadError(f"quantization={quantization!r} needs a CUDA device (bitsandbytes); device is {device}")
-    if _find_spec("bitsandbytes") is None:
-        raise ModelLoadError(f"quantization={quantization!r} needs bitsandbytes: pip install bitsandbytes")
+        raise ValueError(f"quantization must be None, {', '.join(map(repr, TORCH_QUANTIZATIONS))} (torch) or "
+                         f"{', '.join(map(repr, BITSANDBYTES_QUANTIZATIONS))} (bitsandbytes), got {quantization!r}")
+    if quantization in TORCH_QUANTIZATIONS:
+        try:
+            quantize.check_kernels(quantization, device)
+        except ValueError as exc:
+            raise ModelLoadError(f"quantization={quantization!r}: {exc}") from exc
+    elif _find_spec("bitsandbytes") is None:
+        raise ModelLoadError(f"quantization={quantization!r} needs bitsandbytes, which is not installed: "
+                             "pip install bitsandbytes")
 
 
 def _find_preset(name: str) -> ModelPreset | None:

@@ -25,7 +25,10 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 PRESET_KINDS = ("gguf-package", "hub")
 SELF_DRAFTS = ("layer-skip", "early-exit", "prompt-lookup")
 CROSS_TOKENIZER_MODES = ("cross-tokenizer", "naive-ids")
-QUANTIZATIONS = ("8bit", "4bit")
+# Weight formats a load may ask for: torch's own kernels (models/quantize.py) and bitsandbytes' LLM.int8 and NF4.
+TORCH_QUANTIZATIONS = ("bf16", "int8", "int4")
+BITSANDBYTES_QUANTIZATIONS = ("8bit", "4bit")
+QUANTIZATIONS = TORCH_QUANTIZATIONS + BITSANDBYTES_QUANTIZATIONS
 
 CACHE_MARKER = "spec_engine_cache.json"
 OFFLINE_HUB_REASON = "needs the Hugging Face Hub (offline here)"
