@@ -275,13 +275,15 @@ def test_mismatch_figure_contrasts_the_same_draft_two_ways_and_greys_the_others(
                mismatch_result("(c) same tokenizer", 0.09, 0.05, 0.14, False),
                mismatch_result("(c') same tokenizer", 0.16, 0.12, 0.20, False)]
     fig = plots.mismatch_figure(results, "Gemma 3 270M")
-    pair, scale = fig.data
-    assert list(pair.x) == ["(a) naive ids", "(b) cross-tokenizer"] and list(pair.y) == [0.01, 0.16]
+    naive, retok, scale = fig.data
+    pair = (naive, retok)
+    assert [list(t.x) for t in pair] == [["(a) naive ids"], ["(b) cross-tokenizer"]]
+    assert [list(t.y) for t in pair] == [[0.01], [0.16]]
     assert list(scale.x) == ["(c) same tokenizer", "(c') same tokenizer"] and "for scale" in scale.name
-    assert "Gemma 3 270M" in pair.name
-    assert list(pair.error_y.array) == pytest.approx([0.02, 0.06])
-    assert list(pair.error_y.arrayminus) == pytest.approx([0.01, 0.06])
-    assert scale.marker.color not in pair.marker.color                     # the others are not part of the contrast
+    assert all("Gemma 3 270M" in t.name for t in pair) and naive.name.startswith("(a) naive ids")
+    assert [list(t.error_y.array) for t in pair] == [pytest.approx([0.02]), pytest.approx([0.06])]
+    assert [list(t.error_y.arrayminus) for t in pair] == [pytest.approx([0.01]), pytest.approx([0.06])]
+    assert scale.marker.color not in (naive.marker.color, retok.marker.color)   # the others are not in the contrast
     assert fig.layout.yaxis.range[1] == pytest.approx(0.22 * 1.3)           # fits the bars, not 0-100%
     assert [a.text for a in fig.layout.annotations] == ["re-tokenizing: ×16 the acceptance"]
     # Overlapping intervals are called noise, and a naive rate of zero reads "from 0".
@@ -291,3 +293,21 @@ def test_mismatch_figure_contrasts_the_same_draft_two_ways_and_greys_the_others(
     assert plots.mismatch_figure(results).layout.annotations[0].text.startswith("re-tokenizing: from 0 to 4%")
     # A demo stopped after its same-tokenizer runs has no contrast to annotate.
     assert not plots.mismatch_figure(results[2:]).layout.annotations
+
+
+def test_each_mismatch_legend_swatch_is_its_own_bars_colour():
+    """A legend draws one swatch per trace, in the trace's first colour: with both of the pair's bars in one trace
+    (red, orange) the legend said red for the orange re-tokenized bar. Every trace is one colour, and each bar's
+    colour is the one its legend entry shows; the two ways of the same draft are told apart by colour."""
+    results = [mismatch_result("(a) naive ids", 0.01, 0.0, 0.03, True),
+               mismatch_result("(b) cross-tokenizer", 0.16, 0.10, 0.22, True),
+               mismatch_result("(c) same tokenizer", 0.09, 0.05, 0.14, False)]
+    fig = plots.mismatch_figure(results, "Gemma 3 270M")
+    swatch = {}
+    for t in fig.data:
+        assert isinstance(t.marker.color, str), (t.name, t.marker.color)       # one colour: the legend's swatch
+        assert t.showlegend is not False
+        for x in t.x:
+            swatch[x] = (t.name, t.marker.color)
+    assert swatch["(b) cross-tokenizer"][1] == "#e39a26" and swatch["(a) naive ids"][1] == "#d64545"
+    assert swatch["(b) cross-tokenizer"][0].startswith("(b) cross-tokenizer")

@@ -309,6 +309,7 @@ def mismatch_panel() -> tuple[gr.Button, dict[str, gr.components.Component]]:
     mm: dict[str, gr.components.Component] = {}
     mm["mm_status"] = gr.Markdown("", elem_id="spec-mismatch-status")
     mm["mm_table"] = gr.Dataframe(headers=mismatch.MISMATCH_COLUMNS, interactive=False, wrap=True,
+                                  column_widths=mismatch.MISMATCH_WIDTHS,
                                   label="Same prompt, three kinds of draft", elem_id="spec-mismatch-table")
     with gr.Row():
         mm["mm_plot"] = gr.Plot(plots.mismatch_figure([]), show_label=False, scale=2,

@@ -336,34 +336,44 @@ def run_tag(summary: dict) -> str:
     return scenario.split(" · ", 1)[0] if scenario else f"#{summary['run_id']}"
 
 
+MISMATCH_PAIR_COLORS = ("#d64545", "#e39a26")      # (a) naive ids, (b) re-tokenized
+MISMATCH_SCALE_COLOR = "#9ca3af"
+
+
+def mismatch_bars(group: list[dict], name: str, colour: str, meta: str) -> dict:
+    """One bar trace of the mismatch figure: acceptance with its 90% interval over rounds as a whisker."""
+    rate = [r["acceptance_rate"] for r in group]
+    return {
+        "type": "bar", "name": name, "meta": meta, "x": [r["label"] for r in group], "y": rate,
+        "text": [f"{a:.0%}" for a in rate], "textposition": "outside", "cliponaxis": False,
+        "marker": {"color": colour},
+        "error_y": {"type": "data", "symmetric": False, "color": "#374151", "thickness": 1.2, "width": 6,
+                    "array": [max(0.0, r["high"] - a) for r, a in zip(group, rate)],
+                    "arrayminus": [max(0.0, a - r["low"]) for r, a in zip(group, rate)]},
+        "customdata": [[r["low"], r["high"], r["tokens_per_forward"], r["rounds"]] for r in group],
+        "hovertemplate": "%{x}<br>acceptance %{y:.1%} (90%: %{customdata[0]:.1%} to %{customdata[1]:.1%})"
+                         "<br>%{customdata[2]:.2f} tokens per target forward, %{customdata[3]} rounds"
+                         "<extra></extra>"}
+
+
 def mismatch_figure(results: list[dict], draft_name: str = "the other-tokenizer draft") -> go.Figure:
     """The tokenizer-mismatch lesson as one contrast: the same other-tokenizer draft (`pair` results) with naive ids
     and re-tokenized, each with its 90% interval over rounds (`low`, `high`: metrics.acceptance_interval); the
-    same-tokenizer drafts beside them in grey, for scale only, since they are other drafters. The axis fits the bars
-    rather than 0-100%, where every bar of a small model looks alike."""
+    same-tokenizer drafts beside them in grey, for scale only, since they are other drafters. Each of the pair's bars
+    is its own trace, so its legend entry shows its own colour (a legend draws one swatch per trace: one trace
+    coloured per bar showed the first bar's red for both). The axis fits the bars rather than 0-100%, where every bar
+    of a small model looks alike."""
     if not results:
         return empty_figure("Acceptance by draft", "Press the button to run the demo")
-    colors = {True: ["#d64545", "#e39a26"], False: ["#9ca3af", "#b8bec8"]}
-    traces, top = [], max([r["high"] for r in results] + [r["acceptance_rate"] for r in results] + [0.04])
-    for pair, name in ((True, f"{draft_name}, the same draft two ways"),
-                       (False, "same tokenizer: other drafts, for scale")):
-        group = [r for r in results if r["pair"] == pair]
-        if not group:
-            continue
-        rate = [r["acceptance_rate"] for r in group]
-        traces.append({
-            "type": "bar", "name": name, "x": [r["label"] for r in group], "y": rate,
-            "text": [f"{a:.0%}" for a in rate], "textposition": "outside", "cliponaxis": False,
-            "marker": {"color": colors[pair][:len(group)] if pair else colors[pair][0]},
-            "error_y": {"type": "data", "symmetric": False, "color": "#374151", "thickness": 1.2, "width": 6,
-                        "array": [max(0.0, r["high"] - a) for r, a in zip(group, rate)],
-                        "arrayminus": [max(0.0, a - r["low"]) for r, a in zip(group, rate)]},
-            "customdata": [[r["low"], r["high"], r["tokens_per_forward"], r["rounds"]] for r in group],
-            "hovertemplate": "%{x}<br>acceptance %{y:.1%} (90%: %{customdata[0]:.1%} to %{customdata[1]:.1%})"
-                             "<br>%{customdata[2]:.2f} tokens per target forward, %{customdata[3]} rounds"
-                             "<extra></extra>"})
+    top = max([r["high"] for r in results] + [r["acceptance_rate"] for r in results] + [0.04])
+    pair = [r for r in results if r["pair"]]
+    scale = [r for r in results if not r["pair"]]
+    traces = [mismatch_bars([r], f"{r['label']}: {draft_name}", MISMATCH_PAIR_COLORS[i % 2], "pair")
+              for i, r in enumerate(pair)]
+    if scale:
+        traces.append(mismatch_bars(scale, "same tokenizer: other drafts, for scale", MISMATCH_SCALE_COLOR, "scale"))
     notes = []
-    pair = {r["label"][:3]: r for r in results if r["pair"]}
+    pair = {r["label"][:3]: r for r in pair}
     naive, retok = pair.get("(a)"), pair.get("(b)")
     if naive and retok:
         gain = (f"×{retok['acceptance_rate'] / naive['acceptance_rate']:.0f} the acceptance"

@@ -1,0 +1,96 @@
+"""The teacher's walkthrough, read at the viewports where it went wrong (a class projector at 1440x1000, a phone at
+390x844), in headless Chromium (/usr/bin/chromium through PyPI playwright, as test_lab_browser.py): what a figure or
+table draws must lie inside its own box, and a box that scrolls must say so."""
+import pytest
+
+from conftest import PLOT_DATA, open_playground, set_number
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
+
+# Every Plotly title and legend of a figure against the figure's own SVG: text past its right edge is cut off.
+OVERFLOW = """(sel) => {
+    const plot = document.querySelector(sel + ' .js-plotly-plot');
+    const box = plot.querySelector('svg.main-svg').getBoundingClientRect();
+    return [...plot.querySelectorAll('.gtitle, .legendtext')].map(t => {
+        const r = t.getBoundingClientRect();
+        return {text: t.textContent, left: Math.round(r.left - box.left), right: Math.round(r.right - box.left),
+                width: Math.round(box.width)};
+    }).filter(t => t.left < 0 || t.right > t.width);
+}"""
+# The header cells of a Gradio table that end past the right edge of the box the visitor sees it in.
+CUT_COLUMNS = """(sel) => {
+    const table = document.querySelector(sel);
+    const view = table.querySelector('.virtual-table-viewport') || table;
+    const edge = Math.min(view.getBoundingClientRect().right, table.getBoundingClientRect().right, innerWidth);
+    return [...table.querySelectorAll('thead th')].map(th => [th.innerText.trim(), th.getBoundingClientRect()])
+        .filter(([text, r]) => text && r.width > 0 && r.right > edge + 1).map(([text, r]) => text);
+}"""
+
+
+@pytest.fixture
+def wide(playground, chromium):
+    page = open_playground(chromium, playground, 1440, 1000)
+    yield page
+    page.close()
+
+
+def test_the_lab_titles_and_verdicts_fit_at_1440(wide, tmp_path):
+    """The lab's right-hand title ran past its plot ("q before warping (tra"), and the table's last columns, the
+    verdict and the one-line reading, were cut off at the right of a 1440 px window."""
+    page = wide
+    page.get_by_role("tab", name="Exactness lab").click()
+    page.wait_for_selector("#lab-run", state="visible", timeout=30_000)
+    set_number(page, "#lab-n", "50")
+    set_number(page, "#lab-depth", "1")
+    page.click("#lab-run")
+    page.wait_for_function("document.querySelector('#lab-status').innerText.includes('Done')", timeout=180_000)
+    page.wait_for_function(f"({PLOT_DATA.format('#lab-plot-wrong')})?.length === 5", timeout=30_000)
+    page.screenshot(path=str(tmp_path / "lab-1440.png"), full_page=True)
+    for plot in ("#lab-plot-exact", "#lab-plot-wrong"):
+        assert page.evaluate(OVERFLOW, plot) == [], plot
+    assert page.evaluate(CUT_COLUMNS, "#lab-table") == []
+    assert "in one line" in page.inner_text("#lab-table thead")
+
+
+MISMATCH_ROWS = [
+    ["(a) naive ids: gemma-3-270m:naive-ids", "Gemma 3 270M's token ids, reused as SmolLM2 135M ids", 0.012, 1.05,
+     20.3, 38, ""],
+    ["(b) cross-tokenizer: gemma-3-270m:cross-tokenizer", "Gemma 3 270M's text, re-tokenized by SmolLM2 135M", 0.41,
+     2.1, 12.2, 19, "cross-tokenizer boundary fix; stopped at its share of the time limit (60 s)"],
+    ["(c) same tokenizer: prompt-lookup", "SmolLM2 135M ids copied from the context", 0.3, 1.6, 40.2, 25, ""],
+    ["(c') same tokenizer: layer-skip", "SmolLM2 135M ids from the target minus some layers", 0.5, 2.0, 30.1, 20, ""]]
+
+
+@pytest.fixture
+def mismatch_page(chromium):
+    """The page's tokenizer-mismatch panel (layout.mismatch_panel, launched with the page's own options) showing a
+    table of the demo's shape: the demo itself loads a second model for minutes (test_mismatch_browser.py)."""
+    import gradio as gr
+    import pandas as pd
+
+    from conftest import free_port
+    from ui import layout
+    from ui.playground import mismatch
+    with gr.Blocks() as demo:
+        with gr.Tabs():
+            with gr.Tab("Tokenizer mismatch"):
+                _, mm = layout.mismatch_panel()
+        demo.load(lambda: pd.DataFrame(MISMATCH_ROWS, columns=mismatch.MISMATCH_COLUMNS), None, mm["mm_table"])
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                **layout.launch_options())
+    page = chromium.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_function("(document.querySelector('#spec-mismatch-table')?.innerText || '').includes('naive')",
+                               timeout=60_000)
+        yield page
+    finally:
+        page.close()
+        demo.close()
+
+
+def test_the_mismatch_table_keeps_its_last_column_at_1440(mismatch_page):
+    """Sized to their content, the two long first columns pushed "note" past the table's right edge at 1440 px."""
+    assert mismatch_page.evaluate(CUT_COLUMNS, "#spec-mismatch-table") == []
+    assert "note" in mismatch_page.inner_text("#spec-mismatch-table thead")
