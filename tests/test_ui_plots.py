@@ -33,11 +33,30 @@ def test_acceptance_figure_per_round_and_running():
     assert "50%" in fig.layout.title.text
 
 
-def test_accepted_figure_against_k():
-    fig = plots.accepted_figure(run_rounds())
-    assert list(trace(fig, "accepted drafts").y) == [2, 4, 0]
-    assert list(trace(fig, "rejected + discarded").y) == [2, 0, 4]
-    assert list(trace(fig, "k").y) == [4, 4, 4]
+def test_accepted_figure_against_what_each_chain_drafted():
+    rounds = run_rounds() + [event([1, 2], 1, [1, 6], correction=6, index=3)]      # only 2 drafted under k = 4
+    fig = plots.accepted_figure(rounds)
+    assert list(trace(fig, "accepted drafts").y) == [2, 4, 0, 1]
+    assert list(trace(fig, "rejected + discarded").y) == [2, 0, 4, 1]
+    assert list(trace(fig, "most it could keep (its drafts)").y) == [4, 4, 4, 2]
+    assert fig.layout.title.text == "Accepted per round: mean 1.75 of 3.50 it could keep (drafted; k = 4)"
+
+
+def test_accepted_figure_measures_a_tree_against_its_depth_not_k():
+    """A tree of 4 nodes under k = 12 keeps at most its depth: the walkthrough's chart read "mean 0.63 of k = 12"
+    against a dashed 12. The line is each round's depth, and the title and legend say so."""
+    from test_tree_view import tree_event
+    rounds = [tree_event(k=12, index=0),                                                       # 5 nodes, 2 deep
+              tree_event(k=12, index=1, drafted=[1, 2, 3, 4], tree_parents=[-1, 0, 1, 2], tree_path=[0, 1, 2],
+                         accepted=3, emitted=[1, 2, 3, 9], tree_tried=[0, 1, 2, 3],
+                         accept_probs=[0.5, 0.2, 0.1, 0.1], uniforms=[0.1, 0.1, 0.05, 0.9])]      # a chain of 4
+    fig = plots.accepted_figure(rounds)
+    line = next(t for t in fig.data if t.name.startswith("most it could keep"))
+    assert list(line.y) == [2, 4] and "a tree: its depth" in line.name
+    assert list(trace(fig, "accepted drafts").y) == [1, 3]
+    assert list(trace(fig, "not kept (to the tree's depth)").y) == [1, 1]
+    assert fig.layout.title.text == "Accepted per round: mean 2.00 of 3.00 it could keep (a tree's depth; k = 12)"
+    assert fig.layout.yaxis.range[1] < 12 and "a tree of 5 nodes, 2 deep" in line.hovertext[0]
 
 
 def test_forward_figure_has_measured_theory_and_plain():

@@ -593,6 +593,9 @@ def tree_figure(session: StepSession | None):
     ev = session.stepper.current if session is not None else None
     if ev is None or not ev.is_tree:
         return plots.empty_figure("Draft tree of this round", "A tree draft's round is drawn here")
+    if not ev.drafted:
+        return plots.empty_figure(f"Draft tree of round {ev.index + 1}",
+                                  f"This round drafted nothing ({tree.NOTHING_DRAFTED}): the target took a plain step")
     return tree.tree_figure(session.stepper.shown, session.labeler, session.options, last=1,
                             title=f"Draft tree of round {ev.index + 1} (hover a node for p, q and the decision)")
 

@@ -72,21 +72,32 @@ def acceptance_figure(rounds) -> go.Figure:
 
 
 def accepted_figure(rounds) -> go.Figure:
-    """Accepted draft tokens per round (bars) against k."""
+    """Accepted draft tokens per round (bars) against the most each round could keep (the dashed line): its drafts
+    for a chain, its depth for a tree (one path at most is kept; RoundEvent.draft_length). Not k: a tree of 4 nodes
+    under k = 12 can keep at most its depth, and a chain that found nothing to copy drafted fewer than k."""
     if not rounds:
-        return empty_figure("Accepted tokens per round vs k")
+        return empty_figure("Accepted tokens per round")
     x = round_numbers(rounds)
     k = max(r.k for r in rounds)
-    mean = sum(r.accepted for r in rounds) / len(rounds)
+    most = [r.draft_length for r in rounds]
+    trees = any(r.is_tree for r in rounds)
+    mean, mean_most = sum(r.accepted for r in rounds) / len(rounds), sum(most) / len(rounds)
+    reach = "a tree's depth" if trees else "drafted"
+    hover = [f"round {n}: at most {m}" + (f" (a tree of {len(r.drafted)} nodes, {m} deep)" if r.is_tree
+                                          else f" ({m} drafted of k = {r.k})")
+             for n, m, r in zip(x, most, rounds)]
     traces = [
         {"type": "bar", "x": x, "y": [r.accepted for r in rounds], "name": "accepted drafts",
          "marker": {"color": COLORS["accepted"]}},
-        {"type": "bar", "x": x, "y": [len(r.drafted) - r.accepted for r in rounds], "name": "rejected + discarded",
-         "marker": {"color": "#e5e7eb"}},
-        scatter(x, [r.k for r in rounds], "k", line={"color": "#111827", "dash": "dash", "width": 1.5, "shape": "hvh"}),
+        {"type": "bar", "x": x, "y": [m - r.accepted for m, r in zip(most, rounds)],
+         "name": "not kept (to the tree's depth)" if trees else "rejected + discarded", "marker": {"color": "#e5e7eb"}},
+        scatter(x, most, f"most it could keep ({'drafts; a tree: its depth' if trees else 'its drafts'})",
+                line={"color": "#111827", "dash": "dash", "width": 1.5, "shape": "hvh"},
+                hovertext=hover, hoverinfo="text"),
     ]
-    return figure(traces, layout(f"Accepted per round: mean {mean:.2f} of k = {k}", "round", "draft tokens",
-                                 barmode="stack", bargap=0.15, yaxis={"range": [0, k + 0.6]}))
+    return figure(traces, layout(f"Accepted per round: mean {mean:.2f} of {mean_most:.2f} it could keep ({reach}; "
+                                 f"k = {k})", "round", "draft tokens", barmode="stack", bargap=0.15,
+                                 yaxis={"range": [0, max(most + [1]) + 0.6]}))
 
 
 def forward_figure(rounds) -> go.Figure:
