@@ -94,3 +94,30 @@ def test_the_mismatch_table_keeps_its_last_column_at_1440(mismatch_page):
     """Sized to their content, the two long first columns pushed "note" past the table's right edge at 1440 px."""
     assert mismatch_page.evaluate(CUT_COLUMNS, "#spec-mismatch-table") == []
     assert "note" in mismatch_page.inner_text("#spec-mismatch-table thead")
+
+
+# The step table's box, its hint, and whether the box scrolls: the hint is shown exactly when the table is wider.
+STEP_BOX = """() => {
+    const box = document.querySelector('#step-round .scroll'), hint = box.previousElementSibling;
+    const r = hint.getBoundingClientRect();
+    return {scrolls: box.scrollWidth > box.clientWidth + 1, hinted: hint.classList.contains('scroll-hint'),
+            shown: !hint.hidden && r.height > 0 && r.left >= 0 && r.right <= innerWidth, text: hint.innerText};
+}"""
+
+
+def test_the_step_table_says_it_scrolls_on_a_phone(playground, chromium):
+    """At 390 px the decision table scrolls sideways inside its box (test_narrow_browser.py), and nothing said so:
+    its last column, the decision, sat out of sight. A hint above it says so while, and only while, it scrolls."""
+    page = open_playground(chromium, playground, 390, 844)
+    try:
+        page.get_by_role("tab", name="Step through", exact=True).click()
+        page.click("#step-forward")
+        page.wait_for_selector("#step-round table th", timeout=120_000)
+        page.wait_for_function(f"({STEP_BOX})().shown", timeout=10_000)
+        narrow = page.evaluate(STEP_BOX)
+        assert narrow["hinted"] and narrow["scrolls"] and "scrolls sideways" in narrow["text"], narrow
+        page.set_viewport_size({"width": 1440, "height": 1000})           # room for the table: no hint
+        page.wait_for_function(f"!({STEP_BOX})().scrolls", timeout=10_000)
+        page.wait_for_function(f"!({STEP_BOX})().shown", timeout=10_000)
+    finally:
+        page.close()
