@@ -7,15 +7,17 @@ from conftest import PLOT_DATA, open_playground, set_number
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
-# Every Plotly title and legend of a figure against the figure's own SVG: text past its right edge is cut off.
+# Every Plotly title and legend of a figure against the figure's own SVG: text past its left, right or top edge is
+# cut off, and a title that reaches below the top margin is drawn over the plot.
 OVERFLOW = """(sel) => {
     const plot = document.querySelector(sel + ' .js-plotly-plot');
-    const box = plot.querySelector('svg.main-svg').getBoundingClientRect();
+    const box = plot.querySelector('svg.main-svg').getBoundingClientRect(), top = plot._fullLayout.margin.t;
     return [...plot.querySelectorAll('.gtitle, .legendtext')].map(t => {
-        const r = t.getBoundingClientRect();
+        const r = t.getBoundingClientRect(), title = t.classList.contains('gtitle');
         return {text: t.textContent, left: Math.round(r.left - box.left), right: Math.round(r.right - box.left),
-                width: Math.round(box.width)};
-    }).filter(t => t.left < 0 || t.right > t.width);
+                top: Math.round(r.top - box.top), bottom: Math.round(r.bottom - box.top), width: Math.round(box.width),
+                room: title ? top : Infinity};
+    }).filter(t => t.left < 0 || t.right > t.width || t.top < 0 || t.bottom > t.room);
 }"""
 # The header cells of a Gradio table that end past the right edge of the box the visitor sees it in.
 CUT_COLUMNS = """(sel) => {
@@ -50,6 +52,12 @@ def test_the_lab_titles_and_verdicts_fit_at_1440(wide, tmp_path):
         assert page.evaluate(OVERFLOW, plot) == [], plot
     assert page.evaluate(CUT_COLUMNS, "#lab-table") == []
     assert "in one line" in page.inner_text("#lab-table thead")
+    page.click("#spec-present input")             # a projector: larger titles, the plots one per row
+    page.wait_for_function(f"({PLOT_DATA.format('#lab-plot-wrong')}) && document.querySelector("
+                           "'#lab-plot-wrong .js-plotly-plot').layout.meta === 'spec-present'", timeout=10_000)
+    page.wait_for_timeout(1000)                   # the title's fit is a second relayout
+    for plot in ("#lab-plot-exact", "#lab-plot-wrong"):
+        assert page.evaluate(OVERFLOW, plot) == [], plot
 
 
 MISMATCH_ROWS = [

@@ -54,8 +54,8 @@ def distribution_figure(hist, samplers: list[str], labels: list[str], title: str
                            "hovertemplate": "%{x}: %{y:.4f}<extra>" + SAMPLER_NAMES[sampler] + "</extra>"})
     lines = title.count("<br>") + 1
     shape = layout(title, "", "probability / frequency", height=HEIGHT + (lines - 1) * TITLE_LINE_PX,
-                   barmode="group", bargap=0.2, xaxis={"tickangle": -30}, margin={"t": 20 + lines * TITLE_LINE_PX})
-    shape["title"].update(y=1, yref="container", yanchor="top", pad={"t": 8})     # the lines go down from the top
+                   barmode="group", bargap=0.2, xaxis={"tickangle": -30}, margin={"t": 24 + lines * TITLE_LINE_PX})
+    shape["title"].update(y=1, yref="container", yanchor="top", pad={"t": 16})    # the lines go down from the top
     return figure(traces, shape)
 
 

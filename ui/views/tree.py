@@ -310,7 +310,7 @@ def tree_figure(rounds, label: Labeler, opts: RenderOptions = RenderOptions(), l
                          yaxis={"autorange": "reversed", "visible": False},
                          margin={"l": 60, "t": 24 + 16 * (heading.count("<br>") + 1), "b": 120},
                          legend={"y": -60 / (height - 160)})
-    shape["title"].update(y=1, yref="container", yanchor="top", pad={"t": 8})       # its lines go down from the top
+    shape["title"].update(y=1, yref="container", yanchor="top", pad={"t": 16})       # its lines go down from the top
     fig = plots.figure(traces, shape)
     return fig
 
