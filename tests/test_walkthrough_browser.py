@@ -129,3 +129,30 @@ def test_the_step_table_says_it_scrolls_on_a_phone(playground, chromium):
         page.wait_for_function(f"!({STEP_BOX})().shown", timeout=10_000)
     finally:
         page.close()
+
+
+def test_a_suffix_run_draws_its_drafted_rounds_against_what_they_could_keep(wide):
+    """The walkthrough's suffix decoding run (the default prompt, greedy): it drafted in 15 of 53 rounds, the Draft tree
+    tab drew six rounds that drafted nothing, and the accepted-per-round chart read "of k = 12" against a dashed 12.
+    Now the tab draws rounds that drafted and counts the others, and the chart's line is what each round could keep."""
+    page = wide
+    page.click("#spec-draft input")
+    page.click("li[data-testid=dropdown-option]:has-text('Suffix decoding')")
+    page.get_by_label("Measure the speedup after each run (nothing drawn)").uncheck()
+    page.click("#spec-run")
+    page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Run 1 finished')",
+                           timeout=180_000)
+    accepted = page.evaluate("""() => { const p = document.querySelector('#plot-accepted .js-plotly-plot');
+        const line = p.data.find(t => t.name.startsWith('most it could keep'));
+        return {title: p.layout.title.text, name: line.name, most: Math.max(...line.y)}; }""")
+    assert "of a possible" in accepted["title"] and "k =" not in accepted["title"], accepted
+    assert "a tree: its depth" in accepted["name"] and accepted["most"] <= 12, accepted
+    assert page.evaluate(OVERFLOW, "#plot-accepted") == []
+    page.get_by_role("tab", name="Draft tree").click()
+    page.wait_for_function(f"({PLOT_DATA.format('#plot-tree')})?.length >= 3", timeout=30_000)
+    tree = page.evaluate("""() => { const p = document.querySelector('#plot-tree .js-plotly-plot');
+        return {title: p.layout.title.text, nodes: p.data.filter(t => /^(accepted|rejected)/.test(t.name))
+            .reduce((n, t) => n + t.x.length, 0)}; }""")
+    assert "tree rounds drafted nothing, not drawn" in tree["title"] and tree["nodes"] >= 6, tree   # 6 drafted rounds
+    assert page.evaluate(OVERFLOW, "#plot-tree") == []
+    assert "suffix" in page.inner_text("#spec-tree-tab")                      # the caption names suffix trees

@@ -78,11 +78,9 @@ def accepted_figure(rounds) -> go.Figure:
     if not rounds:
         return empty_figure("Accepted tokens per round")
     x = round_numbers(rounds)
-    k = max(r.k for r in rounds)
     most = [r.draft_length for r in rounds]
     trees = any(r.is_tree for r in rounds)
     mean, mean_most = sum(r.accepted for r in rounds) / len(rounds), sum(most) / len(rounds)
-    reach = "a tree's depth" if trees else "drafted"
     hover = [f"round {n}: at most {m}" + (f" (a tree of {len(r.drafted)} nodes, {m} deep)" if r.is_tree
                                           else f" ({m} drafted of k = {r.k})")
              for n, m, r in zip(x, most, rounds)]
@@ -95,8 +93,8 @@ def accepted_figure(rounds) -> go.Figure:
                 line={"color": "#111827", "dash": "dash", "width": 1.5, "shape": "hvh"},
                 hovertext=hover, hoverinfo="text"),
     ]
-    return figure(traces, layout(f"Accepted per round: mean {mean:.2f} of {mean_most:.2f} it could keep ({reach}; "
-                                 f"k = {k})", "round", "draft tokens", barmode="stack", bargap=0.15,
+    return figure(traces, layout(f"Accepted per round: mean {mean:.2f} of a possible {mean_most:.2f}", "round",
+                                 "draft tokens", barmode="stack", bargap=0.15,
                                  yaxis={"range": [0, max(most + [1]) + 0.6]}))
 
 
