@@ -255,3 +255,46 @@ def test_a_runs_place_in_line_reaches_its_handler():
 
     assert list(compute.pull(work(), threading.Event())) == [waiting, "round"]
     assert "position 2 of 3" in waiting.text()
+
+
+# ------------------------------------------------------------------------------ the teacher's walkthrough (#60)
+
+def test_lab_titles_wrap_to_lines_that_fit_half_a_window():
+    """Plotly never wraps a title: the wrong rules' TV line ran past its figure's edge ("q before warping (tra") in
+    half a 1440 px window. Every line now fits TITLE_CHARS, every sampler still has its number, and the figure's top
+    margin grows with the lines."""
+    from types import SimpleNamespace
+    reports = [SimpleNamespace(sampler=name, tv=0.25 + i / 100, tv_next=0.125 + i / 100)
+               for i, name in enumerate(lab_ui.WRONG_SIDE)]
+    title = lab_plots.figure_title("Lossy and wrong rules, next token: ", reports, lab_ui.WRONG_SIDE, True)
+    lines = title.split("<br>")
+    assert len(lines) > 1 and all(len(line) <= lab_plots.TITLE_CHARS for line in lines), lines
+    assert lines[0] == "Lossy and wrong rules, next token:"
+    for i, name in enumerate(lab_ui.WRONG_SIDE):
+        assert f"{lab_plots.short_name(name)} {0.125 + i / 100:.3f}" in title, name
+    assert "q before warping 0.135" in title and "(transformers" not in title
+    hist = lab.Histogram([(1,), (2,)], [0.5, 0.5], {name: [0.5, 0.5] for name in lab_ui.WRONG_SIDE})
+    fig = lab_plots.distribution_figure(hist, lab_ui.WRONG_SIDE, ["a", "b"], title)
+    assert fig.layout.margin.t >= 16 * len(lines) + 8 and fig.layout.title.yanchor == "top"
+
+
+def test_rules_that_draw_alike_on_the_toy_are_named_in_the_status():
+    """On the toy pair at top-p 0.8 typical acceptance and top-p membership drew the same counts, so the table's
+    rows and the bars were identical with nothing saying why; the status now names them. Draws from the engine."""
+    pair, sampling = toy.toy_pair(), se.SamplingParams(1.0, top_p=0.8)
+    prompt = pair.encode(toy.DEFAULT_PROMPT)
+    draws = []
+    for sampler in ("exact", "typical", "topp_membership"):
+        for d in lab.draw(pair.target.model, lambda: se.ModelDrafter(pair.draft.model), prompt, 1, 2, sampling, 50,
+                          sampler, seed=0):
+            pass
+        draws.append(d)
+    assert lab.identical_draws(draws) == [["typical", "topp_membership"]]
+    assert lab.identical_draws(draws[:2]) == []
+    exact = lab.exact_distribution(pair.target.model, prompt[0].tolist(), 1, sampling)
+    settings = lab_ui.parse_lab(50, 1, 2, 1.0, 0.8, 0, 0, True)
+    run = lab_ui.LabRun(lambda seq: str(seq), "toy", "the cat", settings, exact, draws, 0.0)
+    status = lab_ui.lab_view(run, "next", "Done.")[0]
+    assert "**Same figures:** *typical acceptance* and *top-p membership* drew the same count" in status
+    assert "Same figures" not in lab_ui.lab_view(lab_ui.LabRun(run.label, "toy", "", settings, exact, draws[:2], 0.0),
+                                                 "next", "Done.")[0]

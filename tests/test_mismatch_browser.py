@@ -12,9 +12,11 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.full]
 
 STATUS = "document.querySelector('#spec-mismatch-status')?.innerText || ''"
 PAIR = """() => { const plot = document.querySelector('#spec-mismatch-plot .js-plotly-plot');
-    return plot && plot.data.length ? {x: plot.data[0].x, y: plot.data[0].y, interval: plot.data[0].customdata,
-        others: plot.data.length > 1 ? plot.data[1].y : [],
-        notes: (plot.layout.annotations || []).map(a => a.text)} : null; }"""
+    if (!plot || !plot.data.length) return null;
+    const pair = plot.data.filter(t => t.meta === 'pair');
+    return {x: pair.flatMap(t => t.x), y: pair.flatMap(t => t.y), interval: pair.flatMap(t => t.customdata),
+        others: plot.data.filter(t => t.meta !== 'pair').flatMap(t => t.y),
+        notes: (plot.layout.annotations || []).map(a => a.text)}; }"""
 
 
 def test_a_cold_mismatch_demo_says_what_loads_and_reads_right(fresh_app, chromium):

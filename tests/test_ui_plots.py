@@ -33,11 +33,30 @@ def test_acceptance_figure_per_round_and_running():
     assert "50%" in fig.layout.title.text
 
 
-def test_accepted_figure_against_k():
-    fig = plots.accepted_figure(run_rounds())
-    assert list(trace(fig, "accepted drafts").y) == [2, 4, 0]
-    assert list(trace(fig, "rejected + discarded").y) == [2, 0, 4]
-    assert list(trace(fig, "k").y) == [4, 4, 4]
+def test_accepted_figure_against_what_each_chain_drafted():
+    rounds = run_rounds() + [event([1, 2], 1, [1, 6], correction=6, index=3)]      # only 2 drafted under k = 4
+    fig = plots.accepted_figure(rounds)
+    assert list(trace(fig, "accepted drafts").y) == [2, 4, 0, 1]
+    assert list(trace(fig, "rejected + discarded").y) == [2, 0, 4, 1]
+    assert list(trace(fig, "most it could keep (its drafts)").y) == [4, 4, 4, 2]
+    assert fig.layout.title.text == "Accepted per round: mean 1.75 of a possible 3.50"
+
+
+def test_accepted_figure_measures_a_tree_against_its_depth_not_k():
+    """A tree of 4 nodes under k = 12 keeps at most its depth: the walkthrough's chart read "mean 0.63 of k = 12"
+    against a dashed 12. The line is each round's depth, and the title and legend say so."""
+    from test_tree_view import tree_event
+    rounds = [tree_event(k=12, index=0),                                                       # 5 nodes, 2 deep
+              tree_event(k=12, index=1, drafted=[1, 2, 3, 4], tree_parents=[-1, 0, 1, 2], tree_path=[0, 1, 2],
+                         accepted=3, emitted=[1, 2, 3, 9], tree_tried=[0, 1, 2, 3],
+                         accept_probs=[0.5, 0.2, 0.1, 0.1], uniforms=[0.1, 0.1, 0.05, 0.9])]      # a chain of 4
+    fig = plots.accepted_figure(rounds)
+    line = next(t for t in fig.data if t.name.startswith("most it could keep"))
+    assert list(line.y) == [2, 4] and "a tree: its depth" in line.name
+    assert list(trace(fig, "accepted drafts").y) == [1, 3]
+    assert list(trace(fig, "not kept (to the tree's depth)").y) == [1, 1]
+    assert fig.layout.title.text == "Accepted per round: mean 2.00 of a possible 3.00"          # not "of k = 12"
+    assert fig.layout.yaxis.range[1] < 12 and "a tree of 5 nodes, 2 deep" in line.hovertext[0]
 
 
 def test_forward_figure_has_measured_theory_and_plain():
@@ -275,13 +294,15 @@ def test_mismatch_figure_contrasts_the_same_draft_two_ways_and_greys_the_others(
                mismatch_result("(c) same tokenizer", 0.09, 0.05, 0.14, False),
                mismatch_result("(c') same tokenizer", 0.16, 0.12, 0.20, False)]
     fig = plots.mismatch_figure(results, "Gemma 3 270M")
-    pair, scale = fig.data
-    assert list(pair.x) == ["(a) naive ids", "(b) cross-tokenizer"] and list(pair.y) == [0.01, 0.16]
+    naive, retok, scale = fig.data
+    pair = (naive, retok)
+    assert [list(t.x) for t in pair] == [["(a) naive ids"], ["(b) cross-tokenizer"]]
+    assert [list(t.y) for t in pair] == [[0.01], [0.16]]
     assert list(scale.x) == ["(c) same tokenizer", "(c') same tokenizer"] and "for scale" in scale.name
-    assert "Gemma 3 270M" in pair.name
-    assert list(pair.error_y.array) == pytest.approx([0.02, 0.06])
-    assert list(pair.error_y.arrayminus) == pytest.approx([0.01, 0.06])
-    assert scale.marker.color not in pair.marker.color                     # the others are not part of the contrast
+    assert all("Gemma 3 270M" in t.name for t in pair) and naive.name.startswith("(a) naive ids")
+    assert [list(t.error_y.array) for t in pair] == [pytest.approx([0.02]), pytest.approx([0.06])]
+    assert [list(t.error_y.arrayminus) for t in pair] == [pytest.approx([0.01]), pytest.approx([0.06])]
+    assert scale.marker.color not in (naive.marker.color, retok.marker.color)   # the others are not in the contrast
     assert fig.layout.yaxis.range[1] == pytest.approx(0.22 * 1.3)           # fits the bars, not 0-100%
     assert [a.text for a in fig.layout.annotations] == ["re-tokenizing: ×16 the acceptance"]
     # Overlapping intervals are called noise, and a naive rate of zero reads "from 0".
@@ -291,3 +312,21 @@ def test_mismatch_figure_contrasts_the_same_draft_two_ways_and_greys_the_others(
     assert plots.mismatch_figure(results).layout.annotations[0].text.startswith("re-tokenizing: from 0 to 4%")
     # A demo stopped after its same-tokenizer runs has no contrast to annotate.
     assert not plots.mismatch_figure(results[2:]).layout.annotations
+
+
+def test_each_mismatch_legend_swatch_is_its_own_bars_colour():
+    """A legend draws one swatch per trace, in the trace's first colour: with both of the pair's bars in one trace
+    (red, orange) the legend said red for the orange re-tokenized bar. Every trace is one colour, and each bar's
+    colour is the one its legend entry shows; the two ways of the same draft are told apart by colour."""
+    results = [mismatch_result("(a) naive ids", 0.01, 0.0, 0.03, True),
+               mismatch_result("(b) cross-tokenizer", 0.16, 0.10, 0.22, True),
+               mismatch_result("(c) same tokenizer", 0.09, 0.05, 0.14, False)]
+    fig = plots.mismatch_figure(results, "Gemma 3 270M")
+    swatch = {}
+    for t in fig.data:
+        assert isinstance(t.marker.color, str), (t.name, t.marker.color)       # one colour: the legend's swatch
+        assert t.showlegend is not False
+        for x in t.x:
+            swatch[x] = (t.name, t.marker.color)
+    assert swatch["(b) cross-tokenizer"][1] == "#e39a26" and swatch["(a) naive ids"][1] == "#d64545"
+    assert swatch["(b) cross-tokenizer"][0].startswith("(b) cross-tokenizer")

@@ -17,7 +17,7 @@ from spec_engine.classroom.trace import MAX_BYTES as MAX_TRACE_BYTES
 from ui import page_head
 from ui.classroom import tabs as classroom, sweeps
 from ui.playground import callbacks, handlers, limits, mismatch, share, sweep
-from ui.views import plots, render
+from ui.views import plots, render, tree
 from ui.classroom import lab as exactness_lab
 from ui.classroom import whatif as whatif_tab
 from ui.playground import registry as reg
@@ -43,14 +43,23 @@ for scale. The lesson is (a) against (b), the same draft both ways; each whisker
 All runs: the prompt above, greedy, k = 4, at most 40 new tokens. The other-tokenizer draft is Gemma 3 270M where its
 package is installed, else GPT-2 124M from the Hugging Face Hub (not gated)."""
 
-TREE_CAPTION = ("A tree draft (lookup-tree, layer-skip-tree, eagle-tree, eagle+lookup-tree: pick one in the "
-                "Draft list) proposes several continuations; the target scores every "
-                "node in one forward. Each round is drawn as a tree from the last committed token: the kept path in "
-                "green, siblings judged and refused in red, nodes never reached in grey, and the correction or bonus "
-                "after the path. Hover a node for its p, q and the decision. On this CPU a verify forward over many "
-                "nodes costs more than a plain step, so a tree is often slower than plain decoding here (the numbers "
-                "above say so, with its costs, when it is); eagle+lookup-tree at k = 8 is the one measured faster "
-                "(1.47x over 24 held-out prompts).")
+
+
+def tree_caption() -> str:
+    """The Draft tree tab's caption. The tree drafts are named from the engine's registry, so a new one is never
+    missing (suffix decoding was); no speed figure is quoted here, since one would be measured elsewhere and go stale:
+    the numbers above the tabs are the run's own."""
+    names = ", ".join(tree.tree_draft_names())
+    return (f"A tree draft ({names}: pick one in the Draft list) proposes several continuations; the target scores "
+            "every node in one forward. Each round is drawn as a tree from the last committed token: the kept path in "
+            "green, siblings judged and refused in red, nodes never reached in grey, and the correction or bonus "
+            "after the path. Hover a node for its p, q and the decision. Suffix decoding and the lookup tree copy "
+            "what followed an earlier match of the text: a round without a match drafts nothing (the target takes a "
+            "plain step), and such rounds are counted above the trees, not drawn. On this CPU a verify forward over "
+            "many nodes costs more than a plain step, so a tree is often slower than plain decoding here: the "
+            "numbers above say so, with its costs, when it is.")
+
+
 TIME_CAPTION = ("**Where the time goes**, each round of the timed run in plain decoding steps: a round pays for itself "
                 "when its tokens (◆) exceed its cost (the bar: draft + verify + overhead). On a CPU the verify bar "
                 "grows with the rows a round checks; on a GPU verifying a few rows costs about one step (the dashed "
@@ -234,7 +243,7 @@ def build_results(initial: dict) -> tuple[dict[str, gr.components.Component], gr
                                         js_on_load=render.TOOLTIP_JS)
                 out["explain"] = gr.Markdown("", elem_id="spec-explain")
             with gr.Tab("Draft tree", elem_id="spec-tree-tab") as tree_tab:
-                gr.Markdown(TREE_CAPTION)
+                gr.Markdown(tree_caption())
                 out["tree_plot"] = gr.Plot(initial["tree_plot"], show_label=False, elem_id="plot-tree")
             with gr.Tab("Generated text"):
                 out["text"] = gr.Textbox("", lines=8, label="Generated text (decoded)",
@@ -309,6 +318,7 @@ def mismatch_panel() -> tuple[gr.Button, dict[str, gr.components.Component]]:
     mm: dict[str, gr.components.Component] = {}
     mm["mm_status"] = gr.Markdown("", elem_id="spec-mismatch-status")
     mm["mm_table"] = gr.Dataframe(headers=mismatch.MISMATCH_COLUMNS, interactive=False, wrap=True,
+                                  column_widths=mismatch.MISMATCH_WIDTHS,
                                   label="Same prompt, three kinds of draft", elem_id="spec-mismatch-table")
     with gr.Row():
         mm["mm_plot"] = gr.Plot(plots.mismatch_figure([]), show_label=False, scale=2,

@@ -173,6 +173,18 @@ def draw(target_model, make_drafter: Callable[[], Drafter] | None, input_ids: to
         yield out
 
 
+def identical_draws(draws: list[SamplerDraws]) -> list[list[str]]:
+    """Groups (two or more) of samplers whose draws came out the same: the same number of draws, the same count of
+    every outcome and the same acceptance. Different rules can choose alike on a small model (on the toy pair at
+    top-p 0.8 typical acceptance and top-p membership do), and then every figure of theirs coincides."""
+    groups: dict[tuple, list[str]] = {}
+    for d in draws:
+        if d.n:
+            key = (d.n, tuple(sorted(d.counts.items())), d.drafted, d.accepted)
+            groups.setdefault(key, []).append(d.sampler)
+    return [names for names in groups.values() if len(names) > 1]
+
+
 # ----------------------------------------------------------------------------------------------- tests
 
 def frequencies(counts: dict[Sequence, int]) -> dict[Sequence, float]:

@@ -263,7 +263,13 @@ def status_text(run: LabRun, progress_note: str) -> str:
             f"({'draft trees' if s.tree else 'chains'}), temperature "
             f"{sampling.temperature:g}, top-p {sampling.top_p:g}, top-k {sampling.top_k}, seeds {s.seed}…"
             f"{s.seed + s.n - 1}. Exact distribution: {len(run.exact)} outcomes enumerated in "
-            f"{run.seconds_exact:.2f} s.  \n{esc(progress_note)}")
+            f"{run.seconds_exact:.2f} s.  \n{esc(progress_note)}" + same_note(run))
+
+
+def same_note(run: LabRun) -> str:
+    """A line saying which samplers' draws coincide (lab.identical_draws), for the status; "" when none do."""
+    note = lab_plots.same_figures_note(lab.identical_draws(run.draws))
+    return f"  \n**Same figures:** {note}" if note else ""
 
 
 def lab_view(run: LabRun, level: str, progress_note: str) -> tuple:
@@ -445,7 +451,8 @@ def build_tab(c: dict, state, resize_js: str | None = None) -> list:
             out["exact_plot"] = gr.Plot(init["exact_plot"], show_label=False, elem_id="lab-plot-exact")
             out["wrong_plot"] = gr.Plot(init["wrong_plot"], show_label=False, elem_id="lab-plot-wrong")
         out["table"] = gr.Dataframe(init["table"], headers=lab_plots.LAB_COLUMNS, interactive=False, wrap=True,
-                                    label="Against the exact distribution", elem_id="lab-table")
+                                    column_widths=lab_plots.LAB_WIDTHS, label="Against the exact distribution",
+                                    elem_id="lab-table")
         out["run"] = gr.State(None, time_to_live=limits.current().session_ttl_seconds)
     inputs = [w[name] for name in ("model", "toy_prompt", "n", "depth", "k", "temperature", "top_p", "top_k", "seed",
                                    "wrong_rules")]

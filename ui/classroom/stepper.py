@@ -52,6 +52,23 @@ STEP_CSS = """
 .spec-step .kvbar.fed { background: #86c5f0; }
 .spec-step .muted { color: #6b7280; }
 .spec-step .scroll { max-width: 100%; overflow-x: auto; }
+.spec-step .scroll-hint { font-size: 12px; color: #b45309; margin: 2px 0; }
+.spec-step .scroll-hint[hidden] { display: none; }
+"""
+
+# A table wider than its box scrolls sideways inside it (`.scroll`), and nothing on a phone showed that it does: each
+# table is preceded by a hint that this script shows only while its box is narrower than the table, on every
+# redraw (MutationObserver) and every resize of the page or the box (ResizeObserver). Setting `hidden` changes an
+# attribute, which the observer does not watch, so marking never triggers itself.
+SCROLL_HINT = '<div class="scroll-hint" hidden>⇆ This table scrolls sideways: swipe it to see every column.</div>'
+SCROLL_HINT_JS = r"""
+const mark = () => element.querySelectorAll('.spec-step .scroll').forEach((box) => {
+  const hint = box.previousElementSibling;
+  if (hint && hint.classList.contains('scroll-hint')) hint.hidden = box.scrollWidth <= box.clientWidth + 1;
+});
+new MutationObserver(mark).observe(element, {childList: true, subtree: true});
+new ResizeObserver(mark).observe(element);
+mark();
 """
 
 
@@ -480,7 +497,8 @@ def kv_html(ev: se.RoundEvent, previous: se.RoundEvent | None = None) -> str:
                       f"{len(moves)} on the accepted path" + (f", moving {', '.join(moved)}" if moved else
                                                                 ", already in place") +
                       f", and dropped {len(ev.drafted) - len(moves)}.")
-    return (f'<div class="scroll">{"".join(table)}</table></div>{"".join(bars)}<div class="muted">Committed text: '
+    return (f'{SCROLL_HINT}<div class="scroll">{"".join(table)}</table></div>{"".join(bars)}'
+            '<div class="muted">Committed text: '
             f"{ev.committed_len} tokens; the target cache keeps all but the newest, which the next round feeds in. "
             f"{grew_note}</div>")
 
@@ -502,7 +520,7 @@ def round_html(session: StepSession) -> str:
                 'verify the first round.</div></div>')
     facts = "".join(f"<div>{line}</div>" for line in round_facts(ev, session.labeler, session.options))
     return (f'<div class="spec-step"><div class="facts">{facts}</div>'
-            f'<div class="scroll">{decision_table_html(ev, session.labeler, session.options)}</div></div>')
+            f'{SCROLL_HINT}<div class="scroll">{decision_table_html(ev, session.labeler, session.options)}</div></div>')
 
 
 def kv_section(session: StepSession | None) -> str:
@@ -593,6 +611,9 @@ def tree_figure(session: StepSession | None):
     ev = session.stepper.current if session is not None else None
     if ev is None or not ev.is_tree:
         return plots.empty_figure("Draft tree of this round", "A tree draft's round is drawn here")
+    if not ev.drafted:
+        return plots.empty_figure(f"Draft tree of round {ev.index + 1}",
+                                  f"This round drafted nothing ({tree.NOTHING_DRAFTED}): the target took a plain step")
     return tree.tree_figure(session.stepper.shown, session.labeler, session.options, last=1,
                             title=f"Draft tree of round {ev.index + 1} (hover a node for p, q and the decision)")
 

@@ -330,11 +330,13 @@ def step_panel(s: dict) -> dict:
     w["timer"] = gr.Timer(SPEEDS[2], active=False)
     initial = stepper.view(None)
     s["status"] = gr.Markdown(initial["status"], elem_id="step-status")
-    s["round"] = gr.HTML(initial["round"], css_template=stepper.STEP_CSS, elem_id="step-round")
+    s["round"] = gr.HTML(initial["round"], css_template=stepper.STEP_CSS, elem_id="step-round",
+                         js_on_load=stepper.SCROLL_HINT_JS)
     s["tree"] = gr.Plot(initial["tree"], show_label=False, elem_id="step-tree", visible=False)
     with gr.Row(equal_height=False):
         s["residual"] = gr.Plot(initial["residual"], show_label=False, elem_id="step-residual", scale=3)
-        s["kv"] = gr.HTML(initial["kv"], css_template=stepper.STEP_CSS, elem_id="step-kv", scale=2)
+        s["kv"] = gr.HTML(initial["kv"], css_template=stepper.STEP_CSS, elem_id="step-kv", scale=2,
+                          js_on_load=stepper.SCROLL_HINT_JS)
     s["tokens"] = gr.HTML(initial["tokens"], css_template=render.CSS, elem_id="step-tokens", max_height=320,
                           autoscroll=True, js_on_load=render.TOOLTIP_JS)
     s["explain"] = gr.Markdown("", elem_id="step-explain")

@@ -18,6 +18,7 @@ from ui.views import metrics, plots, render
 MISMATCH_MAX_NEW_TOKENS = 40
 MISMATCH_OUTPUTS = ("mm_status", "mm_table", "mm_plot", "mm_views", "mm_tokenization", "history", "compare_plot")
 MISMATCH_COLUMNS = ["draft", "what the target receives", "acceptance", "tokens/forward", "tok/s", "rounds", "note"]
+MISMATCH_WIDTHS = ["250px", "250px", "95px", "105px", "70px", "75px", "240px"]
 
 
 def mismatch_drafts(target: str) -> list[tuple[str, str, str]]:

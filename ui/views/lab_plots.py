@@ -2,6 +2,7 @@
 histograms and reports, spec_engine.classroom.sweep rows): no model, no Gradio, and no probability computed here."""
 from __future__ import annotations
 
+import html
 import math
 
 import plotly.graph_objects as go
@@ -25,7 +26,13 @@ LAB_COLUMNS = ["sampler", "N", "acceptance", "TV (whole continuation)", "TV (nex
 SWEEP_COLUMNS = ["value", "draft", "k", "T", "acceptance", "tokens / forward", "theory", "rounds", "tokens",
                  "tok/s", "plain tok/s", "speedup", "speedup min", "speedup max", "repeats", "longest draft",
                  "draft cost c", "verify cost v", "predicted", "best"]
+# Table columns in pixels, so all eleven fit a 1440 px window (about 1,200 px for the table): sized to their
+# content, the sampler names and the verdicts pushed "in one line" and "seconds" past the right edge. Narrower
+# windows scroll the table sideways.
+LAB_WIDTHS = ["205px", "50px", "90px", "95px", "75px", "70px", "45px", "75px", "170px", "245px", "80px"]
 HEIGHT = 340
+TITLE_CHARS = 50      # a title line's most characters: fits a figure half a 1440 px window wide, and a phone's
+TITLE_LINE_PX = 16
 
 
 def outcome_labels(outcomes, label) -> list[str]:
@@ -45,8 +52,11 @@ def distribution_figure(hist, samplers: list[str], labels: list[str], title: str
             traces.append({"type": "bar", "x": labels, "y": hist.empirical[sampler], "name": SAMPLER_NAMES[sampler],
                            "marker": {"color": SAMPLER_COLORS[sampler]},
                            "hovertemplate": "%{x}: %{y:.4f}<extra>" + SAMPLER_NAMES[sampler] + "</extra>"})
-    return figure(traces, layout(title, "", "probability / frequency", height=HEIGHT, barmode="group",
-                                 bargap=0.2, xaxis={"tickangle": -30}))
+    lines = title.count("<br>") + 1
+    shape = layout(title, "", "probability / frequency", height=HEIGHT + (lines - 1) * TITLE_LINE_PX,
+                   barmode="group", bargap=0.2, xaxis={"tickangle": -30}, margin={"t": 24 + lines * TITLE_LINE_PX})
+    shape["title"].update(y=1, yref="container", yanchor="top", pad={"t": 16})    # the lines go down from the top
+    return figure(traces, shape)
 
 
 def fmt_p(p: float) -> str:
@@ -90,11 +100,44 @@ def lab_rows(reports) -> list[list]:
     return rows
 
 
+def short_name(sampler: str) -> str:
+    """A sampler's name without "speculative, " and without its parenthesis: "q before warping"."""
+    name = SAMPLER_NAMES[sampler].removeprefix("speculative, ").removeprefix("speculative tree, ")
+    return name.split(" (", 1)[0]
+
+
+def wrapped(parts: list[str], width: int = TITLE_CHARS, sep: str = " · ") -> list[str]:
+    """`parts` joined by `sep` into lines of at most `width` characters (a longer part gets a line of its own)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + len(sep) + len(part) <= width:
+            lines[-1] += sep + part
+        else:
+            lines.append(part)
+    return lines
+
+
 def figure_title(prefix: str, reports, samplers: list[str], next_token: bool) -> str:
-    """The prefix, then each sampler's total-variation distance at the level shown (next token or whole)."""
-    parts = [f"{SAMPLER_NAMES[r.sampler].removeprefix('speculative, ')} {r.tv_next if next_token else r.tv:.3f}"
+    """The prefix, then each sampler's total-variation distance at the level shown (next token or whole), on lines
+    of at most TITLE_CHARS characters joined by <br>: Plotly never wraps a title, and one line cut the right-hand
+    figure's off at its edge ("q before warping (tra") in half a 1440 px window."""
+    parts = [f"{short_name(r.sampler)} {r.tv_next if next_token else r.tv:.3f}"
              for r in reports if r.sampler in samplers]
-    return prefix + ("TV " + " · ".join(parts) if parts else "")
+    lines = [prefix.rstrip()] + (wrapped(["TV " + parts[0]] + parts[1:]) if parts else [])
+    return "<br>".join(html.escape(line, quote=False) for line in lines)     # Plotly shows &#x27; as typed
+
+
+def same_figures_note(groups: list[list[str]]) -> str:
+    """Markdown: which samplers drew identical counts (spec_engine.classroom.lab.identical_draws), so that a reader
+    who sees two rows or bars alike knows it is no display error; "" when none did."""
+    lines = []
+    for names in groups:
+        shown = [f"*{short_name(name)}*" for name in names]
+        which = " and ".join([", ".join(shown[:-1]), shown[-1]]) if len(shown) > 1 else shown[0]
+        lines.append(f"{which} drew the same count of every outcome from the same seeds, so their bars and figures "
+                     "coincide: the rules differ, but they chose alike on these draws (on the toy pair at top-p 0.8 "
+                     "typical acceptance and top-p membership do).")
+    return "  \n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------ sweeps

@@ -72,21 +72,30 @@ def acceptance_figure(rounds) -> go.Figure:
 
 
 def accepted_figure(rounds) -> go.Figure:
-    """Accepted draft tokens per round (bars) against k."""
+    """Accepted draft tokens per round (bars) against the most each round could keep (the dashed line): its drafts
+    for a chain, its depth for a tree (one path at most is kept; RoundEvent.draft_length). Not k: a tree of 4 nodes
+    under k = 12 can keep at most its depth, and a chain that found nothing to copy drafted fewer than k."""
     if not rounds:
-        return empty_figure("Accepted tokens per round vs k")
+        return empty_figure("Accepted tokens per round")
     x = round_numbers(rounds)
-    k = max(r.k for r in rounds)
-    mean = sum(r.accepted for r in rounds) / len(rounds)
+    most = [r.draft_length for r in rounds]
+    trees = any(r.is_tree for r in rounds)
+    mean, mean_most = sum(r.accepted for r in rounds) / len(rounds), sum(most) / len(rounds)
+    hover = [f"round {n}: at most {m}" + (f" (a tree of {len(r.drafted)} nodes, {m} deep)" if r.is_tree
+                                          else f" ({m} drafted of k = {r.k})")
+             for n, m, r in zip(x, most, rounds)]
     traces = [
         {"type": "bar", "x": x, "y": [r.accepted for r in rounds], "name": "accepted drafts",
          "marker": {"color": COLORS["accepted"]}},
-        {"type": "bar", "x": x, "y": [len(r.drafted) - r.accepted for r in rounds], "name": "rejected + discarded",
-         "marker": {"color": "#e5e7eb"}},
-        scatter(x, [r.k for r in rounds], "k", line={"color": "#111827", "dash": "dash", "width": 1.5, "shape": "hvh"}),
+        {"type": "bar", "x": x, "y": [m - r.accepted for m, r in zip(most, rounds)],
+         "name": "not kept (to the tree's depth)" if trees else "rejected + discarded", "marker": {"color": "#e5e7eb"}},
+        scatter(x, most, f"most it could keep ({'drafts; a tree: its depth' if trees else 'its drafts'})",
+                line={"color": "#111827", "dash": "dash", "width": 1.5, "shape": "hvh"},
+                hovertext=hover, hoverinfo="text"),
     ]
-    return figure(traces, layout(f"Accepted per round: mean {mean:.2f} of k = {k}", "round", "draft tokens",
-                                 barmode="stack", bargap=0.15, yaxis={"range": [0, k + 0.6]}))
+    return figure(traces, layout(f"Accepted per round: mean {mean:.2f} of a possible {mean_most:.2f}", "round",
+                                 "draft tokens", barmode="stack", bargap=0.15,
+                                 yaxis={"range": [0, max(most + [1]) + 0.6]}))
 
 
 def forward_figure(rounds) -> go.Figure:
@@ -336,34 +345,44 @@ def run_tag(summary: dict) -> str:
     return scenario.split(" · ", 1)[0] if scenario else f"#{summary['run_id']}"
 
 
+MISMATCH_PAIR_COLORS = ("#d64545", "#e39a26")      # (a) naive ids, (b) re-tokenized
+MISMATCH_SCALE_COLOR = "#9ca3af"
+
+
+def mismatch_bars(group: list[dict], name: str, colour: str, meta: str) -> dict:
+    """One bar trace of the mismatch figure: acceptance with its 90% interval over rounds as a whisker."""
+    rate = [r["acceptance_rate"] for r in group]
+    return {
+        "type": "bar", "name": name, "meta": meta, "x": [r["label"] for r in group], "y": rate,
+        "text": [f"{a:.0%}" for a in rate], "textposition": "outside", "cliponaxis": False,
+        "marker": {"color": colour},
+        "error_y": {"type": "data", "symmetric": False, "color": "#374151", "thickness": 1.2, "width": 6,
+                    "array": [max(0.0, r["high"] - a) for r, a in zip(group, rate)],
+                    "arrayminus": [max(0.0, a - r["low"]) for r, a in zip(group, rate)]},
+        "customdata": [[r["low"], r["high"], r["tokens_per_forward"], r["rounds"]] for r in group],
+        "hovertemplate": "%{x}<br>acceptance %{y:.1%} (90%: %{customdata[0]:.1%} to %{customdata[1]:.1%})"
+                         "<br>%{customdata[2]:.2f} tokens per target forward, %{customdata[3]} rounds"
+                         "<extra></extra>"}
+
+
 def mismatch_figure(results: list[dict], draft_name: str = "the other-tokenizer draft") -> go.Figure:
     """The tokenizer-mismatch lesson as one contrast: the same other-tokenizer draft (`pair` results) with naive ids
     and re-tokenized, each with its 90% interval over rounds (`low`, `high`: metrics.acceptance_interval); the
-    same-tokenizer drafts beside them in grey, for scale only, since they are other drafters. The axis fits the bars
-    rather than 0-100%, where every bar of a small model looks alike."""
+    same-tokenizer drafts beside them in grey, for scale only, since they are other drafters. Each of the pair's bars
+    is its own trace, so its legend entry shows its own colour (a legend draws one swatch per trace: one trace
+    coloured per bar showed the first bar's red for both). The axis fits the bars rather than 0-100%, where every bar
+    of a small model looks alike."""
     if not results:
         return empty_figure("Acceptance by draft", "Press the button to run the demo")
-    colors = {True: ["#d64545", "#e39a26"], False: ["#9ca3af", "#b8bec8"]}
-    traces, top = [], max([r["high"] for r in results] + [r["acceptance_rate"] for r in results] + [0.04])
-    for pair, name in ((True, f"{draft_name}, the same draft two ways"),
-                       (False, "same tokenizer: other drafts, for scale")):
-        group = [r for r in results if r["pair"] == pair]
-        if not group:
-            continue
-        rate = [r["acceptance_rate"] for r in group]
-        traces.append({
-            "type": "bar", "name": name, "x": [r["label"] for r in group], "y": rate,
-            "text": [f"{a:.0%}" for a in rate], "textposition": "outside", "cliponaxis": False,
-            "marker": {"color": colors[pair][:len(group)] if pair else colors[pair][0]},
-            "error_y": {"type": "data", "symmetric": False, "color": "#374151", "thickness": 1.2, "width": 6,
-                        "array": [max(0.0, r["high"] - a) for r, a in zip(group, rate)],
-                        "arrayminus": [max(0.0, a - r["low"]) for r, a in zip(group, rate)]},
-            "customdata": [[r["low"], r["high"], r["tokens_per_forward"], r["rounds"]] for r in group],
-            "hovertemplate": "%{x}<br>acceptance %{y:.1%} (90%: %{customdata[0]:.1%} to %{customdata[1]:.1%})"
-                             "<br>%{customdata[2]:.2f} tokens per target forward, %{customdata[3]} rounds"
-                             "<extra></extra>"})
+    top = max([r["high"] for r in results] + [r["acceptance_rate"] for r in results] + [0.04])
+    pair = [r for r in results if r["pair"]]
+    scale = [r for r in results if not r["pair"]]
+    traces = [mismatch_bars([r], f"{r['label']}: {draft_name}", MISMATCH_PAIR_COLORS[i % 2], "pair")
+              for i, r in enumerate(pair)]
+    if scale:
+        traces.append(mismatch_bars(scale, "same tokenizer: other drafts, for scale", MISMATCH_SCALE_COLOR, "scale"))
     notes = []
-    pair = {r["label"][:3]: r for r in results if r["pair"]}
+    pair = {r["label"][:3]: r for r in pair}
     naive, retok = pair.get("(a)"), pair.get("(b)")
     if naive and retok:
         gain = (f"×{retok['acceptance_rate'] / naive['acceptance_rate']:.0f} the acceptance"

@@ -152,6 +152,16 @@ if (!window.__specPlots) {
     if (box.width > room && room > 0) {
       return Plotly.relayout(gd, {"title.font.size": Math.max(10, Math.floor(19 * room / box.width))});
     }
+    // A title of several lines, grown: its first line kept below the figure's top edge, its last above the plot.
+    const full = gd._fullLayout, down = Math.max(0, Math.ceil(4 - box.y));
+    const below = Math.ceil(box.y + box.height + 6) + down;
+    if (down || below > full.margin.t) {
+      const change = {"margin.t": Math.max(below, full.margin.t)};
+      if (down) change["title.pad.t"] = ((full.title.pad || {}).t || 0) + down;
+      const saved = gd.__specSaved;                        // restored when presentation mode ends
+      for (const key in change) if (saved && !(key in saved)) saved[key] = get(gd.layout, key) ?? null;
+      return Plotly.relayout(gd, change);
+    }
   };
   const sync = (gd) => {
     if (gd.__specBusy || !gd.layout) return;

@@ -10,7 +10,8 @@ target's argmax). Each node is one of:
     unreached   never judged: its parent was refused, or the path ended before it
 
 and the round's emitted token after the path is drawn as one more child: the correction (every sibling at that
-level refused, drawn from the residual left after them) or the bonus (the path ended at a leaf, drawn from p).
+level refused, drawn from the residual left after them; under greedy, the target's argmax) or the bonus (the path
+ended at a leaf, drawn from p).
 
 Token text comes from a model: every string is escaped with `html.escape` before it reaches the HTML view or the
 figure (Plotly reads `<b>`, `<br>`, `<a href>` and friends in text and hover labels; it decodes `&lt;`, `&gt;` and
@@ -21,6 +22,8 @@ from __future__ import annotations
 import html
 
 import plotly.graph_objects as go
+
+import spec_engine as se
 
 from ui.views import plots
 from ui.views.render import RenderOptions, candidates_text, esc, fmt_prob, show_text, token_span
@@ -36,6 +39,24 @@ NODE_KINDS = {
     "correction": ("correction: every sibling refused, drawn from the residual", plots.COLORS["correction"]),
     "bonus": ("bonus: the path reached a leaf", plots.COLORS["bonus"]),
 }
+
+
+NOTHING_DRAFTED = "no match to copy, or no tree worth its verify"     # why a tree round drafts no node
+
+
+def tree_draft_names() -> list[str]:
+    """The registered draft modes that draft trees (spec_engine's registry: a new one is named without an edit)."""
+    return [name for name, mode in se.draft_modes().items() if mode.tree]
+
+
+def kind_name(kind: str, opts: RenderOptions) -> str:
+    """The legend's words for a kind of node: a correction's source follows the decision (greedy takes the target's
+    argmax and has no residual; only the exact rule draws from the residual the refused siblings left)."""
+    if kind == "correction" and opts.greedy:
+        return "correction: no child was the target's argmax, so the argmax is taken"
+    if kind == "correction" and opts.rule != "exact":
+        return plotly_text(f"correction: every sibling refused, chosen by rule '{opts.rule}'")
+    return NODE_KINDS[kind][0]
 
 
 def node_kinds(ev) -> list[str]:
@@ -214,16 +235,23 @@ def layout_round(ev) -> tuple[list[float], list[int], float]:
 
 def tree_figure(rounds, label: Labeler, opts: RenderOptions = RenderOptions(), last: int = TREE_ROUNDS,
                 title: str | None = None) -> go.Figure:
-    """The newest `last` tree rounds of `rounds`, one tree each, stacked top to bottom in order: the root (the last
-    committed token) on the left, depth to the right. Nodes coloured by kind (NODE_KINDS); edges of the kept path
-    drawn bold; hover: the token, p, q, the rule's numbers and the residual's candidates."""
+    """The newest `last` tree rounds of `rounds` that drafted a node, one tree each, stacked top to bottom in order:
+    the root (the last committed token) on the left, depth to the right. Nodes coloured by kind (NODE_KINDS); edges
+    of the kept path drawn bold; hover: the token, p, q, the rule's numbers and the residual's candidates. Rounds
+    that drafted nothing (suffix decoding without a match: most rounds of a text that does not repeat itself) are
+    counted in the title instead: drawn, they were a lone root and bonus each and hid the rounds that drafted."""
     rounds = list(rounds)
     roots = {}
     for before, ev in zip([None] + rounds[:-1], rounds):
         roots[ev.index] = before.emitted[-1] if before is not None and before.emitted else None
-    trees = [ev for ev in rounds if ev.is_tree][-last:]
+    trees = [ev for ev in rounds if ev.is_tree]
+    empty = sum(1 for ev in trees if not ev.drafted)
+    skipped = (f"{empty} of {len(trees)} tree rounds drafted nothing, not drawn:<br>{NOTHING_DRAFTED}"
+               if empty else "")
+    trees = [ev for ev in trees if ev.drafted][-last:]
     if not trees:
-        return plots.empty_figure(title or "Draft tree", "Tree drafts (lookup-tree, layer-skip-tree) are drawn here")
+        return plots.empty_figure(title or "Draft tree", skipped + "<br>(the target took a plain step)" if skipped else
+                                  f"Tree drafts ({', '.join(tree_draft_names())}) are drawn here")
     points = {kind: {"x": [], "y": [], "text": [], "hover": []} for kind in ("root", *NODE_KINDS)}
     edges = {"path": ([], []), "other": ([], [])}
     notes = []
@@ -265,7 +293,8 @@ def tree_figure(rounds, label: Labeler, opts: RenderOptions = RenderOptions(), l
     for kind, pts in points.items():
         if not pts["x"]:
             continue
-        name, colour = ("root: the last committed token", "#374151") if kind == "root" else NODE_KINDS[kind]
+        name, colour = (("root: the last committed token", "#374151") if kind == "root"
+                        else (kind_name(kind, opts), NODE_KINDS[kind][1]))
         symbol = "diamond" if kind in ("correction", "bonus") else "square" if kind == "root" else "circle"
         traces.append(plots.scatter(pts["x"], pts["y"], name, "markers+text", text=pts["text"],
                                     textposition="top center", textfont={"size": 11, "color": "#111827"},
@@ -273,15 +302,23 @@ def tree_figure(rounds, label: Labeler, opts: RenderOptions = RenderOptions(), l
                                     marker={"color": colour, "size": 13, "symbol": symbol,
                                             "line": {"color": "#ffffff", "width": 1}}))
     depth = max(max(depths(ev.tree_parents), default=0) for ev in trees) + 1
-    shown = f"the newest {len(trees)} tree rounds" if len(trees) > 1 else f"round {trees[0].index + 1}"
     height = int(min(max(190 + offset * ROW_PX, 300), 1100))
-    fig = plots.figure(traces, plots.layout(
-        title or f"Draft tree: {shown} (hover a node for p, q and the decision)", "depth (0: the root)", "",
-        height=height, annotations=notes, hoverlabel={"align": "left"},
-        xaxis={"range": [-0.9, depth + 0.6], "dtick": 1, "showgrid": False},
-        yaxis={"autorange": "reversed", "visible": False}, margin={"l": 60, "t": 40, "b": 120},
-        legend={"y": -60 / (height - 160)}))
+    heading = title or heading_of(trees, skipped)
+    shape = plots.layout(heading, "depth (0: the root)", "", height=height, annotations=notes,
+                         hoverlabel={"align": "left"},
+                         xaxis={"range": [-0.9, depth + 0.6], "dtick": 1, "showgrid": False},
+                         yaxis={"autorange": "reversed", "visible": False},
+                         margin={"l": 60, "t": 24 + 16 * (heading.count("<br>") + 1), "b": 120},
+                         legend={"y": -60 / (height - 160)})
+    shape["title"].update(y=1, yref="container", yanchor="top", pad={"t": 16})       # its lines go down from the top
+    fig = plots.figure(traces, shape)
     return fig
+
+
+def heading_of(trees: list, skipped: str) -> str:
+    """The run view's title: which rounds are drawn, then (on lines of their own) the rounds that drafted nothing."""
+    shown = f"the newest {len(trees)} tree rounds" if len(trees) > 1 else f"round {trees[0].index + 1}"
+    return f"Draft tree: {shown} (hover a node for p, q and the decision)" + (f"<br>{skipped}" if skipped else "")
 
 
 def add(points: dict, x: float, y: float, text: str, hover_text: str) -> None:
