@@ -189,6 +189,32 @@ def test_draft_caps_follow_the_cost_of_rows():
     assert mixed[0] >= mixed[2] >= mixed[1] and mixed[0] > 0 and mixed[1] == 0
 
 
+def test_a_sequences_fixed_cost_of_drafting_at_all_is_paid_before_its_first_draft():
+    """Drafting at all costs a sequence its drafter's catch-up and a heavier verification each round (fixed): with
+    rows nearly free, a fixed cost no draft's gain covers leaves that sequence plain, and a small one changes nothing.
+    The rate each plan is judged by counts the fixed cost once per drafting sequence, not per draft."""
+    limits = [4, 4, 4]
+    step = lambda rows: 1.0 + 0.01 * (rows - 3)                                                     # noqa: E731
+    assert draft_caps([0.8] * 3, [0.0] * 3, limits, step, [0.0] * 3) == limits
+    assert draft_caps([0.8] * 3, [0.0] * 3, limits, step, [0.001] * 3) == limits
+    costly = draft_caps([0.8, 0.8, 0.8], [0.0] * 3, limits, step, [0.0, 5.0, 0.0])
+    assert costly[1] == 0 and costly[0] == costly[2] == 4
+    assert draft_caps([0.8] * 3, [0.0] * 3, limits, step, [5.0] * 3) == [0, 0, 0]
+
+
+def test_a_member_learns_the_extra_host_seconds_of_a_drafting_round():
+    from types import SimpleNamespace
+    from spec_engine.core.batch import Member
+    member = Member(None, None, None)
+    member.learn(SimpleNamespace(drafted=[], accepted=0, correction=None, draft_seconds=0.0), 0.002)
+    assert member.plain_host == pytest.approx(0.002) and member.drafting_extra == 0.0
+    member.learn(SimpleNamespace(drafted=[1, 2], accepted=1, correction=3, draft_seconds=0.004), 0.009)
+    assert member.drafting_extra == pytest.approx(0.003)                  # 9 ms - 4 ms of drafts - 2 ms plain
+    assert member.draft_seconds == pytest.approx(0.002)
+    member.learn(SimpleNamespace(drafted=[1], accepted=1, correction=None, draft_seconds=0.001), 0.003)
+    assert member.drafting_extra == pytest.approx(0.9 * 0.003)            # 0 ms extra this round, decayed in
+
+
 def test_batch_costs_interpolate_between_measured_points():
     costs = BatchCosts([1, 4], [1, 3], [[1.0, 2.0], [2.0, 6.0]])
     assert costs.predict(1, 1) == 1.0 and costs.predict(4, 12) == 6.0

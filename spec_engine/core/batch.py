@@ -141,6 +141,9 @@ class Member:
     kept: float = ACCEPT_PRIOR[0]           # decayed counts of drafts kept and refused
     refused: float = ACCEPT_PRIOR[1]
     draft_seconds: float = 0.0              # per drafted token, the latest rounds'
+    plain_host: float | None = None         # host seconds of its plan + settle in a round without drafts (decayed)
+    drafting_extra: float = 0.0             # ... more in a round with drafts, beyond its drafts' own seconds: the
+                                            # drafter's catch-up and the heavier verification (decayed)
     rounds: list = field(default_factory=list)
     started: float = 0.0
 
@@ -152,10 +155,16 @@ class Member:
     def acceptance(self) -> float:
         return self.kept / (self.kept + self.refused)
 
-    def learn(self, event: RoundEvent) -> None:
-        """Update the acceptance estimate from a round: each kept draft a success, a correction one failure."""
+    def learn(self, event: RoundEvent, host_seconds: float) -> None:
+        """Update the estimates from a round: acceptance (each kept draft a success, a correction one failure), and
+        what the sequence's own host work (its plan and settle, `host_seconds`) costs with and without drafts."""
         if not event.drafted:
+            self.plain_host = host_seconds if self.plain_host is None else \
+                ACCEPT_MEMORY * self.plain_host + (1 - ACCEPT_MEMORY) * host_seconds
             return
+        extra = max(0.0, host_seconds - event.draft_seconds - (self.plain_host or 0.0))
+        self.drafting_extra = ACCEPT_MEMORY * self.drafting_extra + (1 - ACCEPT_MEMORY) * extra \
+            if self.drafting_extra else extra
         self.kept = ACCEPT_MEMORY * self.kept + event.accepted
         self.refused = ACCEPT_MEMORY * self.refused + (1.0 if event.correction is not None else 0.0)
         self.draft_seconds = event.draft_seconds / len(event.drafted)
@@ -221,19 +230,22 @@ def bracket(points: list[int], x: float) -> tuple[int, float]:
 
 
 def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limits: Sequence[int],
-               forward_seconds: Callable[[int], float]) -> list[int]:
+               forward_seconds: Callable[[int], float], fixed_seconds: Sequence[float] | None = None) -> list[int]:
     """How many drafts each of the batch's sequences may propose this round, for the most expected tokens per
     second of the whole batch. Sequence i with acceptance a_i yields sum_{j <= m} a_i^j tokens from m drafts (the
-    geometric model E = (1 - a^(m+1)) / (1 - a)), each draft costs it draft_seconds[i] and one verify row;
+    geometric model E = (1 - a^(m+1)) / (1 - a)), each draft costs it draft_seconds[i] and one verify row, and
+    drafting at all costs it fixed_seconds[i] a round (its drafter's catch-up, the heavier verification);
     forward_seconds(R) is the packed forward over R rows of these sequences. Drafts are added greedily, the best
     marginal tokens per marginal second first, while they raise the batch's rate; the all-plain (every cap 0) and
     all-full (every cap its limit) plans are scored too, and the best of the three wins."""
     n = len(acceptance)
     base_rows = n
+    fixed = list(fixed_seconds) if fixed_seconds is not None else [0.0] * n
 
     def rate(caps: list[int]) -> float:
         tokens = sum((1 - a ** (m + 1)) / (1 - a) if a < 1 else m + 1.0 for a, m in zip(acceptance, caps))
-        seconds = forward_seconds(base_rows + sum(caps)) + sum(d * m for d, m in zip(draft_seconds, caps))
+        seconds = forward_seconds(base_rows + sum(caps)) + sum(d * m + (f if m else 0.0)
+                                                               for d, m, f in zip(draft_seconds, caps, fixed))
         return tokens / seconds
 
     caps = [0] * n
@@ -243,17 +255,18 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
 
     def value(i: int, j: int) -> tuple[float, float, int]:   # (-gain per second, -gain, i) of sequence i's j-th draft
         gain = acceptance[i] ** j
-        return -gain / (row_seconds + draft_seconds[i]), -gain, i
+        return -gain / (row_seconds + draft_seconds[i] + (fixed[i] if j == 1 else 0.0)), -gain, i
 
     heap = [value(i, 1) for i in range(n) if limits[i] > 0]
     heapq.heapify(heap)
     while heap:
         _, gain, i = heapq.heappop(heap)
-        proposed = (tokens - gain) / (forward_seconds(rows + 1) + spent + draft_seconds[i])
+        cost = draft_seconds[i] + (fixed[i] if caps[i] == 0 else 0.0)
+        proposed = (tokens - gain) / (forward_seconds(rows + 1) + spent + cost)
         if proposed <= current or not math.isfinite(proposed):
             break
         caps[i] += 1
-        tokens, rows, spent, current = tokens - gain, rows + 1, spent + draft_seconds[i], proposed
+        tokens, rows, spent, current = tokens - gain, rows + 1, spent + cost, proposed
         if caps[i] < limits[i]:
             heapq.heappush(heap, value(i, caps[i] + 1))
     plans = [caps, [0] * n, list(limits)]
@@ -348,10 +361,11 @@ class BatchDecoder:
             own = self.own_output(member, out, feature_layers)
             if isinstance(member.decoder.drafter, Deferred):
                 member.decoder.drafter.hold = cap == 0
+            settle_start = timing.clock(device)
             event = member.decoder.settle(member.state, plan, own, report=False)
             check_invariant(member.state.target_cache, len(member.state.committed) - 1,
                             f"request {member.request.id!r}")
-            member.learn(event)
+            member.learn(event, timing.clock(device) - settle_start + plan.drafted - plan.start)
             member.rounds.append(event)
             events.append(BatchEvent(member.request.id, event, len(segments), rows, cap))
             if member.state.stop_reason is not None:
@@ -370,7 +384,7 @@ class BatchDecoder:
             self.costs = BatchCosts.measure(self.target)
         count = len(decoding)
         return draft_caps([m.acceptance for m in decoding], [m.draft_seconds for m in decoding], limits,
-                          lambda rows: self.costs.predict(count, rows))
+                          lambda rows: self.costs.predict(count, rows), [m.drafting_extra for m in decoding])
 
     def feature_layers(self) -> tuple[int, ...]:
         """Every hidden-state layer any member's drafter reads (each gets its own back, `own_output`)."""
