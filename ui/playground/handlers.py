@@ -265,10 +265,10 @@ SKIP_RUN = (gr.skip(),) * len(RUN_OUTPUTS)
 def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget: runner.Budget, source=None,
          shared: bool = False):
     """Run `job` on the GPU function (or take the results of `source`: a shared computation, coalesce.py, whose
-    measurements are another request's when `shared`) and fold each result into the session before yielding it: Built starts the run's record (and the handler's deadline),
-    rounds go into the record, the timed run becomes its speed and plain decoding its baseline (one measured
-    earlier, after a Reused, with its age). Ends early when Stop is set or the Stop handler has recorded the live
-    run."""
+    measurements are another request's when `shared`) and fold each result into the session before yielding it:
+    Built starts the run's record (and the handler's deadline), rounds go into the record, the timed run becomes its
+    speed and plain decoding its baseline (one measured earlier, after a Reused, with its age). Ends early when Stop
+    is set or the Stop handler has recorded the live run."""
     prep.work = source if source is not None else coalesce.gated(
         lambda: compute.run_job(job, compute.Stop(state.stop_event)), state.stop_event.is_set)
     recorded = lambda: job.live and prep.record is not None and prep.record.recorded      # noqa: E731
@@ -344,7 +344,8 @@ def shared_label(viewers: int) -> str:
     return (f"shared with another student: one computation served {viewers} identical requests (same model, prompt, "
             "settings, seed and rule) and measured its speed once for all; press 'Measure the speedup again' for a "
             "measurement of this page's own")
-MEASURING = {"timed": "Measuring the speed without drawing: speculative decoding",
+MEASURING = {"warm": "Measuring the speed without drawing: a first, untimed pass (as Run's live pass)",
+             "timed": "Measuring the speed without drawing: speculative decoding",
              "plain": "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"}
 
 
@@ -494,9 +495,7 @@ def measure_baseline(state: SessionState):
             yield message_view("Measurement stopped.")
             return
         try:
-            job = compute.RunJob(record.settings, prep.prompt_ids,
-                                 compute.call_seconds(budget, 2 * record.settings.max_new_tokens), live=False,
-                                 timed=True, plain=True, sizing=record.sizing)
+            job = measurement_job(record.settings, prep.prompt_ids, budget, sizing=record.sizing)
             timing, plain, label = None, None, ""
             for item in fold(prep, state, job, budget):
                 if isinstance(item, se.GenerationResult):
@@ -512,6 +511,17 @@ def measure_baseline(state: SessionState):
             yield run_view(prep, state, final=True)
         finally:
             runner.release(prep, reg.REGISTRY)
+
+
+def measurement_job(settings: RunSettings, prompt_ids, budget: runner.Budget, sizing=None, plain: bool = True,
+                    first_pass: bool = False) -> compute.RunJob:
+    """A run measured without a drawn live pass ("Measure the speedup again", a Sweep k point), timed as Run times
+    its own: a first pass of the same decoder, untimed (Run's live pass; with `first_pass`, its rounds become the
+    record's, for a record with none yet: a sweep point; else nothing of it is kept), the timed pass with nothing
+    built for a view, as Run's, then plain decoding back to back (`plain`)."""
+    passes = 2 + plain
+    return compute.RunJob(settings, tuple(prompt_ids), compute.call_seconds(budget, passes * settings.max_new_tokens),
+                          live=first_pass, warm=not first_pass, timed=True, plain=plain, sizing=sizing)
 
 
 def progress_line(prep: runner.Prepared, event: se.RoundEvent, label: str) -> str:

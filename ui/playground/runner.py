@@ -233,13 +233,14 @@ def keep_timing(record: RunRecord, state: SessionState, result: se.GenerationRes
     (`RunRecord.timing`). The live run drew every round in the browser on the same cores, which slows the engine
     by a different amount for every run; plain decoding is measured without drawing, so the speculative side is
     too. The rounds must equal the live ones (same seed, same code): otherwise the timing is not kept. A run with no
-    live pass (Sweep k: each point is measured exactly as Run measures its speed, and nothing is drawn) takes the
-    timed run's rounds as its own, rendered with `labeler` and `options`. `shared`: another request's computation
-    measured it (this request followed it: coalesce.py), and its `how` says so. None if the timed run was stopped."""
+    rounds yet takes the timed run's as its own, rendered with `labeler` and `options` (the app's buttons all time a
+    second pass after a first that gave the record its rounds: handlers.measurement_job). `shared`: another
+    request's computation measured it (this request followed it: coalesce.py), and its `how` says so. None if the
+    timed run was stopped."""
     if result.stop_reason == "cancelled":
         return None
     how = "decoded again without drawing"
-    if not record.rounds:       # measured without a live pass (a Sweep k point): the timed run is the run itself
+    if not record.rounds:       # measured without a first pass: the timed run is the run itself
         fragments = [round_html(event, labeler, options) for event in result.rounds] if labeler is not None else []
         with state.lock:
             record.fragments.extend(fragments)
@@ -290,7 +291,7 @@ def keep_baseline(record: RunRecord, state: SessionState, result: se.BaselineRes
 
 
 def add_label(record: RunRecord, state: SessionState, text: str) -> None:
-    """A line about how the run was computed (shared with another student, measured under load), shown with its speed."""
+    """A line about how the run was computed (shared with another student, under load), shown with its speed."""
     with state.lock:
         if text not in record.labels:
             record.labels.append(text)
