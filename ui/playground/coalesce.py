@@ -145,6 +145,7 @@ class Computation:
         self.complete = False           # ran to its end (a follower of a stopped one is told so)
         self.finished_at: float | None = None
         self.viewers = 1                # requests served by it (the leader included)
+        self.following = 0              # followers receiving its results now (served, for admission: `serving`)
         self.waiting: Waiting | None = None    # the leader's place in line while it waits
         self.cond = threading.Condition()
 
@@ -167,21 +168,28 @@ class Computation:
     def follow(self, should_stop: Callable[[], bool] = lambda: False, poll: float = WAIT_POLL) -> Iterator:
         """Every result, from the first: what is there at once, then each new one as the leader yields it; a
         Waiting every `poll` seconds while the leader waits for its turn."""
-        seen = 0
-        while True:
-            with self.cond:
-                if seen == len(self.items) and not self.done:
-                    self.cond.wait(poll)
-                new, done, waiting = self.items[seen:], self.done, self.waiting
-            for item in new:
-                yield item
-            seen += len(new)
-            if done and seen == len(self.items):
-                return
-            if should_stop():
-                return
-            if not new and waiting is not None:
-                yield waiting
+        seen, served = 0, False
+        try:
+            while True:
+                with self.cond:
+                    if seen == len(self.items) and not self.done:
+                        self.cond.wait(poll)
+                    new, done, waiting = self.items[seen:], self.done, self.waiting
+                    if new and not served:      # the leader's turn has begun: this request is served too
+                        self.following, served = self.following + 1, True
+                for item in new:
+                    yield item
+                seen += len(new)
+                if done and seen == len(self.items):
+                    return
+                if should_stop():
+                    return
+                if not new and waiting is not None:
+                    yield waiting
+        finally:
+            if served:
+                with self.cond:
+                    self.following -= 1
 
 
 class Coalescer:
@@ -207,6 +215,13 @@ class Coalescer:
             computation = Computation(key, session, self.clock)
             self.computations[key] = computation
             return computation, True
+
+
+    def following(self) -> int:
+        """Followers receiving a computation's results now."""
+        with self.lock:
+            computations = list(self.computations.values())
+        return sum(c.following for c in computations)
 
 
 class BaselineCache:
@@ -239,6 +254,12 @@ class BaselineCache:
 GATE = Gate()
 COALESCER = Coalescer()
 BASELINES = BaselineCache()
+
+
+def serving() -> int:
+    """Requests being served now: turns at the gate (a run, a sweep point, a lab computation) and the followers of a
+    computation whose results are coming. app.AdmissionQueue counts every other request it admitted as waiting."""
+    return GATE.busy + COALESCER.following()
 
 
 def reusable_baseline(key: tuple, session: int):

@@ -186,10 +186,15 @@ def loaded(name: str):
 
 def build(settings: RunSettings, prompt_ids, sizing: se.Sizing | None = None) -> tuple:
     """(decoder, input_ids, target, Built) for `settings`, from the models the registry holds; with `sizing`, its
-    drafts are sized by that verify-cost curve instead of the target's curve as it stands."""
+    drafts are sized by that verify-cost curve instead of the target's curve as it stands. A sampled run is sized by
+    the curve measured at start-up (se.startup_sizing): its seed then fixes its text, whatever ran before it or
+    beside it (the curve as it stands follows the timings of the runs before, and with it the draft lengths, which
+    a sampled run's text depends on: 2 of 8 seeded requests sent at once gave other texts than alone)."""
     import torch
     kind, spec = drafts.split_draft(settings.draft)
     target = loaded(settings.target)
+    if sizing is None and not settings.greedy:
+        sizing = se.startup_sizing(target.model)
     draft = loaded(spec.model) if spec.model else None
     options = drafts.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
     drafter = drafts.build_drafter(spec, target, draft, options, sizing=sizing)
