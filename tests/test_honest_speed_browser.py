@@ -1,0 +1,47 @@
+"""Run pressed three times on one page measures three times (issue #59): each run's speed line names its own
+measurement, at its own time, and none is a replay. Before, an identical request finished by anyone less than 120 s
+earlier was replayed: three clicks read x1.35, x1.35, x1.35, each labelled as measured that minute. So the same
+request is first run over the API, as another student's would be."""
+import re
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
+
+SEED = 5901                 # a request no other test makes (identical requests in flight together are shared)
+MAX_NEW = 16
+MEASURED = re.compile(r"Speed: speculative decoded again without drawing at (\d\d:\d\d:\d\d)")
+
+
+def test_run_pressed_three_times_measures_three_times(playground, chromium):
+    from gradio_client import Client
+
+    from conftest import open_playground, set_number
+    from ui.playground import drafts, handlers
+
+    page = open_playground(chromium, playground)
+    page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.startsWith('Models:')",
+                           timeout=300_000)
+    set_number(page, "#spec-max-new", MAX_NEW)
+    set_number(page, "#spec-seed", SEED)
+    values = page.evaluate("""() => ({
+        prompt: document.querySelector('#spec-prompt textarea').value,
+        k: Number(document.querySelector('#spec-k input[type=number]').value)})""")
+    draft, _ = drafts.default_draft("smollm2-135m-instruct")
+    summary = Client(playground, verbose=False).predict(
+        values["prompt"], "smollm2-135m-instruct", draft, values["k"], 0, 1.0, 0, MAX_NEW, SEED, "exact", True, "", 0,
+        True, False, api_name="/run")[handlers.RUN_OUTPUTS.index("summary")]
+    assert summary["timed"]                         # another student's identical run, finished a moment ago
+    lines = []
+    for run in (1, 2, 3):
+        page.click("#spec-run")
+        page.wait_for_function(f"document.querySelector('#spec-tokens')?.innerText.includes('Run {run} finished')"
+                               " && document.querySelector('#spec-tokens').innerText.includes('Speed: ')",
+                               timeout=300_000, polling=250)
+        lines.append(page.locator("#spec-tokens").inner_text())
+    page.close()
+    times = [MEASURED.search(line) for line in lines]
+    assert all(times), lines
+    assert len({t.group(1) for t in times}) == 3, lines          # three measurements, each at its own time
+    for line in lines:
+        assert "(this run)" in line and "replayed" not in line.lower() and "shared" not in line.lower(), line
