@@ -32,16 +32,20 @@ def test_run_pressed_three_times_measures_three_times(playground, chromium):
         values["prompt"], "smollm2-135m-instruct", draft, values["k"], 0, 1.0, 0, MAX_NEW, SEED, "exact", True, "", 0,
         True, False, api_name="/run")[handlers.RUN_OUTPUTS.index("summary")]
     assert summary["timed"]                         # another student's identical run, finished a moment ago
-    lines = []
+    lines, figures = [], []
     for run in (1, 2, 3):
         page.click("#spec-run")
         page.wait_for_function(f"document.querySelector('#spec-tokens')?.innerText.includes('Run {run} finished')"
                                " && document.querySelector('#spec-tokens').innerText.includes('Speed: ')",
                                timeout=300_000, polling=250)
         lines.append(page.locator("#spec-tokens").inner_text())
+        figures.append(tuple(page.locator(f'#spec-stats [data-stat="{stat}"] .v').inner_text()
+                             for stat in ("speculative tok/s", "plain decoding tok/s")))
     page.close()
     times = [MEASURED.search(line) for line in lines]
     assert all(times), lines
     assert len({t.group(1) for t in times}) == 3, lines          # three measurements, each at its own time
+    # and three figures: both tok/s of two measurements agreeing to 0.1 is unlikely; of a replay, certain
+    assert len(set(figures)) == 3, figures
     for line in lines:
         assert "(this run)" in line and "replayed" not in line.lower() and "shared" not in line.lower(), line
