@@ -49,3 +49,33 @@ def test_run_pressed_three_times_measures_three_times(playground, chromium):
     assert len(set(figures)) == 3, figures
     for line in lines:
         assert "(this run)" in line and "replayed" not in line.lower() and "shared" not in line.lower(), line
+
+
+def test_a_full_queue_says_so_on_the_page(playground, chromium, monkeypatch):
+    """Gradio's page shows its own fixed sentence for a full queue ("This application is currently busy"), whatever
+    the server answered; the page's script says what happened (ui/page_head.py)."""
+    import app
+    from gradio_client import Client
+
+    from conftest import open_playground
+    from test_app_faults import args, wait_until
+    from ui.playground import coalesce
+    from ui.page_head import QUEUE_FULL_TEXT
+
+    page = open_playground(chromium, playground)
+    page.wait_for_function("document.querySelector('#spec-model-status')?.innerText.startsWith('Models:')",
+                           timeout=300_000)
+    monkeypatch.setattr(app.demo._queue, "max_size", 1)
+    jobs = [Client(playground, verbose=False).submit(*args(max_new_tokens=300, seed=SEED + 1 + i), api_name="/run")
+            for i in range(2)]
+    try:
+        # one run decodes, the other waits: the line of one is full
+        assert wait_until(lambda: coalesce.serving() == 1 and app.demo._queue.waiting() == 1, timeout=120)
+        page.click("#spec-run")
+        page.wait_for_function("(full) => [...document.querySelectorAll('[data-testid=\"toast-text\"]')]"
+                               ".some(text => text.textContent.includes(full))", arg=QUEUE_FULL_TEXT, timeout=60_000)
+    finally:
+        for job in jobs:
+            job.cancel()
+        page.close()
+    assert wait_until(lambda: all(job.done() for job in jobs), timeout=120)
