@@ -344,6 +344,8 @@ def shared_label(viewers: int) -> str:
     return (f"shared with another student: one computation served {viewers} identical requests (same model, prompt, "
             "settings, seed and rule) and measured its speed once for all; press 'Measure the speedup again' for a "
             "measurement of this page's own")
+
+
 MEASURING = {"warm": "Measuring the speed without drawing: a first, untimed pass (as Run's live pass)",
              "timed": "Measuring the speed without drawing: speculative decoding",
              "plain": "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"}
@@ -472,8 +474,9 @@ def stop(state: SessionState):
 
 
 def measure_baseline(state: SessionState):
-    """'Measure the speedup again' button: measure the latest run's speed again, both sides without drawing (its
-    speculative decoding with a fresh drafter, and plain decoding with the same prompt, settings and seed), then
+    """'Measure the speedup again' button: measure the latest run's speed again, both sides without drawing, as Run
+    measures it (measurement_job: a fresh decoder's untimed first pass, then its timed pass, then plain decoding with
+    the same prompt, settings and seed), always anew, never shared with another request; then
     show the speedup everywhere (every run in the history with the same baseline key uses the new baseline)."""
     shown = getattr(state, "active", None)
     if shown is None or shown.record is None or not shown.record.rounds:
@@ -485,8 +488,8 @@ def measure_baseline(state: SessionState):
                        print_exception=False)
     state.stop_event.clear()
     budget = runner.Budget(state.stop_event)
-    with state.lock:
-        record.labels.clear()          # they said how the measurement being replaced was made (shared, under load)
+    with state.lock:          # they said how the measurement being replaced was made (shared, under load)
+        replaced, record.labels[:] = list(record.labels), []
     with friendly_errors():
         yield message_view("Loading the models to measure the speed again…")
         prep = yield from relay(runner.prepare(record.settings, state, reg.REGISTRY, shown.options.show_spaces,
@@ -504,6 +507,9 @@ def measure_baseline(state: SessionState):
                     plain = item.stop_reason != "cancelled"
                 label = MEASURING[item.name] if isinstance(item, compute.Phase) else label
                 yield message_view(f"{label}… {item}" if isinstance(item, str) else f"{label}…")
+            if not timing:
+                with state.lock:        # the speed shown is still the one they describe
+                    record.labels[:] = replaced + [label for label in record.labels if label not in replaced]
             if not (timing and plain):
                 yield message_view("Measurement stopped.")
                 return
