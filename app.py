@@ -43,25 +43,36 @@ from ui.playground import coalesce, compute, limits
 from ui.playground import registry
 from ui.layout import build_demo, launch_options
 
+MODEL_QUEUES = ("run", "compute")      # the concurrency ids of the endpoints that decode (ui/layout.py)
 HIDDEN_ERROR = ("The server could not handle this request: an input it cannot use (a file must be one uploaded "
                 "to this server) or an error on its side, which it logged.")
 
 
 class AdmissionQueue(queueing.Queue):
-    """Gradio's queue with `max_size` enforced at admission, and no silent errors.
+    """Gradio's queue with `max_size` enforced at admission, exactly, and no silent errors.
 
-    Gradio's `Queue.push` checks the size, then awaits the endpoint's validator, and only then appends the
-    event: requests that arrive together all pass the check (50 at once against max_size 8 had 13 to 37
-    accepted). Here a request holds a place from before its first await until it is appended (then the queue
-    counts it) or refused; runs waiting for their turn at the engine's gate (ui/playground/coalesce.py) count as
-    waiting too. Errors Gradio hides from users (show_error is off: a file that was never uploaded, a
-    malformed value) reached them as `{"error": null}`; they get HIDDEN_ERROR instead."""
+    At most `max_size` requests wait, besides those being served. Gradio's `Queue.push` checks the size, then awaits
+    the endpoint's validator, and only then appends the event: requests that arrive together all pass the check
+    (50 at once against max_size 8 had 13 to 37 accepted). And a request Gradio has handed to its handler no longer
+    counts in Gradio's queue, though it may still wait: at the engine's gate (ui/playground/coalesce.py), for an
+    identical request's turn, or while its models load. So here a request holds a place from before its first
+    await until it is appended (then the queue counts it) or refused, and every request the model endpoints'
+    handlers hold (`MODEL_QUEUES`) counts as waiting until it is served (`coalesce.serving`). A full queue answers
+    "queue_full" (HTTP 503: gradio_client raises QueueError "Queue is full", the page says so, ui/page_head.py).
+    Errors Gradio hides from users (show_error is off: a file that was never uploaded, a malformed value) reached
+    them as `{"error": null}`; they get HIDDEN_ERROR instead."""
 
     joining = 0          # requests between the size check and their place in the queue
 
+    def waiting(self) -> int:
+        """Requests admitted and not yet served: in Gradio's queue, joining it, or held by a model endpoint's handler
+        without being served."""
+        held = sum(q.current_concurrency for cid, q in self.event_queue_per_concurrency_id.items()
+                   if cid in MODEL_QUEUES)
+        return len(self) + self.joining + max(0, held - coalesce.serving())
+
     async def push(self, body, request, username):
-        waiting = len(self) + self.joining + coalesce.GATE.wait_line()     # runs wait at the engine's gate too
-        if self.max_size is not None and waiting >= self.max_size:
+        if self.max_size is not None and self.waiting() >= self.max_size:
             return False, f"Queue is full: {self.max_size} requests are waiting. Try again shortly.", "queue_full"
         self.joining += 1
         try:

@@ -20,7 +20,7 @@ from spec_engine.drafters.eagle import recommended_settings as eagle_recommended
 from spec_engine.drafters.lookup import PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM
 from spec_engine.drafters.registry import (EARLY_EXIT_AFTER, LAYER_SKIP_MODES, DraftMode, DraftSpec, make_drafter,
                                           parse_draft, register_draft)
-from spec_engine.drafters.sizing import Sizing, drafter_sizing
+from spec_engine.drafters.sizing import Sizing, drafter_sizing, startup_sizing
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
 from spec_engine.core.metrics import (acceptance_by_position, acceptance_rate, expected_tokens_by_position,
                                       expected_tokens_per_round, judged_acceptance, speedup_model)
@@ -49,7 +49,8 @@ __all__ = [
     "load_model", "LoadedModel", "prepare", "speed_layer", "use_speed_layer",
     "BatchDecoder", "BatchEvent", "BatchCosts", "Request",
     "vocab_size", "eagle_recommended_settings", "PROMPT_LOOKUP_MAX_NGRAM", "PROMPT_LOOKUP_MIN_NGRAM",
-    "EARLY_EXIT_AFTER", "LAYER_SKIP_MODES", "DraftMode", "Sizing", "drafter_sizing", "default_model_name",
+    "EARLY_EXIT_AFTER", "LAYER_SKIP_MODES", "DraftMode", "Sizing", "drafter_sizing", "startup_sizing",
+    "default_model_name",
     "parse_parameter_count", "load_source",
     "hub_source", "hub_offline_reason", "is_offline_available", "OFFLINE_HUB_REASON", "resolve_device", "resolve_dtype",
 ]

@@ -332,6 +332,13 @@ def test_eight_sessions_through_the_single_model_queue_each_get_their_solo_run(p
 def launched(**limit_changes):
     """A second app in this process with other limits and the app's own queue (app.queue), the limits in force
     while it serves (the engine's gate reads the concurrency at each run: ui/playground/coalesce.py)."""
+    with launched_demo(**limit_changes) as (url, _demo):
+        yield url
+
+
+@contextlib.contextmanager
+def launched_demo(**limit_changes):
+    """`launched`, yielding (its URL, its demo)."""
     import app
     from ui.layout import build_demo
     previous = limits.configure(**limit_changes)
@@ -340,7 +347,7 @@ def launched(**limit_changes):
         port = free_port()
         demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
         try:
-            yield f"http://127.0.0.1:{port}/"
+            yield f"http://127.0.0.1:{port}/", demo
         finally:
             demo.close()
     finally:
@@ -374,6 +381,51 @@ def test_a_full_queue_answers_busy_and_the_server_keeps_serving(playground_regis
         assert wait_until(lambda: all(job.done() for job in jobs))
         assert clients[4].predict(*args(max_new_tokens=4), api_name="/run")[SUMMARY]["new_tokens"] >= 1
     FIGURES["queue-full refusals"] += 1
+    assert wait_until(lambda: playground_registry.holds(TARGET) == 0)
+
+
+def refused(job) -> bool:
+    from gradio_client.utils import QueueError
+    return job.done() and isinstance(job.exception(), QueueError)
+
+
+def decided(job) -> bool:
+    """Refused, or holding its place on the server (its join was answered)."""
+    from gradio_client.utils import Status
+    return refused(job) or job.status().code not in (Status.STARTING, Status.JOINING_QUEUE)
+
+
+def test_a_burst_is_admitted_up_to_the_queue_size_exactly_and_every_client_kind_hears_full(playground_registry):
+    """Issue #59: with --queue-size 8 a burst of 50 had 13 accepted, and a gradio_client call made while the queue
+    was full was served. At most `queue_size` requests wait, besides those being served (a run's turn at the gate,
+    and the followers of a computation whose results come): counted from Gradio's queue, the joins in progress and
+    every request a model endpoint's handler holds unserved (app.AdmissionQueue)."""
+    from gradio_client import Client
+    size = 3
+    with launched_demo(concurrency=1, queue_size=size) as (url, demo):
+        clients = [Client(url, verbose=False) for _ in range(12)]
+        # long runs, some identical (the followers of a computation that waits, wait too)
+        jobs = [c.submit(*args(max_new_tokens=300, seed=i % 6), api_name="/run") for i, c in enumerate(clients[:10])]
+        assert wait_until(lambda: all(decided(job) for job in jobs) and demo._queue.joining == 0, timeout=120)
+        assert wait_until(lambda: coalesce.serving() >= 1, timeout=120)          # one run decodes
+        for extra in clients[10:]:          # top the line up: one may have started since the burst
+            jobs.append(extra.submit(*args(max_new_tokens=300, seed=10 + len(jobs)), api_name="/run"))
+            assert wait_until(lambda: decided(jobs[-1]), timeout=60)
+        accepted = [job for job in jobs if not refused(job)]
+        assert len(accepted) - coalesce.serving() == demo._queue.waiting() == size      # full, and not one more
+        assert len(accepted) <= size + coalesce.serving()
+        with pytest.raises(Exception, match="Queue is full"):                  # gradio_client
+            Client(url, verbose=False).predict(*args(seed=99), api_name="/run")
+        config = httpx.get(f"{url}config").json()
+        fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "run")
+        body = {"data": args(seed=98) + [None], "fn_index": fn_index, "session_hash": uuid.uuid4().hex[:12],
+                "event_data": None, "trigger_id": None}
+        answer = httpx.post(f"{url}gradio_api/queue/join", json=body)           # the HTTP API
+        assert answer.status_code == 503 and "Queue is full" in answer.json()["detail"]
+        for job in accepted:
+            job.cancel()
+        assert wait_until(lambda: all(job.done() for job in jobs), timeout=120)
+    FIGURES["queue-full refusals"] += len(jobs) - len(accepted) + 2
     assert wait_until(lambda: playground_registry.holds(TARGET) == 0)
 
 

@@ -74,17 +74,17 @@ def test_identical_requests_share_one_computation_and_each_gets_every_event(play
     assert a.tokens == b.tokens and len(a.tokens) == 6
     assert [r.index for r in b.rounds] == [r.index for r in a.rounds]     # every round reached the follower
     assert a.rounds == b.rounds                     # the same events, folded into each session
-    shared = "shared: one computation served 2 identical requests (same model, prompt, settings, seed and rule)"
+    shared = handlers.shared_label(2)
+    assert shared.startswith("shared with another student: one computation served 2 identical requests")
     assert a.labels == [shared] and b.labels == [shared]
     final = outputs[id(follower)][-1][handlers.RUN_OUTPUTS.index("stats")]
-    assert "Shared: one computation served 2 identical requests" in final
+    assert "Shared with another student" in final
 
-    late = SessionState()                           # after the end: a replay, computed nothing
+    late = SessionState()                           # after the end: computed anew, never a replay
     list(handlers.run(*args, late))
-    assert len(calls) == 1 and late.history[0].tokens == a.tokens
-    assert late.history[0].labels[0].startswith("replayed: an identical request's run, computed")
+    assert len(calls) == 2 and late.history[0].tokens == a.tokens and late.history[0].labels == []
     list(handlers.run(*args, leader))               # the leader's session presses Run again: computed again
-    assert len(calls) == 2 and leader.history[1].labels == []
+    assert len(calls) == 3 and leader.history[1].labels == []
 
 
 @pytest.mark.slow          # four short runs of SmolLM2 with their speed measured (about 12 s)

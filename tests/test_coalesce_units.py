@@ -1,5 +1,5 @@
 """ui/playground/coalesce.py piece by piece, on clocks the tests move and without threads: the gate's line and
-estimates, a shared computation's followers and replays, the gated work's labels and turn. The handlers' use of them
+estimates, a shared computation's followers, the gated work's labels and turn. The handlers' use of them
 (a class at once, with a model) is tests/test_class_at_once.py."""
 import time
 
@@ -84,9 +84,9 @@ def test_a_turn_held_far_beyond_a_runs_deadline_is_taken_back():
 
 # ------------------------------------------------------------------------------------- sharing a computation
 
-def test_followers_join_a_computation_in_flight_and_a_session_never_replays_its_own():
+def test_followers_join_a_computation_in_flight_and_a_finished_one_is_never_replayed():
     now = [0.0]
-    coalescer = Coalescer(clock=lambda: now[0], replay_seconds=120.0)
+    coalescer = Coalescer(clock=lambda: now[0])
     leader, leads = coalescer.join("key", session=1)
     assert leads and leader.viewers == 1
     follower, leads = coalescer.join("key", session=2)
@@ -95,23 +95,20 @@ def test_followers_join_a_computation_in_flight_and_a_session_never_replays_its_
     assert same is leader and not leads
     assert coalescer.join("other", session=2)[1]
     leader.finish(complete=True)
-    again, leads = coalescer.join("key", session=1)                  # finished: its own session computes again
-    assert again is not leader and leads
+    # finished a moment ago, complete: every session, its own or another, computes (and measures) anew
+    for session in (1, 2, 3):
+        again, leads = coalescer.join("key", session=session)
+        assert again is not leader and leads
+        again.finish(complete=True)
 
 
-def test_a_complete_computation_is_replayed_for_replay_seconds_and_a_cut_one_never():
-    now = [1000.0]
-    coalescer = Coalescer(clock=lambda: now[0], replay_seconds=120.0)
+def test_a_stopped_computation_is_never_followed_after_its_end():
+    coalescer = Coalescer(clock=lambda: 1000.0)
     done, _ = coalescer.join("key", session=1)
     assert done.key == "key" and not done.done and not done.complete and done.finished_at is None
-    done.finish(complete=True)
-    now[0] = 1120.0
-    assert coalescer.join("key", session=2) == (done, False)         # exactly replay_seconds old: replayed
-    now[0] = 1120.5
-    fresh, leads = coalescer.join("key", session=3)
+    done.finish(complete=False)
+    fresh, leads = coalescer.join("key", session=2)
     assert leads and fresh is not done
-    fresh.finish(complete=False)                                     # stopped: not replayed
-    assert coalescer.join("key", session=4)[1]
 
 
 def test_a_follower_gets_every_result_and_the_leaders_place_while_it_waits():
@@ -127,7 +124,7 @@ def test_a_follower_gets_every_result_and_the_leaders_place_while_it_waits():
     computation.finish(complete=True)
     assert list(follower) == ["result"]
     assert computation.done and computation.complete and computation.finished_at == 50.0
-    assert list(computation.follow(poll=0)) == ["built", "round", "result"]     # a replay: all at once
+    assert list(computation.follow(poll=0)) == ["built", "round", "result"]     # a late follower: all at once
 
 
 def test_a_follower_never_waits_for_results_already_there():

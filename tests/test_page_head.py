@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from ui import page_head
 
 PAGE = '<!doctype html><html><HEAD lang="en"><meta charset="utf-8"></HEAD><body>ok</body></html>'
-TAG = f"<script>{page_head.FRAMES_JS}</script>"
+TAG = f"<script>{page_head.PAGE_JS}</script>"
 
 
 def client(routes) -> TestClient:

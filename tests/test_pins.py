@@ -27,7 +27,8 @@ def test_gradio_is_the_pinned_version():
 
 def test_the_queue_internals_app_admission_queue_overrides_are_there():
     """app.queue swaps the class of the queue `Blocks.queue` builds (app.AdmissionQueue: an exact size at
-    admission, runs at the engine's gate counted as waiting, hidden errors given a sentence). Gradio's public
+    admission, every request a model endpoint's handler holds unserved counted as waiting, hidden errors given a
+    sentence). Gradio's public
     `max_size` checks the size before awaiting an endpoint's validator, so joins that arrive together all pass it
     (no upstream issue found for this race; `max_size` came with gradio-app/gradio#2036)."""
     import gradio as gr
@@ -44,6 +45,12 @@ def test_the_queue_internals_app_admission_queue_overrides_are_there():
     # the size check that AdmissionQueue moves ahead of every await, and the word a full queue answers
     assert "self.max_size is not None and len(self) >= self.max_size" in source and '"queue_full"' in source
     assert list(inspect.signature(queueing.Queue.send_message).parameters) == ["self", "event", "event_message"]
+    # AdmissionQueue.waiting counts the events each model endpoint's handlers hold: Gradio's count per concurrency id,
+    # raised as an event leaves the queue for its handler and lowered when the handler ends
+    assert isinstance(demo._queue.event_queue_per_concurrency_id, dict)
+    assert queueing.EventQueue("run", 1).current_concurrency == 0
+    assert "event_queue.current_concurrency += 1" in inspect.getsource(queueing.Queue.start_processing)
+    assert "event_queue.current_concurrency -= 1" in inspect.getsource(queueing.Queue.process_events)
     assert {"success", "output"} <= set(ProcessCompletedMessage.model_fields)
 
 

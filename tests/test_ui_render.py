@@ -214,14 +214,15 @@ def test_stats_html_shows_the_measured_costs_and_the_predicted_speedup():
     assert fields["draft_cost"] == pytest.approx(0.6) and fields["verify_cost"] == pytest.approx(1.2)
     assert fields["overhead_cost"] == pytest.approx(0.2)
     assert fields["predicted_tokens_per_forward"] == pytest.approx((1 - a ** 4) / (1 - a))
-    assert fields["predicted_speedup"] == pytest.approx((1 - a ** 4) / (1 - a) / 1.8)
+    # the whole round's cost, overhead included (the time strip's steps per round): 0.6 + 1.2 + 0.2
+    assert fields["predicted_speedup"] == pytest.approx((1 - a ** 4) / (1 - a) / 2.0)
     assert metrics.cost_fields(rounds, None) == dict.fromkeys(metrics.COST_FIELDS)
     summary = {"rounds": 2, "new_tokens": 5, "acceptance_rate": 0.5, "tokens_per_forward": 2.5,
                "expected_tokens_per_forward": 2.73, "tokens_per_second": 12.0, "baseline_tokens_per_second": 10.0,
                "speedup": 1.2, "matches_baseline": None, "judged_acceptance": a, **fields}
     out = render.stats_html(summary)
     for stat, value in (("judged acceptance a", "75%"), ("draft cost c", "0.60 steps"),
-                        ("verify cost v", "1.20 steps"), ("predicted speedup", "×1.52"),
+                        ("verify cost v", "1.20 steps"), ("overhead o", "0.20 steps"), ("predicted speedup", "×1.37"),
                         ("speedup (measured)", "×1.20")):
         assert re.search(f'data-stat="{re.escape(stat)}"[^>]*><span class="k">[^<]*</span><span class="v">'
                          f'{re.escape(value)}</span>', out), stat

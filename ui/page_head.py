@@ -1,4 +1,5 @@
-"""A script that runs in the page before Gradio's own, and the ASGI middleware that puts it there.
+"""A script that runs in the page before Gradio's own, and the ASGI middleware that puts it there. It holds two
+things: the frame limiter below, and the sentence a full queue shows (QUEUE_FULL_JS).
 
 Why: Gradio 6's status tracker (the "processing | 1.2s" timer on an output) redraws its elapsed time on
 requestAnimationFrame and stops only when its status leaves "pending". A tracker removed from the page while pending
@@ -18,6 +19,7 @@ It relies on the bundle's module name and markup, so requirements.txt pins gradi
 """
 from __future__ import annotations
 
+import json
 import re
 
 from starlette.middleware import Middleware
@@ -38,10 +40,25 @@ FRAMES_JS = r"""(() => {
   };
 })();"""
 
+# A full queue (app.AdmissionQueue) answers HTTP 503, and Gradio's page then shows its own fixed sentence, "This
+# application is currently busy", whatever the server said; gradio_client says "Queue is full", the HTTP API's answer
+# names the queue size. The page says what happened too: the toast's sentence is replaced. Its text is all it reads.
+QUEUE_FULL_TEXT = ("The queue is full: as many requests as this server lets wait are waiting for the model. "
+                   "Try again in a moment.")
+QUEUE_FULL_JS = r"""(() => {
+  const busy = "This application is currently busy", full = %s;
+  new MutationObserver(() => {
+    for (const text of document.querySelectorAll('[data-testid="toast-text"]')) {
+      if (text.textContent.includes(busy)) text.textContent = full;
+    }
+  }).observe(document.documentElement, {childList: true, subtree: true, characterData: true});
+})();""" % json.dumps(QUEUE_FULL_TEXT)
+PAGE_JS = FRAMES_JS + "\n" + QUEUE_FULL_JS      # what the page gets
+
 HEAD_OPEN = re.compile(rb"<head(\s[^>]*)?>", re.IGNORECASE)
 
 
-def with_script(html: bytes, script: str = FRAMES_JS) -> bytes:
+def with_script(html: bytes, script: str = PAGE_JS) -> bytes:
     """`html` with `<script>script</script>` first inside its <head>; unchanged when it has no <head>."""
     found = HEAD_OPEN.search(html)
     if found is None:
@@ -53,7 +70,7 @@ class EarlyScript:
     """ASGI middleware: the page itself (GET on the app's root path, an uncompressed text/html response) gets
     `script` as the first thing in its <head>; every other request and response passes through untouched."""
 
-    def __init__(self, app, script: str = FRAMES_JS):
+    def __init__(self, app, script: str = PAGE_JS):
         self.app = app
         self.script = script
 

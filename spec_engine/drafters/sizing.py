@@ -340,6 +340,15 @@ def kept_curve(model) -> CostCurve | None:
     return curve if isinstance(curve, CostCurve) else None
 
 
+def startup_sizing(model) -> Sizing | None:
+    """The curve `verify_costs` keeps on `model`, as measured at start-up, without the corrections timed forwards
+    made since (None before it is measured: a drafter then measures it and sizes by that very measurement). A
+    sampled run's text depends on its draft lengths (the exact rule draws per drafted token), so a seeded sampled
+    run pinned to this (`pin_sizing`) gives the same text whatever the runs before it or beside it timed."""
+    curve = kept_curve(model)
+    return None if curve is None else Sizing(curve.measured, "measured at start-up")
+
+
 def observe(model, rows: int, seconds: float) -> None:
     """A timed forward of `model` over `rows` rows, for its curve at the thread count in use (if measured)."""
     curve = kept_curve(model)

@@ -5,12 +5,12 @@ Three process-wide pieces, all Gradio-free:
 - `Gate`: at most `limits.concurrency` computations decode at once, the rest wait in order. A waiting request
   learns its position and an estimate (the mean duration of recent computations), which its page shows; a
   measurement made while another computation decoded is labelled "measured under load".
-- `Coalescer`: identical requests (same model, prompt, settings, seed and rule) share one computation. The first
-  (the leader) waits at the gate and runs it; every result it yields is kept in a `Computation`, and every other
-  identical request (a follower) gets the same results as they come, or all of them at once when it arrives
-  after the end (a replay, for REPLAY_SECONDS). Each follower folds them into its own session, so its history
-  and views are its own; its run is labelled as shared. A session never replays its own finished run: pressing
-  Run again computes again.
+- `Coalescer`: identical requests (same model, prompt, settings, seed and rule) in flight together share one
+  computation. The first (the leader) waits at the gate and runs it; every result it yields is kept in a
+  `Computation`, and every other identical request that arrives before it ends (a follower) gets the same results
+  as they come. Each follower folds them into its own session, so its history and views are its own; its page says
+  plainly that its run was shared with another student. A finished computation is never handed out again: a
+  request that arrives after the end computes anew, so a Run pressed again always measures.
 - `BaselineCache`: plain decoding per (model, prompt, settings), measured once and reused by other sessions
   while fresh (BASELINE_FRESH_SECONDS) and only while other requests wait at the gate (`reusable_baseline`), labelled
   with its age. With nobody waiting, and for a session's own repeated runs, it is measured again, back to back
@@ -29,7 +29,6 @@ from typing import Callable, Iterator
 
 from ui.playground import limits
 
-REPLAY_SECONDS = 120.0          # a finished computation is replayed to identical requests this long
 BASELINE_FRESH_SECONDS = 300.0  # a plain-decoding baseline is reused by other sessions this long
 WAIT_POLL = 1.0                 # seconds between two looks at the line (and at the request's Stop)
 WAIT_REFRESH = 5.0              # a waiting message when the place changes, else at most this often: thirty waiting
@@ -143,9 +142,10 @@ class Computation:
         self.key, self.session, self.clock = key, session, clock
         self.items: list = []
         self.done = False
-        self.complete = False           # ran to its end: may be replayed
+        self.complete = False           # ran to its end (a follower of a stopped one is told so)
         self.finished_at: float | None = None
         self.viewers = 1                # requests served by it (the leader included)
+        self.following = 0              # followers receiving its results now (served, for admission: `serving`)
         self.waiting: Waiting | None = None    # the leader's place in line while it waits
         self.cond = threading.Condition()
 
@@ -166,43 +166,48 @@ class Computation:
             self.cond.notify_all()
 
     def follow(self, should_stop: Callable[[], bool] = lambda: False, poll: float = WAIT_POLL) -> Iterator:
-        """Every result, from the first: what is there at once (a replay), then each new one as the leader yields
-        it; a Waiting every `poll` seconds while the leader waits for its turn."""
-        seen = 0
-        while True:
-            with self.cond:
-                if seen == len(self.items) and not self.done:
-                    self.cond.wait(poll)
-                new, done, waiting = self.items[seen:], self.done, self.waiting
-            for item in new:
-                yield item
-            seen += len(new)
-            if done and seen == len(self.items):
-                return
-            if should_stop():
-                return
-            if not new and waiting is not None:
-                yield waiting
+        """Every result, from the first: what is there at once, then each new one as the leader yields it; a
+        Waiting every `poll` seconds while the leader waits for its turn."""
+        seen, served = 0, False
+        try:
+            while True:
+                with self.cond:
+                    if seen == len(self.items) and not self.done:
+                        self.cond.wait(poll)
+                    new, done, waiting = self.items[seen:], self.done, self.waiting
+                    if new and not served:      # the leader's turn has begun: this request is served too
+                        self.following, served = self.following + 1, True
+                for item in new:
+                    yield item
+                seen += len(new)
+                if done and seen == len(self.items):
+                    return
+                if should_stop():
+                    return
+                if not new and waiting is not None:
+                    yield waiting
+        finally:
+            if served:
+                with self.cond:
+                    self.following -= 1
 
 
 class Coalescer:
     """Identical requests -> one Computation (see the module's docstring)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time, replay_seconds: float = REPLAY_SECONDS):
-        self.clock, self.replay_seconds = clock, replay_seconds
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self.clock = clock
         self.computations: dict[object, Computation] = {}
         self.lock = threading.Lock()
 
     def join(self, key, session: int) -> tuple[Computation, bool]:
-        """(the computation for `key`, True when this request leads it). A request follows one in flight, or a
-        complete one finished less than replay_seconds ago by another session."""
-        now = self.clock()
+        """(the computation for `key`, True when this request leads it). A request follows one in flight; a
+        finished one is forgotten, never replayed: a replay would show an old measurement as this request's."""
         with self.lock:
-            for old in [k for k, c in self.computations.items()
-                        if c.done and (not c.complete or now - c.finished_at > self.replay_seconds)]:
+            for old in [k for k, c in self.computations.items() if c.done]:
                 del self.computations[old]
             current = self.computations.get(key)
-            if current is not None and not (current.done and current.session == session):
+            if current is not None:
                 with current.cond:
                     current.viewers += 1
                     current.cond.notify_all()
@@ -210,6 +215,13 @@ class Coalescer:
             computation = Computation(key, session, self.clock)
             self.computations[key] = computation
             return computation, True
+
+
+    def following(self) -> int:
+        """Followers receiving a computation's results now."""
+        with self.lock:
+            computations = list(self.computations.values())
+        return sum(c.following for c in computations)
 
 
 class BaselineCache:
@@ -242,6 +254,12 @@ class BaselineCache:
 GATE = Gate()
 COALESCER = Coalescer()
 BASELINES = BaselineCache()
+
+
+def serving() -> int:
+    """Requests being served now: turns at the gate (a run, a sweep point, a lab computation) and the followers of a
+    computation whose results are coming. app.AdmissionQueue counts every other request it admitted as waiting."""
+    return GATE.busy + COALESCER.following()
 
 
 def reusable_baseline(key: tuple, session: int):

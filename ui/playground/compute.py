@@ -169,11 +169,10 @@ class RunJob:
     prompt_ids: tuple[int, ...]
     seconds: float                  # decoding budget of the call (the handler's time left, or a share of it)
     live: bool = True               # stream the run's rounds
+    warm: bool = False              # without a live pass: decode it once untimed first, nothing yielded but progress
     timed: bool = False             # then decode it again with nothing drawn (its speed)
     plain: bool = False             # then plain decoding, same prompt, settings and seed
     settle: float = 0.0             # seconds between the live run and the timed one (the browser finishes drawing)
-    show_timed: bool = False        # the timed run's rounds are the ones shown (no live pass drew any): they carry
-                                    #   the display parts; otherwise it decodes as plain decoding does, nothing extra
     sizing: se.Sizing | None = None    # size drafts by this curve (a run measured again: its first pass's)
 
 
@@ -187,10 +186,15 @@ def loaded(name: str):
 
 def build(settings: RunSettings, prompt_ids, sizing: se.Sizing | None = None) -> tuple:
     """(decoder, input_ids, target, Built) for `settings`, from the models the registry holds; with `sizing`, its
-    drafts are sized by that verify-cost curve instead of the target's curve as it stands."""
+    drafts are sized by that verify-cost curve instead of the target's curve as it stands. A sampled run is sized by
+    the curve measured at start-up (se.startup_sizing): its seed then fixes its text, whatever ran before it or
+    beside it (the curve as it stands follows the timings of the runs before, and with it the draft lengths, which
+    a sampled run's text depends on: 2 of 8 seeded requests sent at once gave other texts than alone)."""
     import torch
     kind, spec = drafts.split_draft(settings.draft)
     target = loaded(settings.target)
+    if sizing is None and not settings.greedy:
+        sizing = se.startup_sizing(target.model)
     draft = loaded(spec.model) if spec.model else None
     options = drafts.DraftOptions(skip_layers=settings.skip_layers, exit_after=settings.exit_after)
     drafter = drafts.build_drafter(spec, target, draft, options, sizing=sizing)
@@ -209,9 +213,16 @@ def build(settings: RunSettings, prompt_ids, sizing: se.Sizing | None = None) ->
 
 @gpu(job_seconds)
 def run_job(job: RunJob, stop: Stop) -> Iterator:
-    """Yields Built, then the live RoundEvents (`live`), then Phase("timed"), progress strings and the timed
-    GenerationResult (`timed`), then Phase("plain"), progress strings and the BaselineResult (`plain`). A live run
-    that was stopped or ran out of time is not measured; nor is plain decoding after a cut-short timed run."""
+    """Yields Built, then the live RoundEvents (`live`), or Phase("warm") and progress strings (`warm`), then
+    Phase("timed"), progress strings and the timed GenerationResult (`timed`), then Phase("plain"), progress strings
+    and the BaselineResult (`plain`). A live run that was stopped or ran out of time is not measured; nor is plain
+    decoding after a cut-short timed run.
+
+    Every timed pass is the second pass of its decoder: Run's follows its live pass, and a run measured without one
+    ("Measure the speedup again", a Sweep k point) decodes once untimed first (`warm`). The first pass of a fresh
+    decoder runs slower than its second: the default run on two shared cores (load 8, one thread), 12.5 against
+    14.2 tok/s (medians of 4 pairs, every first pass the slower, the cost spread over its rounds), which made "measure
+    again" and Sweep k read lower than Run at the same settings."""
     s = job.settings
     cpu = engine_thread.for_device(loaded(s.target).device)      # CPU decoding: on the engine's own threads
     decoder, input_ids, target, built = engine_thread.call(lambda: build(s, job.prompt_ids, job.sizing), cpu)
@@ -229,16 +240,20 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
                 yield last
             if last is None or last.stop_reason == "cancelled":
                 return
+        elif job.warm and job.timed:
+            yield Phase("warm")
+            budget.start()
+            warmed = yield from runner.in_worker(lambda: decode_once(decoder, input_ids, s, eos, budget, False),
+                                                 budget, "warm-up", engine=cpu)
+            if warmed.stop_reason == "cancelled" or budget.timed_out:
+                return
         if job.timed:
             yield Phase("timed")
-            if job.live:
+            if job.live or job.warm:
                 stop.wait(job.settle)
             budget.start()
             result = yield from runner.in_worker(
-                lambda: decoder.generate(input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(),
-                                         seed=s.seed, eos_token_id=eos, should_stop=budget.should_stop,
-                                         display=job.show_timed),
-                budget, "timed-run", engine=cpu)
+                lambda: decode_once(decoder, input_ids, s, eos, budget, False), budget, "timed-run", engine=cpu)
             yield result
             if result.stop_reason == "cancelled" or budget.timed_out:
                 return
@@ -252,6 +267,12 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
                 budget, "plain-decoding", engine=cpu))
     finally:
         budget.cancel.set()
+
+
+def decode_once(decoder, input_ids, s: RunSettings, eos, budget: runner.Budget, display: bool):
+    """One whole run of `decoder` with the settings and seed of `s` (its warm-up pass and its timed pass alike)."""
+    return decoder.generate(input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(), seed=s.seed,
+                            eos_token_id=eos, should_stop=budget.should_stop, display=display)
 
 
 def call_seconds(budget: runner.Budget, tokens: int, share: float | None = None) -> float:

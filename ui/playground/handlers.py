@@ -172,7 +172,7 @@ def status_text(record, summary: dict, running: bool) -> str:
 
 def speed_note(summary: dict) -> str:
     """Where the speed figures come from, in one line under the numbers (the baseline's provenance too, and how
-    the run was computed: shared with identical requests, replayed, measured under load)."""
+    the run was computed: shared with another student, measured under load)."""
     labels = "".join(f" {label[:1].upper()}{label[1:]}." for label in summary.get("labels") or ())
     if not summary.get("timed"):
         return (f"Tokens/s as drawn live ({summary['live_tokens_per_second']:.1f}); drawing the view shares the "
@@ -262,12 +262,13 @@ def initial_outputs() -> dict[str, object]:
 SKIP_RUN = (gr.skip(),) * len(RUN_OUTPUTS)
 
 
-def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget: runner.Budget, source=None):
-    """Run `job` on the GPU function (or take the results of `source`: a shared computation, coalesce.py) and fold
-    each result into the session before yielding it: Built starts the run's record (and the handler's deadline),
-    rounds go into the record, the timed run becomes its speed and plain decoding its baseline (one measured
-    earlier, after a Reused, with its age). Ends early when Stop is set or the Stop handler has recorded the live
-    run."""
+def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget: runner.Budget, source=None,
+         shared: bool = False):
+    """Run `job` on the GPU function (or take the results of `source`: a shared computation, coalesce.py, whose
+    measurements are another request's when `shared`) and fold each result into the session before yielding it:
+    Built starts the run's record (and the handler's deadline), rounds go into the record, the timed run becomes its
+    speed and plain decoding its baseline (one measured earlier, after a Reused, with its age). Ends early when Stop
+    is set or the Stop handler has recorded the live run."""
     prep.work = source if source is not None else coalesce.gated(
         lambda: compute.run_job(job, compute.Stop(state.stop_event)), state.stop_event.is_set)
     recorded = lambda: job.live and prep.record is not None and prep.record.recorded      # noqa: E731
@@ -281,11 +282,11 @@ def fold(prep: runner.Prepared, state: SessionState, job: compute.RunJob, budget
                 if not runner.record_round(prep, state, item):
                     return
             elif isinstance(item, se.GenerationResult):
-                runner.keep_timing(prep.record, state, item, prep.labeler, prep.options)
+                runner.keep_timing(prep.record, state, item, prep.labeler, prep.options, shared=shared)
             elif isinstance(item, coalesce.Reused):
                 reused = item
             elif isinstance(item, se.BaselineResult):
-                runner.keep_baseline(prep.record, state, item, reused)
+                runner.keep_baseline(prep.record, state, item, reused, shared=shared)
             elif isinstance(item, coalesce.Label) and prep.record is not None:
                 runner.add_label(prep.record, state, item.text)
             yield item
@@ -336,7 +337,17 @@ def lead(computation: coalesce.Computation, state: SessionState, job: compute.Ru
 
 # lets the browser finish drawing the last live updates (Plotly included) before the engine is timed
 SETTLE_SECONDS = 1.0
-MEASURING = {"timed": "Measuring the speed without drawing: speculative decoding",
+
+
+def shared_label(viewers: int) -> str:
+    """The line a run shared by `viewers` identical requests shows, the leader's and every follower's alike."""
+    return (f"shared with another student: one computation served {viewers} identical requests (same model, prompt, "
+            "settings, seed and rule) and measured its speed once for all; press 'Measure the speedup again' for a "
+            "measurement of this page's own")
+
+
+MEASURING = {"warm": "Measuring the speed without drawing: a first, untimed pass (as Run's live pass)",
+             "timed": "Measuring the speed without drawing: speculative decoding",
              "plain": "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"}
 
 
@@ -344,8 +355,9 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
            settle: float = SETTLE_SECONDS):
     """The run pipeline as UI updates: load (progress), rounds drawn live (throttled), then the speed measurement
     with nothing drawn (both sides of the speedup, back to back: the run decoded again, then plain decoding), then
-    the final view. An identical request in flight (or finished moments ago, by another session) is not computed
-    again: this one follows it and gets the same results (coalesce.py), and says so. Plain decoding is measured
+    the final view. An identical request in flight is not computed again: this one follows it and gets the same
+    results (coalesce.py), and its page says plainly that the run and its speed were shared with another student;
+    one that has finished is never replayed, so Run always measures otherwise. Plain decoding is measured
     anew for each run (on a shared machine only measurements made back to back compare); another session's,
     measured minutes ago, is reused only while other requests wait for their turn, and labelled with its age."""
     state.stop_event.clear()
@@ -361,11 +373,10 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, passes * settings.max_new_tokens),
                              live=True, timed=auto_baseline, plain=auto_baseline, settle=settle)
         computation, leader = coalesce.COALESCER.join((settings, prep.prompt_ids, auto_baseline), id(state))
-        replay = computation.done
         source = (lead(computation, state, job, settings.baseline_key(prep.prompt_ids)) if leader
                   else computation.follow(state.stop_event.is_set))
         last, last_plots, label = 0.0, float("-inf"), ""       # the first update draws the plots
-        for item in fold(prep, state, job, budget, source):
+        for item in fold(prep, state, job, budget, source, shared=not leader):
             if isinstance(item, compute.Built):
                 state.active = prep
                 yield SKIP_RUN
@@ -392,14 +403,8 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         record = prep.record
         if record is None or record.recorded:   # the Stop handler recorded and rendered it; a later view would race
             return
-        if leader and computation.viewers > 1:
-            runner.add_label(record, state, f"shared: one computation served {computation.viewers} identical "
-                                            "requests (same model, prompt, settings, seed and rule)")
-        elif not leader:
-            what = ("replayed: an identical request's run, computed "
-                    f"{coalesce.age_text(time.time() - computation.finished_at)} ago"
-                    if replay else f"shared: one computation served {computation.viewers} identical requests")
-            runner.add_label(record, state, what + " (same model, prompt, settings, seed and rule)")
+        if computation.viewers > 1:
+            runner.add_label(record, state, shared_label(computation.viewers))
         state.finish(record)
         status = None
         if not leader and not computation.complete:
@@ -469,8 +474,9 @@ def stop(state: SessionState):
 
 
 def measure_baseline(state: SessionState):
-    """'Measure the speedup again' button: measure the latest run's speed again, both sides without drawing (its
-    speculative decoding with a fresh drafter, and plain decoding with the same prompt, settings and seed), then
+    """'Measure the speedup again' button: measure the latest run's speed again, both sides without drawing, as Run
+    measures it (measurement_job: a fresh decoder's untimed first pass, then its timed pass, then plain decoding with
+    the same prompt, settings and seed), always anew, never shared with another request; then
     show the speedup everywhere (every run in the history with the same baseline key uses the new baseline)."""
     shown = getattr(state, "active", None)
     if shown is None or shown.record is None or not shown.record.rounds:
@@ -482,6 +488,8 @@ def measure_baseline(state: SessionState):
                        print_exception=False)
     state.stop_event.clear()
     budget = runner.Budget(state.stop_event)
+    with state.lock:          # they said how the measurement being replaced was made (shared, under load)
+        replaced, record.labels[:] = list(record.labels), []
     with friendly_errors():
         yield message_view("Loading the models to measure the speed again…")
         prep = yield from relay(runner.prepare(record.settings, state, reg.REGISTRY, shown.options.show_spaces,
@@ -490,9 +498,7 @@ def measure_baseline(state: SessionState):
             yield message_view("Measurement stopped.")
             return
         try:
-            job = compute.RunJob(record.settings, prep.prompt_ids,
-                                 compute.call_seconds(budget, 2 * record.settings.max_new_tokens), live=False,
-                                 timed=True, plain=True, sizing=record.sizing)
+            job = measurement_job(record.settings, prep.prompt_ids, budget, sizing=record.sizing)
             timing, plain, label = None, None, ""
             for item in fold(prep, state, job, budget):
                 if isinstance(item, se.GenerationResult):
@@ -501,6 +507,9 @@ def measure_baseline(state: SessionState):
                     plain = item.stop_reason != "cancelled"
                 label = MEASURING[item.name] if isinstance(item, compute.Phase) else label
                 yield message_view(f"{label}… {item}" if isinstance(item, str) else f"{label}…")
+            if not timing:
+                with state.lock:        # the speed shown is still the one they describe
+                    record.labels[:] = replaced + [label for label in record.labels if label not in replaced]
             if not (timing and plain):
                 yield message_view("Measurement stopped.")
                 return
@@ -508,6 +517,17 @@ def measure_baseline(state: SessionState):
             yield run_view(prep, state, final=True)
         finally:
             runner.release(prep, reg.REGISTRY)
+
+
+def measurement_job(settings: RunSettings, prompt_ids, budget: runner.Budget, sizing=None, plain: bool = True,
+                    first_pass: bool = False) -> compute.RunJob:
+    """A run measured without a drawn live pass ("Measure the speedup again", a Sweep k point), timed as Run times
+    its own: a first pass of the same decoder, untimed (Run's live pass; with `first_pass`, its rounds become the
+    record's, for a record with none yet: a sweep point; else nothing of it is kept), the timed pass with nothing
+    built for a view, as Run's, then plain decoding back to back (`plain`)."""
+    passes = 2 + plain
+    return compute.RunJob(settings, tuple(prompt_ids), compute.call_seconds(budget, passes * settings.max_new_tokens),
+                          live=first_pass, warm=not first_pass, timed=True, plain=plain, sizing=sizing)
 
 
 def progress_line(prep: runner.Prepared, event: se.RoundEvent, label: str) -> str:

@@ -224,24 +224,31 @@ def end_rounds(prep: Prepared, state: SessionState, timed_out: bool = False) -> 
             record.stop_reason = TIME_LIMIT if timed_out and not state.stop_event.is_set() else "cancelled"
 
 
+SHARED_MEASUREMENT = "by the computation shared with another student"
+
+
 def keep_timing(record: RunRecord, state: SessionState, result: se.GenerationResult, labeler=None,
-                options: RenderOptions | None = None) -> Timing | None:
+                options: RenderOptions | None = None, shared: bool = False) -> Timing | None:
     """The run decoded again with its own settings and seed and nothing drawn becomes its speed
     (`RunRecord.timing`). The live run drew every round in the browser on the same cores, which slows the engine
     by a different amount for every run; plain decoding is measured without drawing, so the speculative side is
     too. The rounds must equal the live ones (same seed, same code): otherwise the timing is not kept. A run with no
-    live pass (Sweep k: each point is measured exactly as Run measures its speed, and nothing is drawn) takes the
-    timed run's rounds as its own, rendered with `labeler` and `options`. None if the timed run was stopped."""
+    rounds yet takes the timed run's as its own, rendered with `labeler` and `options` (the app's buttons all time a
+    second pass after a first that gave the record its rounds: handlers.measurement_job). `shared`: another
+    request's computation measured it (this request followed it: coalesce.py), and its `how` says so. None if the
+    timed run was stopped."""
     if result.stop_reason == "cancelled":
         return None
     how = "decoded again without drawing"
-    if not record.rounds:       # measured without a live pass (a Sweep k point): the timed run is the run itself
+    if not record.rounds:       # measured without a first pass: the timed run is the run itself
         fragments = [round_html(event, labeler, options) for event in result.rounds] if labeler is not None else []
         with state.lock:
             record.fragments.extend(fragments)
             record.rounds.extend(result.rounds)
             record.stop_reason = result.stop_reason
         how = "decoded without drawing"
+    if shared:
+        how += f" ({SHARED_MEASUREMENT})"
     same = result.tokens == record.tokens and len(result.rounds) == len(record.rounds)
     if not same:      # cannot happen with a deterministic engine; if it does, say so rather than mix two runs
         raise ValueError("the timed run differs from the live run (same settings and seed): its speed is not shown")
@@ -264,14 +271,14 @@ def keep_live_timing(record: RunRecord, state: SessionState) -> None:
 
 
 def keep_baseline(record: RunRecord, state: SessionState, result: se.BaselineResult,
-                  reused=None) -> se.BaselineResult | None:
+                  reused=None, shared: bool = False) -> se.BaselineResult | None:
     """Plain decoding with the run's settings, measured right after it: the session's baseline for its key, and
     the run's own. With `reused` (coalesce.Reused) it was measured earlier by another request, and says how long
-    ago. None if it was stopped."""
+    ago; `shared`: measured by another request's computation that this one followed. None if it was stopped."""
     if result.stop_reason == "cancelled":
         return None
     at = None if reused is None else reused.at
-    note = None
+    note = SHARED_MEASUREMENT if shared else None
     if reused is not None:
         note = f"reused: measured {coalesce.age_text(time.time() - reused.at)} before by an identical request"
         if reused.under_load:
@@ -284,7 +291,7 @@ def keep_baseline(record: RunRecord, state: SessionState, result: se.BaselineRes
 
 
 def add_label(record: RunRecord, state: SessionState, text: str) -> None:
-    """A line about how the run was computed (shared, replayed, measured under load), shown with its speed."""
+    """A line about how the run was computed (shared with another student, under load), shown with its speed."""
     with state.lock:
         if text not in record.labels:
             record.labels.append(text)

@@ -91,7 +91,7 @@ class RunRecord:
     time_limit: float | None = None                     # the decoding budget it ran under (seconds)
     scenario: str = ""                                  # "S5 · 5. Layer skip ..." when a scenario's settings ran
     plain_note: str | None = None                       # where `plain` came from when not measured right after it
-    labels: list[str] = field(default_factory=list)     # shared, replayed, measured under load (coalesce.py)
+    labels: list[str] = field(default_factory=list)     # shared with another student, under load (coalesce.py)
     sizing: tuple | None = None                         # the verify-cost curve its drafts were sized by (or None)
 
     @property

@@ -5,25 +5,30 @@ import dataclasses
 
 from ui.playground import compute, runner
 from ui.playground import registry as reg
-from ui.playground.handlers import SKIP_RUN, fold, friendly_errors, message_view, parse_settings, relay, run_view
+from ui.playground.handlers import (SKIP_RUN, fold, friendly_errors, measurement_job, message_view, parse_settings,
+                                   relay, run_view)
 from ui.playground.state import SessionState
 
 SWEEP_K = (1, 2, 3, 4, 6, 8, 12)
 
-SWEEP_PHASES = {"timed": "decoding without drawing", "plain": "measuring plain decoding once for the sweep"}
+SWEEP_PHASES = {"live": "a first pass, not drawn", "timed": "decoding again without drawing, timed",
+                "plain": "measuring plain decoding once for the sweep"}
 
 
 def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat, skip_layers,
             exit_after, auto_baseline, show_spaces, state: SessionState):
-    """Run the current settings for several k (one plain-decoding baseline serves all) into the history. The
-    runs share one time budget. Each point is measured as Run measures its speed: decoded by `decoder.generate` in
-    a worker thread while the handler only wakes every runner.BASELINE_POLL s (compute.run_job's timed pass), with
-    no live pass. Issue #36: driving each point's rounds through the handler (one yield to Gradio per round) made
-    the speculative side 5-10 times slower than Run's measurement of the same settings on two busy cores."""
+    """Run the current settings for several k into the history. The runs share one time budget. Each point is
+    measured as Run measures its speed (handlers.measurement_job): a first pass, not drawn, then the timed pass by
+    `decoder.generate` in a worker thread, nothing built for a view, while the handler only wakes every
+    runner.BASELINE_POLL s. Plain decoding is measured once for the sweep, back to back with its first point (k does
+    not change it), and every point sizes its drafts by the verify-cost curve the first point was sized by, so the
+    points differ by k alone. Issue #36: driving each timed point's rounds through the handler (one yield to Gradio
+    per round) made the speculative side 5-10 times slower than Run's measurement of the same settings."""
     base = parse_settings(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens, seed, rule, chat,
                           skip_layers, exit_after)
     state.stop_event.clear()
     budget = runner.Budget(state.stop_event)
+    sizing = None
 
     with friendly_errors():
         for n, k_value in enumerate(SWEEP_K):
@@ -36,11 +41,8 @@ def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens,
             if prep is None:
                 return
             try:
-                plain = settings.baseline_key(prep.prompt_ids) not in state.baselines
-                job = compute.RunJob(settings, prep.prompt_ids,
-                                     compute.call_seconds(budget, (1 + plain) * settings.max_new_tokens), live=False,
-                                     timed=True, plain=plain, show_timed=True)
-                doing = "decoding without drawing"
+                job = measurement_job(settings, prep.prompt_ids, budget, sizing=sizing, plain=n == 0, first_pass=True)
+                doing = SWEEP_PHASES["live"]
                 yield message_view(f"{label}: {doing}…")
                 for item in fold(prep, state, job, budget):
                     if isinstance(item, compute.Built):
@@ -55,6 +57,7 @@ def sweep_k(prompt, target, draft, k, temperature, top_p, top_k, max_new_tokens,
                         yield SKIP_RUN
                 if prep.record is None or prep.record.recorded:
                     return
+                sizing = sizing if sizing is not None else prep.record.sizing
                 runner.end_rounds(prep, state, budget.timed_out)
                 state.finish(prep.record)
                 yield run_view(prep, state, status=f"{label} done", final=True)

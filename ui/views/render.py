@@ -457,10 +457,13 @@ COST_TITLES = {
                            "discarded unjudged): the per-token a of the formula",
     "draft cost c": "mean draft seconds per round / one plain decoding step (the mean of the plain run's steps)",
     "verify cost v": "mean verify seconds per round (one target forward over the drafts + 1) / one plain step",
-    "predicted speedup": "E[tokens per round] / (v + c): (1 − a^(n+1)) / (1 − a) at the judged acceptance a and each "
-                         "round's draft count n, over the round's measured cost. With n = k, v = 1 and c = k × "
-                         "(one draft step) it is Leviathan et al.'s (1 − a^(k+1)) / ((1 − a)(k c + 1)). Prefill and "
-                         "bookkeeping are left out, so the measured speedup is usually a little lower.",
+    "overhead o": "mean seconds per round outside draft and verify (sampling, the rule, trimming, bookkeeping) / one "
+                  "plain step: the time strip's third part",
+    "predicted speedup": "E[tokens per round] / (v + c + o): (1 − a^(n+1)) / (1 − a) at the judged acceptance a and "
+                         "each round's draft count n, over the round's whole measured cost, overhead included (the "
+                         "time strip's steps per round). With n = k, v = 1, o = 0 and c = k × (one draft step) it is "
+                         "Leviathan et al.'s (1 − a^(k+1)) / ((1 − a)(k c + 1)). Prefill is left out, and the rounds' "
+                         "acceptance is the formula's expectation, so the measured speedup differs a little.",
 }
 
 
@@ -469,14 +472,15 @@ def title_attr(key: str) -> str:
 
 
 def cost_chips(s: dict) -> list[tuple[str, str, str]]:
-    """Draft and verify cost per round in plain steps, and the speedup they predict (ui.views.metrics.cost_fields);
-    none when the summary lacks them."""
+    """Draft, verify and overhead cost per round in plain steps, and the speedup they predict
+    (ui.views.metrics.cost_fields); none when the summary lacks them."""
     if s.get("predicted_speedup") is None:
         return []
     predicted = s["predicted_speedup"]
     return [("judged acceptance a", f'{s.get("judged_acceptance", 0.0):.0%}', ""),
             ("draft cost c", f'{s["draft_cost"]:.2f} steps', ""),
             ("verify cost v", f'{s["verify_cost"]:.2f} steps', ""),
+            ("overhead o", f'{s.get("overhead_cost") or 0.0:.2f} steps', ""),
             ("predicted speedup", f"×{predicted:.2f}", "good" if predicted >= 1 else "bad")]
 
 
