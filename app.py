@@ -20,6 +20,9 @@ Space): there the models load at start-up on the main thread and every model com
 `spaces.GPU` function (ui/playground/compute.py); SPEC_ZEROGPU_MODELS names the models to load (default: the
 default target and Gemma-3-270M for the tokenizer-mismatch demo).
 
+Where it listens: --port N (default 7860; GRADIO_SERVER_PORT) and --host A (default 127.0.0.1; GRADIO_SERVER_NAME,
+0.0.0.0 to serve other machines).
+
 Where models load (SPEC_DEVICE, SPEC_DTYPE):
     --device D              cpu, cuda, cuda:1, ... (default: CUDA when present, else the CPU)
     --dtype T               float32 | bfloat16 | float16 (default: float32 on the CPU and, on a GPU, for models of
@@ -111,15 +114,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--session-ttl", dest="session_ttl_seconds", type=float,
                         help="seconds a session's state is kept after its last use")
     parser.add_argument("--device", help="where models load: cpu, cuda, cuda:1 (default: CUDA when present)")
+    parser.add_argument("--port", type=int, help="the port to serve on (default 7860, or GRADIO_SERVER_PORT)")
+    parser.add_argument("--host", help="the address to listen on (default 127.0.0.1, or GRADIO_SERVER_NAME; "
+                                       "0.0.0.0 serves other machines)")
     parser.add_argument("--dtype", help="float32 | bfloat16 | float16 (default: float32 on the CPU and for models of "
                                         "0.5B parameters or less, bfloat16 above)")
     return parser.parse_args(argv)
 
 
+def listen_where(flags: dict, environ=os.environ) -> dict:
+    """--port and --host as the variables Gradio's launch() reads (the same settings, named as flags); the other
+    flags, returned."""
+    for flag, variable in (("port", "GRADIO_SERVER_PORT"), ("host", "GRADIO_SERVER_NAME")):
+        value = flags.pop(flag, None)
+        if value is not None:
+            environ[variable] = str(value)
+    return flags
+
+
 def configure(argv: list[str]) -> None:
     """Limits and placement from SPEC_* variables, then the flags in `argv`; before the demo is built (it starts
     loading the default target). On ZeroGPU the models are loaded here, on the main thread (`zerogpu_models`)."""
-    flags = vars(parse_args(argv))
+    flags = listen_where(vars(parse_args(argv)))
     placement = limits.placement_from_env(device=flags.pop("device"), dtype=flags.pop("dtype"))
     limits.configure(limits.from_env(**flags))
     if limits.current().threads:

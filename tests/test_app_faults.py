@@ -578,6 +578,18 @@ def test_launch_flags_override_the_environment(playground, monkeypatch):
     assert limits.current().allow_custom_models is False             # the test app: presets only
 
 
+def test_port_and_host_flags_are_the_variables_gradio_reads(playground):
+    import app
+    environ = {}
+    rest = app.listen_where(vars(app.parse_args(["--port", "7999", "--host", "0.0.0.0", "--concurrency", "2"])),
+                            environ)
+    assert environ == {"GRADIO_SERVER_PORT": "7999", "GRADIO_SERVER_NAME": "0.0.0.0"}
+    assert "port" not in rest and "host" not in rest and rest["concurrency"] == 2
+    environ = {}
+    app.listen_where(vars(app.parse_args([])), environ)
+    assert environ == {}                                            # not given: Gradio's defaults or the variables
+
+
 def test_an_upload_over_the_trace_limit_is_refused_before_it_is_stored(playground):
     """The only uploads are traces: Gradio itself refuses a file over their 20 MiB limit (HTTP 413)."""
     from spec_engine.classroom.trace import MAX_BYTES
