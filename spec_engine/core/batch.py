@@ -290,6 +290,7 @@ class BatchDecoder:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.target = target_model
+        self.device = target_model.device           # looked up once (SpeculativeDecoder.__init__ says why)
         self.draft_length = draft_length
         self.costs = costs
         self.max_batch = max_batch
@@ -315,7 +316,7 @@ class BatchDecoder:
             committed = validate_request(self.target, request.input_ids, request.k, request.max_new_tokens, sampling)
         except ValueError as error:
             raise ValueError(f"request {request.id!r}: {error}") from None
-        device = self.target.device
+        device = self.device
         state = DecodeState(committed, len(committed), new_cache(self.target), make_generator(device, request.seed),
                             eos_set(request.eos_token_id), request.k, request.max_new_tokens, sampling,
                             prefill_seconds=0.0, display=request.display, seed=request.seed)
@@ -336,7 +337,7 @@ class BatchDecoder:
         rest, in one packed forward; then each decoding sequence verifies, commits and trims."""
         if not self.members:
             return []
-        device = self.target.device
+        device = self.device
         decoding = [m for m in self.members.values() if not m.prefilling]
         caps = self.caps(decoding)
         planned = [m.decoder.plan(m.state, cap) for m, cap in zip(decoding, caps)]
@@ -420,7 +421,7 @@ class BatchDecoder:
             member.features = []
 
     def result(self, member: Member) -> GenerationResult:
-        total = timing.clock(self.target.device) - member.started
+        total = timing.clock(self.device) - member.started
         rounds = member.rounds
         return GenerationResult(tokens=[t for r in rounds for t in r.emitted], rounds=rounds,
                                 prompt_len=member.state.prompt_len, prefill_seconds=member.state.prefill_seconds,

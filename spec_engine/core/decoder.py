@@ -132,6 +132,9 @@ class SpeculativeDecoder:
         self.target = target_model
         self.drafter = drafter
         self.rule = rule
+        # Where the target is, looked up once: transformers' `model.device` walks the parameters (~36 us a call on
+        # SmolLM2), and a round asked it five times. Models move only when they load (models/loading.py).
+        self.device = target_model.device
 
     def stream(self, input_ids: torch.Tensor, k: int = 4, max_new_tokens: int = 64,
                sampling: SamplingParams | None = None, seed: int = 0, eos_token_id=None,
@@ -155,7 +158,7 @@ class SpeculativeDecoder:
         step) and the drafter is never begun."""
         sampling = sampling or SamplingParams()
         committed = validate_request(self.target, input_ids, k, max_new_tokens, sampling)
-        device = self.target.device
+        device = self.device
         generator = make_generator(device, seed)
         begin = timing.clock(device)
         target_cache = new_cache(self.target)
@@ -186,7 +189,7 @@ class SpeculativeDecoder:
         """Draft a round (at most `k` tokens, the run's k by default; a batch may ask for fewer) and lay out the rows
         the target scores: [last committed, drafts...] after the target's cache."""
         assert state.stop_reason is None, "this run has finished"
-        round_start = timing.clock(self.target.device)
+        round_start = timing.clock(self.device)
         committed = state.committed
         limit = state.k if k is None else min(k, state.k)
         n_draft = min(limit, state.max_new_tokens - state.generated - 1)     # a round emits up to n_draft + 1
@@ -198,7 +201,7 @@ class SpeculativeDecoder:
                               list(tree.parents), tree.depths())
         else:
             segment = Segment(committed[-1:] + proposal.tokens, state.target_cache, len(proposal.tokens) + 1)
-        return Planned(proposal, segment, round_start, timing.clock(self.target.device))
+        return Planned(proposal, segment, round_start, timing.clock(self.device))
 
     def settle(self, state: DecodeState, planned: Planned, scored, should_stop: Callable[[], bool] | None = None,
                report: bool = True) -> RoundEvent:
@@ -207,7 +210,7 @@ class SpeculativeDecoder:
         forward's time to the cost curve (timing.report_forward); a batch reports its packed forward once itself."""
         if isinstance(planned.proposal, TreeProposal):
             return self.tree_step(state, planned, scored, should_stop, report)
-        proposal, device, committed = planned.proposal, self.target.device, state.committed
+        proposal, device, committed = planned.proposal, self.device, state.committed
         drafted = torch.tensor(proposal.tokens, dtype=torch.long, device=device)                       # [n]
         # target_logits [n + 1, vocab], features [n + 1, F]
         target_logits, features = scored if self.drafter.feature_layers else (scored, None)
@@ -239,7 +242,7 @@ class SpeculativeDecoder:
             return None
         vocab = self.target.get_output_embeddings().weight.shape[0]
         first = len(state.committed)                         # the position the round's first emitted token takes
-        return position_noise(state.seed, range(first, first + rows), vocab, self.target.device)
+        return position_noise(state.seed, range(first, first + rows), vocab, self.device)
 
     def chain_rule(self, proposal: Proposal) -> str:
         """The rule a chain round runs. The wrong tree rule judges trees only; a round with no drafts (the last one,
@@ -265,7 +268,7 @@ class SpeculativeDecoder:
         verdict, target_rows = verify_tree(self.rule, state.sampling, tree, proposal.probs, target_logits,
                                            state.generator, state.display,
                                            self.noise(state, max(tree.depths(), default=0) + 1))
-        verified = timing.clock(self.target.device)
+        verified = timing.clock(self.device)
         if report:
             timing.report_forward(self.target, len(tree.tokens) + 1, verified - planned.drafted)   # the sizing's curve
         emitted, hit_eos = cut_at_eos([tree.tokens[i] for i in verdict.accepted] + [verdict.next_token], state.eos)
@@ -302,7 +305,7 @@ class SpeculativeDecoder:
             target_cache_len=cache_len(state.target_cache),
             draft_cache_len_before=draft_before, draft_cache_len=self.drafter.cache_len(),
             committed_len=len(state.committed), draft_seconds=clock.drafted - clock.start,
-            verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(self.target.device) - clock.start,
+            verify_seconds=clock.verified - clock.drafted, round_seconds=timing.clock(self.device) - clock.start,
             prefill_seconds=state.prefill_seconds if state.index == 0 else 0.0,
             finished=state.stop_reason is not None, stop_reason=state.stop_reason, note=proposal.note,
             tree_parents=list(tree.parents), tree_path=verdict.accepted[:accepted], tree_tried=verdict.tried,
@@ -377,7 +380,7 @@ class SpeculativeDecoder:
                  sampling: SamplingParams | None = None, seed: int = 0, eos_token_id=None,
                  should_stop: Callable[[], bool] | None = None, display: bool = True) -> GenerationResult:
         """The whole run; `display` as in `stream`."""
-        device = self.target.device
+        device = self.device
         start = timing.clock(device)
         state = self.start(input_ids, k, max_new_tokens, sampling, seed, eos_token_id, should_stop, display)
         rounds = list(self._rounds(state, should_stop))
