@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spec_engine import models as se_models
-from ui.playground import registry as reg, share, validate
+from ui.playground import drafts, registry as reg, share, validate
 from ui.playground.presets import load_presets
 from ui.playground.state import RunSettings
 from ui.views import equivalent_code
@@ -122,5 +122,6 @@ def test_restoring_a_scenario_link_picks_the_scenario_and_shows_its_caption():
     restore = share.restorer(presets, START, TARGET)
     values = restore(SimpleNamespace(query_params={"scenario": scenario.id}))
     assert values[-2:] == (scenario.id, f"**{html.escape(scenario.label)}.** {html.escape(scenario.caption)}")
-    values = restore(SimpleNamespace(query_params={"k": "3"}))                 # no scenario: picker and caption kept
+    values = restore(SimpleNamespace(query_params={"k": "3", "draft": "prompt-lookup"}))    # no scenario: both kept
+    assert values[share.RESTORED.index("draft")]["choices"] == drafts.draft_choices(TARGET)     # the target's drafts
     assert values[share.RESTORED.index("k")] == 3 and values[-2:] == (share.gr.skip(), share.gr.skip())

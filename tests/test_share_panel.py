@@ -1,6 +1,8 @@
 """The share panel as the page builds it (ui/playground/share.build_panel) inside a bare gr.Blocks, not launched: its
 controls keep the ids the browser tests and the page's script use, its code boxes start from the page's settings, and
 its events are wired to the handlers (private: no API endpoint). No model is loaded."""
+from types import SimpleNamespace
+
 import gradio as gr
 
 from ui.playground import share
@@ -101,6 +103,11 @@ def code_events_redraw_quietly_and_the_link_gets_the_pages_address(panel):
     (code_event,) = [fn for fn in fns if getattr(fn.fn, "__name__", None) == "equivalent"]
     assert code_event.show_progress == "hidden"
     assert [c._id for c in code_event.inputs] == [controls[f]._id for f in share.LINK_FIELDS]
+    (accordion,) = [block for block in demo.blocks.values() if isinstance(block, gr.Accordion)]
+    assert (accordion._id, "expand") in code_event.targets                  # opening the panel redraws the code
+    (restore_event,) = [fn for fn in fns if getattr(fn.fn, "__name__", None) == "restore"]
+    link = SimpleNamespace(query_params={"scenario": load_presets().scenarios[0].id, "k": "3"})
+    assert restore_event.fn(link) == share.restorer(load_presets(), START, TARGET)(link)
     (link_js,) = [fn for fn in fns if fn.fn is None]
     assert link_js.js == share.FULL_LINK_JS and [c._id for c in link_js.inputs] == [out["share_link"]._id]
 
