@@ -125,3 +125,17 @@ def test_restoring_a_scenario_link_picks_the_scenario_and_shows_its_caption():
     values = restore(SimpleNamespace(query_params={"k": "3", "draft": "prompt-lookup"}))    # no scenario: both kept
     assert values[share.RESTORED.index("draft")]["choices"] == drafts.draft_choices(TARGET)     # the target's drafts
     assert values[share.RESTORED.index("k")] == 3 and values[-2:] == (share.gr.skip(), share.gr.skip())
+
+
+def test_a_links_chat_word_is_read_in_any_case_and_an_unknown_scenario_is_named_with_the_known_ones():
+    presets = load_presets()
+    for word, chat in (("true", True), ("Yes", True), (" ON ", True), ("1", True), ("off", False), ("0", False)):
+        assert share.read_link({"chat": word}, dict(START, chat=not chat), presets, TARGET)[0]["chat"] is chat
+    with pytest.raises(validate.InputError) as refused:
+        share.read_link({"scenario": "no-such"}, START, presets, TARGET)
+    known = ", ".join(s.id for s in presets.scenarios)
+    assert refused.value.message == f"scenario: unknown scenario {validate.shown('no-such')}; known: {known}"
+
+
+def test_a_page_load_without_a_request_changes_nothing():
+    assert share.restorer(load_presets(), START, TARGET)(None) == (share.gr.skip(),) * len(share.RESTORED)
