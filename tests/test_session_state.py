@@ -3,6 +3,7 @@ history table's row, the baselines kept (most recent last, at most MAX_BASELINES
 session leaves behind when it expires. No model is loaded."""
 import copy
 import dataclasses
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -50,6 +51,8 @@ def test_a_live_summary_says_what_it_has_and_what_it_lacks():
     assert out["live_tokens_per_second"] == out["tokens_per_second"] and out["timed"] is False
     assert out["timing"] is None and out["dtype"] is None and out["labels"] == ["shared"]
     assert out["tree_nodes_per_round"] is None and out["tokens"] == [1, 2, 6, 5, 6, 7, 8, 9]
+    assert all(out[key] is None for key in ("baseline_timing", "baseline_tokens_per_second", "baseline_seconds",
+                                            "speedup", "matches_baseline", "first_difference"))
     assert out["expected_tokens_per_forward"] == pytest.approx(st.metrics.expected_tokens_per_round(
         out["judged_acceptance"], 4))
     assert summarize(record(), baseline())["speedup"] is None               # live clocks: no speedup
@@ -67,6 +70,11 @@ def test_a_timed_summary_against_its_baseline_names_both_measurements():
     assert (out["baseline_tokens_per_second"], out["baseline_seconds"], out["speedup"]) == (4.0, 2.0, 8.0)
     assert out["matches_baseline"] is False and out["first_difference"] == 4      # 6 where plain decoding said 9
     assert summarize(timed, baseline(), {"at": None, "run_id": 2})["baseline_timing"].endswith("(run 2)")
+    assert summarize(timed, baseline(), {"at": 0.0, "run_id": 2})["baseline_timing"] == (
+        f"decoded without drawing at {st.clock(0.0)} (run 2)")
+    slow = summarize(record(timing=Timing(16.0, 8, (), 0.0, "x")), baseline(tokens_per_second=0.5))
+    assert (slow["tokens_per_second"], slow["speedup"]) == (0.5, 1.0)          # rates below one still compare
+    assert summarize(RunRecord(1, SETTINGS, "x", (1,)), baseline())["baseline_tokens_per_second"] is None
     noted = summarize(timed, baseline(), {"at": None, "run_id": 2, "note": "shared"})
     assert noted["baseline_timing"].endswith("(shared)")
     assert summarize(timed, baseline(), {})["baseline_timing"] is None
@@ -106,6 +114,10 @@ def test_baselines_are_kept_most_recent_last_up_to_the_limit(monkeypatch):
     state.add_baseline("a", 3)                                          # measured again: now the most recent
     state.add_baseline("c", 4)
     assert state.baselines == {"a": 3, "c": 4} and list(state.baseline_info) == ["a", "c"]
+    state.baselines["replayed"] = 5                                     # as a replay keeps a trace's baseline
+    state.add_baseline("d", 6)
+    state.add_baseline("e", 7)                                          # it goes without provenance to drop
+    assert state.baselines == {"d": 6, "e": 7}
 
 
 def test_a_run_keeps_its_own_plain_measurement_before_the_sessions():
@@ -167,6 +179,13 @@ def test_an_expired_session_leaves_no_exports_and_no_runs(tmp_path):
     assert (state.history, state.baselines, state.baseline_info, state.current, state.active) == ([], {}, {}, None,
                                                                                                     None)
     st.expire(None)                                                      # a session that never had state
+    st.remove_exports([tmp_path / "gone"])                              # a folder already deleted is no error
+
+
+def test_a_new_session_starts_empty_comparing_by_k():
+    state = SessionState()
+    assert (state.current, state.active, state.target, state.compare_axis, state.compare_runs) == (
+        None, None, None, "k", [])
 
 
 def test_the_scenario_label_is_empty_when_the_presets_cannot_be_read(monkeypatch):
@@ -178,4 +197,5 @@ def test_the_scenario_label_is_empty_when_the_presets_cannot_be_read(monkeypatch
     assert st.scenario_label(SETTINGS) == ""
     monkeypatch.setattr(presets, "scenario_of", lambda *args: None)
     assert st.scenario_label(SETTINGS) == ""
-    assert st.clock(None) == "" and st.clock(0.0) != ""
+    assert st.clock(None) == "" and st.clock(18062.0) == time.strftime("%H:%M:%S", time.localtime(18062.0))
+    assert st.clock(18062.0) != st.clock(18063.0)
