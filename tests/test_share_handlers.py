@@ -17,6 +17,7 @@ TARGET = "smollm2-135m-instruct"
 DRAFT_MODEL = "smollm2-360m-instruct"
 START = dict(prompt="Start prompt", target=TARGET, draft=DRAFT_MODEL, k=4, temperature=0.0, top_p=1.0, top_k=0,
              max_new_tokens=64, seed=0, rule="exact", chat=True, skip_layers="", exit_after=0)
+PRESETS = load_presets()
 
 
 class Tokenizer:
@@ -109,7 +110,7 @@ def test_a_link_spells_the_chat_switch_as_a_digit_and_encodes_every_reserved_cha
 
 
 def test_a_refused_link_lists_its_problems_in_the_order_of_the_controls():
-    presets = load_presets()
+    presets = PRESETS
     with pytest.raises(validate.InputError) as refused:
         share.read_link({"top_p": "2", "k": "0"}, START, presets, TARGET)
     assert refused.value.message.startswith("This link's settings were not applied. k: ")
@@ -117,7 +118,7 @@ def test_a_refused_link_lists_its_problems_in_the_order_of_the_controls():
 
 
 def test_restoring_a_scenario_link_picks_the_scenario_and_shows_its_caption():
-    presets = load_presets()
+    presets = PRESETS
     scenario = presets.scenarios[0]
     restore = share.restorer(presets, START, TARGET)
     values = restore(SimpleNamespace(query_params={"scenario": scenario.id}))
@@ -128,7 +129,7 @@ def test_restoring_a_scenario_link_picks_the_scenario_and_shows_its_caption():
 
 
 def test_a_links_chat_word_is_read_in_any_case_and_an_unknown_scenario_is_named_with_the_known_ones():
-    presets = load_presets()
+    presets = PRESETS
     for word, chat in (("true", True), ("Yes", True), (" ON ", True), ("1", True), ("off", False), ("0", False)):
         assert share.read_link({"chat": word}, dict(START, chat=not chat), presets, TARGET)[0]["chat"] is chat
     with pytest.raises(validate.InputError) as refused:
@@ -138,4 +139,4 @@ def test_a_links_chat_word_is_read_in_any_case_and_an_unknown_scenario_is_named_
 
 
 def test_a_page_load_without_a_request_changes_nothing():
-    assert share.restorer(load_presets(), START, TARGET)(None) == (share.gr.skip(),) * len(share.RESTORED)
+    assert share.restorer(PRESETS, START, TARGET)(None) == (share.gr.skip(),) * len(share.RESTORED)
