@@ -1,0 +1,78 @@
+"""The three-ways measurement (spec_engine.classroom.three_ways) on tiny models: every figure comes from the runs.
+Speculation and batching decode plain decoding's exact text; a quantized copy is measured against it, or, where the
+engine has no quantized targets, its row says "not available" and carries no numbers."""
+import pytest
+import torch
+
+import spec_engine as se
+from spec_engine.classroom import three_ways as tw
+from tiny import tiny_llama
+
+
+def prompt():
+    return torch.tensor([[1, 2, 3, 1, 2]], dtype=torch.long)
+
+
+def run(target, quantize=tw.quantized_target, **kwargs):
+    draft = tiny_llama(vocab=32, seed=0)      # the target's twin: its drafts are accepted, so rounds are fewer
+    updates = list(tw.measure(target, prompt(), lambda: se.ModelDrafter(draft), k=3, draft="tiny draft",
+                              tokens=12, batch=3, repeats=2, quantize=quantize, **kwargs))
+    return updates, {row.arm: row for row in updates[-1].rows}
+
+
+def test_batching_and_speculation_decode_plain_text_and_their_figures_come_from_the_runs():
+    target = tiny_llama(vocab=32, seed=0)
+    updates, rows = run(target)
+    samples = updates[-1].samples
+    plain = se.autoregressive_generate(target, prompt(), 12, se.SamplingParams(0.0)).tokens
+    assert [s.tokens for s in samples["plain"]] == [[plain], [plain]]
+    assert all(seq == plain for s in samples["batch"] for seq in s.tokens) and len(samples["batch"][0].tokens) == 3
+    assert [s.tokens for s in samples["speculation"]] == [[plain], [plain]]
+    assert rows["batch"].same_text and rows["speculation"].same_text and rows["plain"].same_text
+    assert rows["plain"].tokens_per_read == 1.0 and rows["batch"].tokens_per_read == 3.0
+    spec = samples["speculation"][0]
+    assert rows["speculation"].tokens_per_read == pytest.approx(12 / spec.forwards) and spec.forwards < 12
+    full = tw.weight_bytes(target)
+    assert rows["plain"].bytes_per_token == full and rows["batch"].bytes_per_token == pytest.approx(full / 3)
+    assert rows["plain"].bytes_per_weight == pytest.approx(4.0)
+    for row in (rows["plain"], rows["batch"], rows["speculation"]):
+        rates = [sum(map(len, s.tokens)) / s.seconds for s in samples[row.arm]]
+        assert row.runs == 2 and (row.low, row.high) == (min(rates), max(rates)) and row.low <= row.tokens_per_second
+    arms = [u.text.split(":")[0] for u in updates if u.rows]
+    assert arms[:3] == ["plain decoding (fp32, 1 user)", "batching (3 users)", "speculation (tiny draft)"]
+
+
+def test_an_unavailable_quantization_is_a_reason_row_without_numbers():
+    target = tiny_llama(vocab=32, seed=0)
+    _, rows = run(target, quantize=lambda model, scheme: (None, f"not available: no {scheme} here"))
+    for scheme in tw.SCHEMES:
+        row = rows[scheme]
+        assert not row.available and row.reason == f"not available: no {scheme} here"
+        assert row.runs == 0 and row.tokens_per_second == 0.0 and row.same_text is None
+
+
+def test_a_quantized_arm_is_measured_against_plain_text():
+    """A stand-in 'quantization' (a differently seeded model, so its text differs) shows where the text diverges
+    and how its bytes compare; the real quantized copies run through the same path."""
+    target = tiny_llama(vocab=32, seed=0)
+    other = tiny_llama(vocab=32, seed=5).to(torch.bfloat16)
+    updates, rows = run(target, quantize=lambda model, scheme: (other, ""), schemes=("bf16",))
+    samples = updates[-1].samples
+    expected = tw.first_difference(samples["bf16"][0].tokens[0], samples["plain"][0].tokens[0])
+    assert expected is not None and rows["bf16"].first_divergence == expected and rows["bf16"].same_text is False
+    assert rows["bf16"].bytes_per_weight == pytest.approx(2.0, rel=0.01)
+
+
+def test_the_engine_quantization_api_gives_a_copy_or_a_reason():
+    target = tiny_llama(vocab=32, seed=0, hidden=64)
+    for scheme in tw.SCHEMES:
+        copy, reason = tw.quantized_target(target, scheme)
+        assert (copy is None) == reason.startswith("not available: ")
+        if copy is not None:
+            assert tw.weight_bytes(copy) < tw.weight_bytes(target)
+
+
+def test_first_difference():
+    assert tw.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert tw.first_difference([1, 5, 3], [1, 2, 3]) == 1
+    assert tw.first_difference([1, 2], [1, 2, 3]) == 2
