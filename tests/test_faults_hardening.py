@@ -185,6 +185,7 @@ NO_VALIDATOR = {
     "equivalent": "renders code from the controls through validate.check_settings; invalid ones change nothing",
     "restore": "the page-load event: a link's values go through validate.check_fields, or nothing is applied",
     "SessionState": "no inputs (creates the session's state)",
+    "three_ways": "no inputs but the session's state: fixed settings on the offline model (ui/classroom/three_ways.py)",
     "step_lesson": "fixed settings; the target it takes is checked by the handler (validate.check_settings)",
 }
 

@@ -20,6 +20,7 @@ LOWER_TABS = {
     "Exactness lab": "#lab-run",
     "Sweeps": "#sweep-run",
     "What if: a GPU": "#whatif-result",
+    "Three ways to share a weight read": "#three-ways-measure",
     "About": "text=the k proposals of a round",
 }
 

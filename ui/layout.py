@@ -19,6 +19,7 @@ from ui.classroom import tabs as classroom, sweeps
 from ui.playground import callbacks, handlers, limits, mismatch, share, sweep
 from ui.views import plots, render, tree
 from ui.classroom import lab as exactness_lab
+from ui.classroom import three_ways as three_ways_tab
 from ui.classroom import whatif as whatif_tab
 from ui.playground import registry as reg
 from ui.playground import drafts
@@ -279,6 +280,7 @@ def build_lower_tabs(c: dict, state: gr.State, out: dict, initial: dict, default
         lab = classroom.build_tabs(c, state)
         lab_events = exactness_lab.build_tab(c, state, RESIZE_JS) + sweeps.build_tab(c, state, RESIZE_JS)
         whatif_tab.build_tab(state)
+        lab_events += three_ways_tab.build_tab(state, RESIZE_JS)
         with gr.Tab("About"):
             gr.Markdown(about_text(default_target, skip_default))
     return LowerTabs(axis, compare_runs, clear_btn, mm_btn, mm, lab, lab_events, (compare_tab, kv_tab, mm_tab))
