@@ -9,7 +9,8 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-POINTS = ["1-reject-4-of-5", "2-distribution", "3-top-p", "3b-rules", "4-naive-ids", "5-kv-growth", "6-formula"]
+POINTS = ["1-reject-4-of-5", "2-distribution", "3-top-p", "3b-rules", "4-naive-ids", "5-kv-growth", "6-formula",
+          "7-three-ways"]
 WAIT = 900_000      # ms: a busy two-core machine
 
 
@@ -64,6 +65,12 @@ def take(page, out, name):
         run_finished(page)
         page.wait_for_selector('#spec-stats [data-stat="speedup (measured)"]', timeout=WAIT)
         shot(page, out, name)
+    elif name == "7-three-ways":                      # the tab, then Measure
+        tab(page, "Three ways to share a weight read")
+        page.click("#three-ways-measure")
+        page.wait_for_function("document.querySelector('#three-ways-status')?.innerText.includes('Done')",
+                               timeout=WAIT)
+        shot(page, out, name, "#three-ways-plot")
 
 
 def main(url: str, out: Path, names: list[str]) -> None:

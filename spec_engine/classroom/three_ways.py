@@ -9,8 +9,8 @@ copy; then again, `repeats` times) so that a slow spell of a shared machine touc
 rows so far after every run: medians with min-max spreads, all from runs, nothing assumed.
 
 Every arm decodes greedily exactly `tokens` new tokens (no end-of-text stop), so their texts compare position by
-position. The defaults (24 tokens, 8 sequences, 3 repeats) keep a measurement of the 135M offline model well under a
-minute on two CPU cores.
+position. The defaults (16 tokens, 8 sequences, 3 repeats) are sized to keep a measurement of the 135M offline model
+under a minute on two idle CPU cores; on a shared, loaded machine it takes several times longer.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from spec_engine.core.drafting import Drafter
 from spec_engine.core.sampling import SamplingParams
 
 SCHEMES = ("bf16", "int8", "int4")
-DEFAULT_TOKENS = 24
+DEFAULT_TOKENS = 16
 DEFAULT_BATCH = 8
 DEFAULT_REPEATS = 3
 WAYS = {"plain": "none", "batch": "batching", "speculation": "speculation",
@@ -173,6 +173,8 @@ def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter]
         "plain": lambda: run_plain(target, input_ids, tokens),
         "batch": lambda: run_batch(target, input_ids, tokens, batch),
         "speculation": lambda: run_speculation(target, input_ids, tokens, make_drafter(), k)}
+    warm_ups = {"plain": lambda: run_plain(target, input_ids, 2), "batch": lambda: run_batch(target, input_ids, 2, 2),
+                "speculation": lambda: run_speculation(target, input_ids, 2, make_drafter(), k)}
     labels = {arm: LABELS[arm].format(batch=batch, draft=draft) for arm in [*arms, *schemes]}
     bytes_read = {arm: weight_bytes(target) for arm in arms}
     reasons: dict[str, str] = {}
@@ -183,7 +185,11 @@ def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter]
             reasons[scheme] = reason or "not available"
             continue
         arms[scheme] = (lambda m: lambda: run_plain(m, input_ids, tokens))(copy)
+        warm_ups[scheme] = (lambda m: lambda: run_plain(m, input_ids, 2))(copy)
         bytes_read[scheme] = weight_bytes(copy)
+    yield Update([], 0, 0, "Warming up: one short untimed run of each arm (first-use costs stay out of the timings)…")
+    for warm in warm_ups.values():      # two tokens each: weights packed, kernels compiled, a draft head loaded
+        warm()
     samples: dict[str, list[Sample]] = {arm: [] for arm in arms}
     total, done = repeats * len(arms), 0
     for repeat in range(repeats):
