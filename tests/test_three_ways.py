@@ -76,3 +76,18 @@ def test_first_difference():
     assert tw.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert tw.first_difference([1, 5, 3], [1, 2, 3]) == 1
     assert tw.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_the_tab_escapes_every_text_before_html():
+    from ui.classroom import three_ways as tab
+    bad = "not available: <img src=x onerror=alert(1)>"
+    rows = [tw.WayRow("plain", "none", "plain <b>", runs=1, tokens_per_second=2.0, low=1.0, high=3.0, speedup=1.0,
+                      tokens_per_read=1.0, bytes_per_weight=4.0, same_text=True),
+            tw.WayRow("int8", "quantization", "quantization: int8", reason=bad)]
+    fig = tab.figure(rows)
+    texts = [x for trace in fig.data for x in trace.x] + [h for trace in fig.data for h in trace.hovertext]
+    assert not any("<img" in t or "<b>" in t for t in texts) and any("&lt;img" in t for t in texts)
+    status, _, table = tab.view(rows, "<script>")
+    assert "<img" not in status and "<script>" not in status
+    assert list(table.iloc[1])[-1] == bad                  # the table shows text, not HTML (gr.Dataframe, str)
+    assert fig.data[0].y[0] == 2.0 and list(fig.data[0].error_y.array) == [1.0]

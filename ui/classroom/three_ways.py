@@ -69,34 +69,36 @@ def table_rows(rows: list[tw.WayRow]) -> list[list]:
     return out
 
 
-def bar_text(row: tw.WayRow) -> str:
-    """The label on a bar: plotly reads <br> and a few tags in text, so the parts are escaped."""
-    parts = [f"{fmt(row.tokens_per_read, 2)} tok/read", f"{fmt(row.bytes_per_weight, 2)} B/weight", text_verdict(row)]
+def tick(row: tw.WayRow) -> str:
+    """An arm's axis label: its name, tokens per weight read, bytes per weight and its text against plain fp32's
+    (Plotly reads <br> and a few tags in text, so the parts are escaped)."""
+    name = SHORT.get(row.arm, row.arm)
+    if not row.available:
+        return f"{html.escape(name)}<br>not available"
+    parts = [name, f"{fmt(row.tokens_per_read, 2)} tok/read · {fmt(row.bytes_per_weight, 2)} B/weight",
+             f"text {text_verdict(row)}"]
     return "<br>".join(html.escape(p) for p in parts)
 
 
 def figure(rows: list[tw.WayRow]) -> go.Figure:
     """Bars of tokens per second per arm (median, min-max whiskers), coloured by way; an arm that could not run is
-    named on the axis with "not available" and no bar."""
+    named on the axis with "not available" and has no bar."""
     fig = go.Figure()
     for way, color in COLORS.items():
         mine = [r for r in rows if r.way == way]
         if not mine:
             continue
-        ran = [r for r in mine if r.available]
-        fig.add_bar(x=[html.escape(SHORT.get(r.arm, r.arm)) for r in mine],
-                    y=[r.tokens_per_second if r.available else 0 for r in mine], name=way, marker_color=color,
-                    text=[bar_text(r) if r.available else "not available" for r in mine], textposition="outside",
+        fig.add_bar(x=[tick(r) for r in mine], y=[r.tokens_per_second if r.available else 0 for r in mine],
+                    name=way, marker_color=color,
                     error_y={"type": "data", "symmetric": False,
                              "array": [r.high - r.tokens_per_second if r.available else 0 for r in mine],
                              "arrayminus": [r.tokens_per_second - r.low if r.available else 0 for r in mine]},
-                    hovertext=[html.escape(r.label if r.available else f"{r.label}: {r.reason}") for r in mine],
-                    customdata=[len(ran)] * len(mine))
+                    hovertext=[html.escape(r.label if r.available else f"{r.label}: {r.reason}") for r in mine])
     top = max([r.high for r in rows if r.available] or [1.0])
     fig.update_layout(title="Tokens per second on this machine, by way of sharing a weight read",
-                      yaxis={"title": "tokens / s (median, min-max)", "range": [0, top * 1.45]},
-                      xaxis={"title": None}, legend={"orientation": "h", "y": -0.15}, margin={"t": 50, "b": 40},
-                      height=420, uniformtext={"minsize": 9, "mode": "show"})
+                      yaxis={"title": "tokens / s (median, min-max)", "range": [0, top * 1.1]},
+                      xaxis={"title": None, "tickfont": {"size": 11}}, legend={"orientation": "h", "y": -0.3},
+                      margin={"t": 50, "b": 40}, height=440)
     return fig
 
 
@@ -113,10 +115,14 @@ def point(rows: list[tw.WayRow]) -> str:
         said.append(f"speculation: {fmt(s.tokens_per_read, 2)} tokens per weight read, ×{s.speedup:.2f}, text "
                     f"{text_verdict(s)}")
     quantized = [r for r in rows if r.way == "quantization"]
+    missing = {}
     for q in quantized:
-        said.append(f"{q.arm}: " + (q.reason if not q.available else
-                                     f"{fmt(q.bytes_per_weight, 2)} bytes per weight, ×{q.speedup:.2f}, text "
-                                     f"{text_verdict(q)}"))
+        if q.available:
+            said.append(f"{q.arm}: {fmt(q.bytes_per_weight, 2)} bytes per weight, ×{q.speedup:.2f}, text "
+                        f"{text_verdict(q)}")
+        else:
+            missing.setdefault(q.reason, []).append(q.arm)
+    said += [f"{', '.join(arms)}: {reason}" for reason, arms in missing.items()]
     lead = ("**Quantization changes the model; speculation and batching do not** (their text is checked against "
             "plain fp32 decoding, token by token).")
     return lead + ("\n\n" + "; ".join(esc(s) for s in said) + "." if said else "")
