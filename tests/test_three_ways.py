@@ -91,3 +91,12 @@ def test_the_tab_escapes_every_text_before_html():
     assert "<img" not in status and "<script>" not in status
     assert list(table.iloc[1])[-1] == bad                  # the table shows text, not HTML (gr.Dataframe, str)
     assert fig.data[0].y[0] == 2.0 and list(fig.data[0].error_y.array) == [1.0]
+
+
+def test_a_quantized_arm_with_the_same_text_is_not_called_exact():
+    from ui.classroom import three_ways as tab
+    same = dict(runs=1, tokens_per_second=1.0, same_text=True)
+    assert tab.text_verdict(tw.WayRow("batch", "batching", "b", **same)) == "identical"
+    assert tab.text_verdict(tw.WayRow("int4", "quantization", "q", **same)) == "identical here, not guaranteed"
+    differs = tw.WayRow("int8", "quantization", "q", runs=1, same_text=False, first_divergence=11)
+    assert tab.text_verdict(differs) == "differs from token 12"
