@@ -100,3 +100,16 @@ def test_a_quantized_arm_with_the_same_text_is_not_called_exact():
     assert tab.text_verdict(tw.WayRow("int4", "quantization", "q", **same)) == "identical here, not guaranteed"
     differs = tw.WayRow("int8", "quantization", "q", runs=1, same_text=False, first_divergence=11)
     assert tab.text_verdict(differs) == "differs from token 12"
+
+
+def test_the_engine_quantized_copies_are_measured_where_the_engine_has_them():
+    pytest.importorskip("spec_engine.models.quantize", reason="this engine has no quantized targets")
+    target = tiny_llama(vocab=32, seed=0, hidden=64)
+    draft = tiny_llama(vocab=32, seed=0, hidden=64)
+    updates = list(tw.measure(target, prompt(), lambda: se.ModelDrafter(draft), k=3, tokens=12, batch=2, repeats=1))
+    rows, samples = {row.arm: row for row in updates[-1].rows}, updates[-1].samples
+    plain = samples["plain"][0].tokens[0]
+    for scheme, most in (("bf16", 2.01), ("int8", 2.0), ("int4", 2.0)):
+        row = rows[scheme]
+        assert row.available and row.runs == 1 and row.bytes_per_weight < most
+        assert row.first_divergence == tw.first_difference(samples[scheme][0].tokens[0], plain)
