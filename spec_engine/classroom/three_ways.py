@@ -15,12 +15,14 @@ under a minute on two idle CPU cores; on a shared, loaded machine it takes sever
 from __future__ import annotations
 
 import statistics
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
+from spec_engine.core import speed
 from spec_engine.core.batch import BatchDecoder, Idle, Request
 from spec_engine.core.decoder import SpeculativeDecoder, autoregressive_generate
 from spec_engine.core.drafting import Drafter
@@ -34,6 +36,7 @@ WAYS = {"plain": "none", "batch": "batching", "speculation": "speculation",
         **{scheme: "quantization" for scheme in SCHEMES}}
 GREEDY = SamplingParams(0.0)
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # target -> {scheme: (copy, reason)}
+_COPIES_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -107,22 +110,29 @@ def read_per_forward(model) -> tuple[int, int]:
 
 def quantized_target(model, scheme: str):
     """(a quantized copy of `model` under `scheme`, "") or (None, "not available: <reason>"). The one place this
-    module calls the engine's quantization (spec_engine.models.quantize.quantized_copy); copies are kept per target
-    and scheme, so measuring again does not quantize again."""
-    cache = _COPIES.setdefault(model, {})
-    if scheme in cache:
+    module calls the engine's quantization (spec_engine.models.quantize.quantized_copy), prepared by the speed layer
+    as a loaded model is (bf16 keeps the lean forward). Copies are kept per target and scheme, all three at once (the
+    quantized self-draft's shared copy keeps one scheme), so measuring again does not quantize again."""
+    with _COPIES_LOCK:
+        cache = _COPIES.setdefault(model, {})
+        if scheme not in cache:
+            cache[scheme] = _quantize(model, scheme)
         return cache[scheme]
+
+
+def _quantize(model, scheme: str):
     try:
         from spec_engine.models.quantize import quantized_copy
     except ImportError as exc:
-        result = (None, f"not available: this engine has no quantized targets ({exc})")
-    else:
-        try:
-            result = (quantized_copy(model, scheme), "")
-        except (ValueError, RuntimeError, NotImplementedError) as exc:
-            result = (None, f"not available: {exc}")
-    cache[scheme] = result
-    return result
+        return None, f"not available: this engine has no quantized targets ({exc})"
+    try:
+        copy = quantized_copy(model, scheme)
+    except (ValueError, RuntimeError, NotImplementedError) as exc:
+        return None, f"not available: {exc}"
+    layer = speed.active()
+    layer.adopt(copy)
+    layer.warm(copy)
+    return copy, ""
 
 
 def run_plain(model, input_ids: torch.Tensor, tokens: int) -> Sample:
