@@ -113,3 +113,25 @@ def test_the_engine_quantized_copies_are_measured_where_the_engine_has_them():
         row = rows[scheme]
         assert row.available and row.runs == 1 and row.bytes_per_weight < most
         assert row.first_divergence == tw.first_difference(samples[scheme][0].tokens[0], plain)
+
+
+def test_the_combinations_decode_plain_text_and_a_self_draft_pays_its_copys_reads():
+    """Speculation inside the batch and speculation by a quantized copy of the target keep plain decoding's text; the
+    self-draft's bytes per token count the copy's read for every draft token besides the target's per forward."""
+    target = tiny_llama(vocab=32, seed=0)
+    copy = tiny_llama(vocab=32, seed=0).to(torch.bfloat16)          # the bf16 copy: drafts what the target decodes
+    updates, rows = run(target, quantize=lambda model, scheme: (copy, ""), schemes=("bf16",),
+                        make_self_draft=lambda: se.ModelDrafter(copy))
+    samples = updates[-1].samples
+    plain = se.autoregressive_generate(target, prompt(), 12, se.SamplingParams(0.0)).tokens
+    assert all(seq == plain for s in samples["batch+speculation"] for seq in s.tokens)
+    assert len(samples["batch+speculation"][0].tokens) == 3
+    assert [s.tokens for s in samples["self-draft"]] == [[plain], [plain]]
+    assert rows["batch+speculation"].same_text and rows["self-draft"].same_text
+    assert rows["batch+speculation"].tokens_per_read > rows["batch"].tokens_per_read      # 3 users, drafts accepted
+    full, half = tw.weight_bytes(target), tw.weight_bytes(copy)
+    expected = sorted((full * s.forwards + half * s.drafted) / 12 for s in samples["self-draft"])
+    assert samples["self-draft"][0].drafted > 0
+    assert rows["self-draft"].bytes_per_token == pytest.approx(sum(expected) / 2)         # median of two runs
+    assert [r.arm for r in updates[-1].rows][-2:] == ["batch+speculation", "self-draft"]  # combinations last
+    assert rows["speculation"].bytes_per_token == pytest.approx(full * 12 / 12 / rows["speculation"].tokens_per_read)

@@ -33,7 +33,9 @@ DEFAULT_TOKENS = 16
 DEFAULT_BATCH = 8
 DEFAULT_REPEATS = 3
 WAYS = {"plain": "none", "batch": "batching", "speculation": "speculation",
-        **{scheme: "quantization" for scheme in SCHEMES}}
+        **{scheme: "quantization" for scheme in SCHEMES}, "batch+speculation": "combination",
+        "self-draft": "combination"}
+SELF_DRAFT_K = 3                    # the quantized self-draft's chain: a bf16 copy agrees with fp32 on most tokens
 GREEDY = SamplingParams(0.0)
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # target -> {scheme: (copy, reason)}
 _COPIES_LOCK = threading.Lock()
@@ -47,6 +49,7 @@ class Sample:
     seconds: float
     latency: float
     forwards: int
+    drafted: int = 0                    # draft tokens proposed; each read the draft model once (a self-draft's copy)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,9 @@ def _quantize(model, scheme: str):
     except ImportError as exc:
         return None, f"not available: this engine has no quantized targets ({exc})"
     try:
+        if scheme == "bf16":        # the quantized self-draft's own copy: one bf16 copy in memory, not two
+            from spec_engine.drafters.quantized import shared_copy
+            return shared_copy(model, "bf16"), ""
         copy = quantized_copy(model, scheme)
     except (ValueError, RuntimeError, NotImplementedError) as exc:
         return None, f"not available: {exc}"
@@ -157,7 +163,24 @@ def run_batch(model, input_ids: torch.Tensor, tokens: int, batch: int) -> Sample
 def run_speculation(model, input_ids: torch.Tensor, tokens: int, drafter: Drafter, k: int) -> Sample:
     result = SpeculativeDecoder(model, drafter).generate(input_ids, k=k, max_new_tokens=tokens, sampling=GREEDY,
                                                          display=False)
-    return Sample([result.tokens], result.total_seconds, result.total_seconds, len(result.rounds))
+    return Sample([result.tokens], result.total_seconds, result.total_seconds, len(result.rounds),
+                  sum(len(r.drafted) for r in result.rounds))
+
+
+def run_batch_speculation(model, input_ids: torch.Tensor, tokens: int, batch: int,
+                          make_drafter: Callable[[], Drafter], k: int) -> Sample:
+    """`batch` sequences of the same prompt, each drafting as it would alone (draft_length "fixed"), verified
+    together: one forward per round scores every sequence's drafts."""
+    decoder = BatchDecoder(model, draft_length="fixed")
+    clock = _clock(model)
+    start = clock()
+    results = decoder.run([Request(i, input_ids, make_drafter(), k=k, max_new_tokens=tokens, sampling=GREEDY)
+                           for i in range(batch)])
+    seconds = clock() - start
+    ordered = [results[i] for i in range(batch)]
+    forwards = max(len(r.rounds) for r in ordered)
+    return Sample([r.tokens for r in ordered], seconds, statistics.median(r.total_seconds for r in ordered),
+                  forwards)
 
 
 def _clock(model) -> Callable[[], float]:
@@ -168,25 +191,36 @@ def _clock(model) -> Callable[[], float]:
 
 LABELS = {"plain": "plain decoding (fp32, 1 user)", "batch": "batching ({batch} users)",
           "speculation": "speculation ({draft})", "bf16": "quantization: bf16", "int8": "quantization: int8",
-          "int4": "quantization: int4"}
+          "int4": "quantization: int4", "batch+speculation": "batching + speculation ({batch} users, {draft})",
+          "self-draft": "speculation, a bf16 copy of the target as its draft"}
 
 
 def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter], k: int, draft: str = "draft",
             tokens: int = DEFAULT_TOKENS, batch: int = DEFAULT_BATCH, repeats: int = DEFAULT_REPEATS,
             schemes=SCHEMES, should_stop: Callable[[], bool] | None = None,
-            quantize=quantized_target) -> Iterator[Update]:
+            quantize=quantized_target, make_self_draft: Callable[[], Drafter] | None = None) -> Iterator[Update]:
     """Measure the arms interleaved, `repeats` passes (module docstring); an Update after every run. `make_drafter`
-    gives a fresh drafter for each speculative run; `quantize(target, scheme)` -> (model or None, reason)."""
+    gives a fresh drafter for each speculative run; `quantize(target, scheme)` -> (model or None, reason). Two
+    combinations run too: speculation inside the batch, and, given `make_self_draft` (a quantized copy of the target
+    as its draft), speculation by it: the full-precision text at whatever pace the copy's drafts give."""
     if tokens < 2 or batch < 2 or repeats < 1:
         raise ValueError(f"need tokens >= 2, batch >= 2 and repeats >= 1, got {tokens}, {batch}, {repeats}")
     arms: dict[str, Callable[[], Sample] | None] = {
         "plain": lambda: run_plain(target, input_ids, tokens),
         "batch": lambda: run_batch(target, input_ids, tokens, batch),
-        "speculation": lambda: run_speculation(target, input_ids, tokens, make_drafter(), k)}
+        "speculation": lambda: run_speculation(target, input_ids, tokens, make_drafter(), k),
+        "batch+speculation": lambda: run_batch_speculation(target, input_ids, tokens, batch, make_drafter, k)}
     warm_ups = {"plain": lambda: run_plain(target, input_ids, 2), "batch": lambda: run_batch(target, input_ids, 2, 2),
-                "speculation": lambda: run_speculation(target, input_ids, 2, make_drafter(), k)}
-    labels = {arm: LABELS[arm].format(batch=batch, draft=draft) for arm in [*arms, *schemes]}
+                "speculation": lambda: run_speculation(target, input_ids, 2, make_drafter(), k),
+                "batch+speculation": lambda: run_batch_speculation(target, input_ids, 2, 2, make_drafter, k)}
+    if make_self_draft is not None:
+        arms["self-draft"] = lambda: run_speculation(target, input_ids, tokens, make_self_draft(), SELF_DRAFT_K)
+        warm_ups["self-draft"] = lambda: run_speculation(target, input_ids, 2, make_self_draft(), SELF_DRAFT_K)
+    order = [arm for arm in arms if WAYS[arm] != "combination"] + list(schemes) + \
+        [arm for arm in arms if WAYS[arm] == "combination"]
+    labels = {arm: LABELS[arm].format(batch=batch, draft=draft) for arm in order}
     bytes_read = {arm: weight_bytes(target) for arm in arms}
+    draft_read: dict[str, int] = {}                 # a self-draft's copy, read once per draft token
     reasons: dict[str, str] = {}
     for scheme in schemes:
         yield Update([], 0, 0, f"Making the {scheme} copy of the target (once per target)…")
@@ -197,6 +231,8 @@ def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter]
         arms[scheme] = (lambda m: lambda: run_plain(m, input_ids, tokens))(copy)
         warm_ups[scheme] = (lambda m: lambda: run_plain(m, input_ids, 2))(copy)
         bytes_read[scheme] = weight_bytes(copy)
+        if scheme == "bf16" and "self-draft" in arms:
+            draft_read["self-draft"] = weight_bytes(copy)
     yield Update([], 0, 0, "Warming up: one short untimed run of each arm (first-use costs stay out of the timings)…")
     for warm in warm_ups.values():      # two tokens each: weights packed, kernels compiled, a draft head loaded
         warm()
@@ -208,12 +244,12 @@ def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter]
                 return
             samples[arm].append(run())
             done += 1
-            rows = table(samples, labels, reasons, bytes_read, weight_count(target))
+            rows = table(samples, labels, reasons, bytes_read, weight_count(target), draft_read)
             yield Update(rows, done, total, f"{labels[arm]}: run {repeat + 1} of {repeats}", samples)
 
 
 def table(samples: dict[str, list[Sample]], labels: dict[str, str], reasons: dict[str, str],
-          bytes_read: dict[str, int], weights: int) -> list[WayRow]:
+          bytes_read: dict[str, int], weights: int, draft_read: dict[str, int] | None = None) -> list[WayRow]:
     """One row per arm in `labels` order, from the runs so far (an arm with no run yet is left out)."""
     plain = samples.get("plain", [])
     reference = plain[0].tokens[0] if plain else None
@@ -222,17 +258,21 @@ def table(samples: dict[str, list[Sample]], labels: dict[str, str], reasons: dic
         if arm in reasons:
             rows.append(WayRow(arm, WAYS[arm], label, reason=reasons[arm]))
         elif samples.get(arm):
-            rows.append(way_row(arm, label, samples[arm], plain, reference, bytes_read[arm], weights))
+            rows.append(way_row(arm, label, samples[arm], plain, reference, bytes_read[arm], weights,
+                                (draft_read or {}).get(arm, 0)))
     return rows
 
 
 def way_row(arm: str, label: str, runs: list[Sample], plain: list[Sample], reference, read: int,
-            weights: int) -> WayRow:
-    """`read`: this arm's model's weight bytes per forward; `weights`: the full-precision target's weights read."""
+            weights: int, draft_read: int = 0) -> WayRow:
+    """`read`: this arm's model's weight bytes per forward; `weights`: the full-precision target's weights read;
+    `draft_read`: the bytes a draft token reads (a self-draft's copy; an EAGLE head's small reads are left out)."""
     rates = [sum(len(t) for t in s.tokens) / s.seconds for s in runs]
     plain_rates = [sum(len(t) for t in s.tokens) / s.seconds for s in plain]
     paired = [r / p for r, p in zip(rates, plain_rates)]
     per_read = statistics.median(sum(len(t) for t in s.tokens) / s.forwards for s in runs)
+    per_token = statistics.median((read * s.forwards + draft_read * s.drafted) / sum(len(t) for t in s.tokens)
+                                  for s in runs)
     divergence = None
     if reference is not None:
         firsts = [first_difference(t, reference) for s in runs for t in s.tokens]
@@ -241,7 +281,7 @@ def way_row(arm: str, label: str, runs: list[Sample], plain: list[Sample], refer
     return WayRow(arm, WAYS[arm], label, runs=len(runs), tokens_per_second=statistics.median(rates), low=min(rates),
                   high=max(rates), speedup=statistics.median(paired) if paired else 0.0,
                   latency=statistics.median(s.latency for s in runs), tokens_per_read=per_read,
-                  bytes_per_token=read / per_read, bytes_per_weight=read / weights,
+                  bytes_per_token=per_token, bytes_per_weight=read / weights,
                   same_text=None if reference is None else divergence is None, first_divergence=divergence)
 
 

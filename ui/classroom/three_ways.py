@@ -26,17 +26,20 @@ TOKENS, BATCH, REPEATS = tw.DEFAULT_TOKENS, tw.DEFAULT_BATCH, tw.DEFAULT_REPEATS
 OUTPUTS = ("status", "plot", "table")
 COLUMNS = ["way", "arm", "tokens/s (median)", "min-max", "× plain", "tokens per weight read", "MB read per token",
            "bytes per weight", "one user's seconds", "text vs plain fp32"]
-COLORS = {"none": "#6b7280", "batching": "#2563eb", "speculation": "#059669", "quantization": "#d97706"}
+COLORS = {"none": "#6b7280", "batching": "#2563eb", "speculation": "#059669", "quantization": "#d97706",
+          "combination": "#7c3aed"}
 SHORT = {"plain": "plain fp32", "batch": "batching", "speculation": "speculation", "bf16": "bf16", "int8": "int8",
-         "int4": "int4"}
+         "int4": "int4", "batch+speculation": "batch + speculation", "self-draft": "bf16 self-draft"}
 
 CAPTION = """**Three ways to share a weight read.** Decoding one token reads every weight of the model once, so on a
 small model the speed is set by bytes read per token. **Quantization** reads fewer bytes per weight (bf16 2, int8 about
 1, int4 about ½ instead of fp32's 4), and *changes the model*: its text can differ from the full-precision model's.
 **Batching** shares one read across users: B students' next tokens come from one forward. **Speculation** shares one
 read across future positions of one user: drafted tokens are checked in one forward, and the text is exactly plain
-decoding's. *Measure* runs each arm on the offline model on this machine, interleaved and repeated (bars: median,
-whiskers: min-max), greedy, {tokens} new tokens each, {batch} students in the batch, {repeats} repeats."""
+decoding's. Two combinations: speculation inside the batch, and speculation with a bf16 copy of the target as its
+draft (the fp32 model's exact text at the copy's pace, where that pays). *Measure* runs each arm on the offline
+model on this machine, interleaved and repeated (bars: median, whiskers: min-max), greedy, {tokens} new tokens
+each, {batch} students in the batch, {repeats} repeats."""
 
 
 def caption() -> str:
@@ -114,6 +117,11 @@ def point(rows: list[tw.WayRow]) -> str:
         s = by_arm["speculation"]
         said.append(f"speculation: {fmt(s.tokens_per_read, 2)} tokens per weight read, ×{s.speedup:.2f}, text "
                     f"{text_verdict(s)}")
+    for arm in ("batch+speculation", "self-draft"):
+        if arm in by_arm:
+            c = by_arm[arm]
+            said.append(f"{SHORT[arm]}: {fmt(c.tokens_per_read, 2)} tokens per weight read, ×{c.speedup:.2f}, text "
+                        f"{text_verdict(c)}")
     quantized = [r for r in rows if r.way == "quantization"]
     missing = {}
     for q in quantized:
@@ -155,7 +163,8 @@ def measure_job(job: Job, stop: compute.Stop):
     budget = runner.Budget(stop, job.seconds)
     budget.start()
     work = tw.measure(target.model, ids, lambda: drafts.build_drafter(spec, target, None, drafts.DraftOptions()), k,
-                      draft, tokens=job.tokens, batch=job.batch, repeats=job.repeats, should_stop=budget.should_stop)
+                      draft, tokens=job.tokens, batch=job.batch, repeats=job.repeats, should_stop=budget.should_stop,
+                      make_self_draft=lambda: se.make_drafter("quantized-self", target))
     yield from engine_thread.iterate(work, engine_thread.for_device(target.device))
 
 
@@ -182,7 +191,7 @@ def measure_runs(target: str, budget, held: list[str], progress):
         return
     prompt_ids = runner.encode(models[target], PROMPT, True)
     job = Job(target, tuple(prompt_ids), TOKENS, BATCH, REPEATS,
-              compute.call_seconds(budget, (BATCH + 6) * TOKENS * REPEATS))
+              compute.call_seconds(budget, (2 * BATCH + 10) * TOKENS * REPEATS))
     about = f"{reg.display_name(target)}, prompt {PROMPT!r}"
     rows, last = [], None
     yield view(rows, f"Measuring… {about}")
