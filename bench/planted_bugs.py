@@ -222,7 +222,8 @@ BUGS = (
         ("tests/test_cost_views.py",)),
     Bug("measure_again_without_the_records_sizing", "a decoder built outside its pinned costs: \"measure again\" "
         "builds without the record's sizing", "ui/playground/handlers.py",
-        "live=False, timed=True, plain=True, sizing=record.sizing)", "live=False, timed=True, plain=True)",
+        "measurement_job(record.settings, prep.prompt_ids, budget, sizing=record.sizing)",
+        "measurement_job(record.settings, prep.prompt_ids, budget)",
         ("tests/test_build_sizing.py",)),
 )
 
