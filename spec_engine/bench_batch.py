@@ -82,14 +82,32 @@ def run_lone(target, ids: torch.Tensor, args) -> dict:
             "texts": [result.tokens]}
 
 
+def merged(runs: list[dict]) -> list[dict]:
+    """One row per (batch, arm): the median run's figures over the repeats, with the range of batch tok/s."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["batch"], r["arm"]), []).append(r)
+    rows = []
+    for (batch, arm), group in groups.items():
+        row = dict(group[0])
+        for key in ("seconds", "tok_s", "decode_tok_s", "latency_s", "prefill_s", "tokens_per_forward", "mean_cap"):
+            row[key] = statistics.median(r[key] for r in group)
+        row["low"], row["high"], row["runs"] = min(r["tok_s"] for r in group), max(r["tok_s"] for r in group), \
+            len(group)
+        row["identical"] = all(r["identical"] for r in group)
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["batch"], (ARMS + ("lone",)).index(r["arm"])))
+
+
 def table(rows: list[dict]) -> str:
     plain = {r["batch"]: r for r in rows if r["arm"] == "plain"}
     base = plain.get(1) or plain[min(plain)]            # batch 1 when measured, else the smallest batch
-    lines = ["| batch | arm | batch tok/s | decode tok/s | x plain (same batch) | x plain batch 1 (decode) "
+    lines = ["| batch | arm | batch tok/s (min-max) | decode tok/s | x plain (same batch) | x plain batch 1 (decode) "
              "| median latency s | tokens / forward | mean draft cap | identical to plain |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['arm']} | {r['tok_s']:.1f} | {r['decode_tok_s']:.1f} | "
+        lines.append(f"| {r['batch']} | {r['arm']} | {r['tok_s']:.1f} ({r['low']:.1f}-{r['high']:.1f}) | "
+                     f"{r['decode_tok_s']:.1f} | "
                      f"{r['tok_s'] / plain[r['batch']]['tok_s']:.2f} | "
                      f"{r['decode_tok_s'] / base['decode_tok_s']:.2f} | {r['latency_s']:.2f} | "
                      f"{r['tokens_per_forward']:.2f} | {r['mean_cap']:.1f} | {r['identical']} |")
@@ -105,6 +123,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tree", default="eagle+lookup-tree@12", help="the default draft, NAME@k")
     parser.add_argument("--chain", default="eagle+lookup@3", help="the chain arm's draft, NAME@k")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--repeats", type=int, default=1, help="passes over every batch and arm (medians reported)")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -120,22 +139,24 @@ def main(argv=None) -> None:
     for arm in args.arms:                              # builds, packs and first-use costs, before anything is timed
         run_arm(target, ids[:2], arm, warm, costs)
     run_lone(target, ids[0], warm)
-    rows = []
-    for turn, size in enumerate(args.batches):
-        arms = args.arms[turn % len(args.arms):] + args.arms[:turn % len(args.arms)]
-        for arm in arms:
-            rows.append(run_arm(target, ids[:size], arm, args, costs))
-            print(f"batch {size} {arm}: {rows[-1]['tok_s']:.1f} tok/s", flush=True)
-        if size == 1:
-            rows.append(run_lone(target, ids[0], args))
-    reference = {r["batch"]: r["texts"] for r in rows if r["arm"] == "plain"}
-    for r in rows:
+    runs = []
+    for repeat in range(args.repeats):
+        for turn, size in enumerate(args.batches):
+            shift = (turn + repeat) % len(args.arms)
+            for arm in args.arms[shift:] + args.arms[:shift]:
+                runs.append(run_arm(target, ids[:size], arm, args, costs))
+                print(f"batch {size} {arm}: {runs[-1]['tok_s']:.1f} tok/s", flush=True)
+            if size == 1:
+                runs.append(run_lone(target, ids[0], args))
+    reference = {r["batch"]: r["texts"] for r in runs if r["arm"] == "plain"}
+    for r in runs:
         r["identical"] = r["texts"] == reference.get(r["batch"], r["texts"])
-    rows.sort(key=lambda r: (r["batch"], (ARMS + ("lone",)).index(r["arm"])))
+    rows = merged(runs)
     load = os.getloadavg()
     header = (f"python -m spec_engine.bench_batch --threads {args.threads} "
               f"--batches {' '.join(map(str, args.batches))} "
-              f"--tokens {args.tokens} --tree {args.tree} --chain {args.chain} --arms {' '.join(args.arms)}\n\n"
+              f"--tokens {args.tokens} --tree {args.tree} --chain {args.chain} --arms {' '.join(args.arms)} "
+              f"--repeats {args.repeats}\n\n"
               f"load average (1 min) before/after: "
               f"{before[0]:.2f} / {load[0]:.2f}; {torch.get_num_threads()} threads; "
               f"speed layer {se.speed_layer()}\n\nPublished: "
