@@ -33,6 +33,7 @@ import torch
 
 from spec_engine import QuantizedSelfDrafter, SamplingParams, SpeculativeDecoder, autoregressive_generate
 from spec_engine.bench import held_out_prompts
+from spec_engine.classroom.three_ways import agreement
 from spec_engine.core import speed
 from spec_engine.models import DEFAULT_MODEL, load_model
 from spec_engine.models.quantize import TORCH_SCHEMES, quantized_copy, weight_bytes_per_token
@@ -62,19 +63,6 @@ def timed(run) -> tuple[float, object]:
 
 def first_divergence(tokens: list[int], reference: list[int]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
-
-
-@torch.inference_mode()
-def agreement(model, reference, texts: list[torch.Tensor]) -> tuple[float, float]:
-    """(share of positions whose argmax is the reference's, mean KL(reference || model) in nats), teacher-forced."""
-    same, kl, positions = 0, 0.0, 0
-    for ids in texts:
-        ref = torch.log_softmax(reference(input_ids=ids).logits[0].double(), dim=-1)       # [T, vocab]
-        out = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)
-        same += int((ref.argmax(-1) == out.argmax(-1)).sum())
-        kl += float((ref.exp() * (ref - out)).sum())
-        positions += ids.shape[1]
-    return same / positions, kl / positions
 
 
 def variants(target) -> dict[str, tuple[object, bool]]:

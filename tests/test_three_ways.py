@@ -89,7 +89,7 @@ def test_the_tab_escapes_every_text_before_html():
     assert not any("<img" in t or "<b>" in t for t in texts) and any("&lt;img" in t for t in texts)
     status, _, table = tab.view(rows, "<script>")
     assert "<img" not in status and "<script>" not in status
-    assert list(table.iloc[1])[-1] == bad                  # the table shows text, not HTML (gr.Dataframe, str)
+    assert table.iloc[1]["text vs plain fp32"] == bad      # the table shows text, not HTML (gr.Dataframe, str)
     assert fig.data[0].y[0] == 2.0 and list(fig.data[0].error_y.array) == [1.0]
 
 
@@ -135,3 +135,18 @@ def test_the_combinations_decode_plain_text_and_a_self_draft_pays_its_copys_read
     assert rows["self-draft"].bytes_per_token == pytest.approx(sum(expected) / 2)         # median of two runs
     assert [r.arm for r in updates[-1].rows][-2:] == ["batch+speculation", "self-draft"]  # combinations last
     assert rows["speculation"].bytes_per_token == pytest.approx(full * 12 / 12 / rows["speculation"].tokens_per_read)
+
+
+def test_a_quantized_copy_says_how_it_changed_the_model_on_held_out_text():
+    """Top-1 agreement and KL(full || copy), teacher-forced on held-out text: 1 and 0 for the model itself, and for a
+    copy the figures of that copy, carried into its row (the exact ways carry none: they do not change the model)."""
+    target = tiny_llama(vocab=32, seed=0)
+    held = [torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]], dtype=torch.long)]
+    top1, kl = tw.agreement(target, target, held)
+    assert top1 == 1.0 and kl == pytest.approx(0.0, abs=1e-12)
+    other = tiny_llama(vocab=32, seed=5)
+    expected = tw.agreement(other, target, held)
+    assert expected[0] < 1.0 and expected[1] > 0.0
+    _, rows = run(target, quantize=lambda model, scheme: (other, ""), schemes=("bf16",), held_out=held)
+    assert (rows["bf16"].top1, rows["bf16"].kl) == expected
+    assert rows["plain"].top1 is None and rows["speculation"].kl is None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 import torch
@@ -69,6 +69,8 @@ class WayRow:
     bytes_per_weight: float = 0.0
     same_text: bool | None = None       # every sequence of every run decoded plain fp32 decoding's text
     first_divergence: int | None = None  # the first position (0-based) that differed from it; None: none did
+    top1: float | None = None           # a quantized copy on held-out text: the share of positions whose argmax is
+    kl: float | None = None             # the full model's, and the mean KL(full || copy) in nats (teacher-forced)
 
     @property
     def available(self) -> bool:
@@ -141,6 +143,20 @@ def _quantize(model, scheme: str):
     return copy, ""
 
 
+@torch.inference_mode()
+def agreement(model, reference, texts: list[torch.Tensor]) -> tuple[float, float]:
+    """How `model` (a quantized copy) changed from `reference` on held-out `texts` ([1, T] ids each), teacher-forced:
+    (share of positions whose argmax is the reference's, mean KL(reference || model) in nats per position)."""
+    same, kl, positions = 0, 0.0, 0
+    for ids in texts:
+        ref = torch.log_softmax(reference(input_ids=ids).logits[0].double(), dim=-1)       # [T, vocab]
+        out = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)
+        same += int((ref.argmax(-1) == out.argmax(-1)).sum())
+        kl += float((ref.exp() * (ref - out)).sum())
+        positions += ids.shape[1]
+    return same / positions, kl / positions
+
+
 def run_plain(model, input_ids: torch.Tensor, tokens: int) -> Sample:
     result = autoregressive_generate(model, input_ids, tokens, GREEDY)
     return Sample([result.tokens], result.total_seconds, result.total_seconds, 1 + len(result.step_seconds))
@@ -198,11 +214,13 @@ LABELS = {"plain": "plain decoding (fp32, 1 user)", "batch": "batching ({batch} 
 def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter], k: int, draft: str = "draft",
             tokens: int = DEFAULT_TOKENS, batch: int = DEFAULT_BATCH, repeats: int = DEFAULT_REPEATS,
             schemes=SCHEMES, should_stop: Callable[[], bool] | None = None,
-            quantize=quantized_target, make_self_draft: Callable[[], Drafter] | None = None) -> Iterator[Update]:
+            quantize=quantized_target, make_self_draft: Callable[[], Drafter] | None = None,
+            held_out: list[torch.Tensor] = ()) -> Iterator[Update]:
     """Measure the arms interleaved, `repeats` passes (module docstring); an Update after every run. `make_drafter`
     gives a fresh drafter for each speculative run; `quantize(target, scheme)` -> (model or None, reason). Two
     combinations run too: speculation inside the batch, and, given `make_self_draft` (a quantized copy of the target
-    as its draft), speculation by it: the full-precision text at whatever pace the copy's drafts give."""
+    as its draft), speculation by it: the full-precision text at whatever pace the copy's drafts give. `held_out`:
+    texts ([1, T] ids) on which each quantized copy's top-1 agreement and KL with the target are measured."""
     if tokens < 2 or batch < 2 or repeats < 1:
         raise ValueError(f"need tokens >= 2, batch >= 2 and repeats >= 1, got {tokens}, {batch}, {repeats}")
     arms: dict[str, Callable[[], Sample] | None] = {
@@ -221,6 +239,7 @@ def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter]
     labels = {arm: LABELS[arm].format(batch=batch, draft=draft) for arm in order}
     bytes_read = {arm: weight_bytes(target) for arm in arms}
     draft_read: dict[str, int] = {}                 # a self-draft's copy, read once per draft token
+    changed: dict[str, tuple[float, float]] = {}    # a quantized copy's (top-1 agreement, KL) on held-out text
     reasons: dict[str, str] = {}
     for scheme in schemes:
         yield Update([], 0, 0, f"Making the {scheme} copy of the target (once per target)…")
@@ -231,6 +250,8 @@ def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter]
         arms[scheme] = (lambda m: lambda: run_plain(m, input_ids, tokens))(copy)
         warm_ups[scheme] = (lambda m: lambda: run_plain(m, input_ids, 2))(copy)
         bytes_read[scheme] = weight_bytes(copy)
+        if held_out:
+            changed[scheme] = agreement(copy, target, list(held_out))
         if scheme == "bf16" and "self-draft" in arms:
             draft_read["self-draft"] = weight_bytes(copy)
     yield Update([], 0, 0, "Warming up: one short untimed run of each arm (first-use costs stay out of the timings)…")
@@ -244,12 +265,13 @@ def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter]
                 return
             samples[arm].append(run())
             done += 1
-            rows = table(samples, labels, reasons, bytes_read, weight_count(target), draft_read)
+            rows = table(samples, labels, reasons, bytes_read, weight_count(target), draft_read, changed)
             yield Update(rows, done, total, f"{labels[arm]}: run {repeat + 1} of {repeats}", samples)
 
 
 def table(samples: dict[str, list[Sample]], labels: dict[str, str], reasons: dict[str, str],
-          bytes_read: dict[str, int], weights: int, draft_read: dict[str, int] | None = None) -> list[WayRow]:
+          bytes_read: dict[str, int], weights: int, draft_read: dict[str, int] | None = None,
+          changed: dict[str, tuple[float, float]] | None = None) -> list[WayRow]:
     """One row per arm in `labels` order, from the runs so far (an arm with no run yet is left out)."""
     plain = samples.get("plain", [])
     reference = plain[0].tokens[0] if plain else None
@@ -258,8 +280,11 @@ def table(samples: dict[str, list[Sample]], labels: dict[str, str], reasons: dic
         if arm in reasons:
             rows.append(WayRow(arm, WAYS[arm], label, reason=reasons[arm]))
         elif samples.get(arm):
-            rows.append(way_row(arm, label, samples[arm], plain, reference, bytes_read[arm], weights,
-                                (draft_read or {}).get(arm, 0)))
+            row = way_row(arm, label, samples[arm], plain, reference, bytes_read[arm], weights,
+                          (draft_read or {}).get(arm, 0))
+            if arm in (changed or {}):
+                row = replace(row, top1=changed[arm][0], kl=changed[arm][1])
+            rows.append(row)
     return rows
 
 

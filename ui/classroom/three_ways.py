@@ -25,7 +25,12 @@ PROMPT = "Explain in two sentences why the sky is blue."
 TOKENS, BATCH, REPEATS = tw.DEFAULT_TOKENS, tw.DEFAULT_BATCH, tw.DEFAULT_REPEATS
 OUTPUTS = ("status", "plot", "table")
 COLUMNS = ["way", "arm", "tokens/s (median)", "min-max", "× plain", "tokens per weight read", "MB read per token",
-           "bytes per weight", "one user's seconds", "text vs plain fp32"]
+           "bytes per weight", "one user's seconds", "text vs plain fp32", "top-1 agreement (held-out)",
+           "KL (nats, held-out)"]
+# Held-out text for how a quantized copy changed the model (teacher-forced, no decoding): prose the prompt and the
+# presets do not use.
+HELD_OUT = ("The river rose for three days after the storm, and the old bridge, which had stood for a century, "
+            "groaned under the weight of the water. People from the village gathered on the hill to watch.")
 COLORS = {"none": "#6b7280", "batching": "#2563eb", "speculation": "#059669", "quantization": "#d97706",
           "combination": "#7c3aed"}
 SHORT = {"plain": "plain fp32", "batch": "batching", "speculation": "speculation", "bf16": "bf16", "int8": "int8",
@@ -64,11 +69,12 @@ def table_rows(rows: list[tw.WayRow]) -> list[list]:
     out = []
     for r in rows:
         if not r.available:
-            out.append([r.way, r.label, "", "", "", "", "", "", "", r.reason])
+            out.append([r.way, r.label, "", "", "", "", "", "", "", r.reason, "", ""])
             continue
         out.append([r.way, r.label, fmt(r.tokens_per_second), f"{fmt(r.low)}-{fmt(r.high)}", f"{r.speedup:.2f}",
                     fmt(r.tokens_per_read), fmt(r.bytes_per_token / 1e6), fmt(r.bytes_per_weight, 2),
-                    f"{r.latency:.2f}", text_verdict(r)])
+                    f"{r.latency:.2f}", text_verdict(r), "" if r.top1 is None else f"{r.top1:.3f}",
+                    "" if r.kl is None else f"{r.kl:.4f}"])
     return out
 
 
@@ -126,8 +132,9 @@ def point(rows: list[tw.WayRow]) -> str:
     missing = {}
     for q in quantized:
         if q.available:
+            changed = "" if q.top1 is None else f", top-1 agreement {q.top1:.1%} on held-out text"
             said.append(f"{q.arm}: {fmt(q.bytes_per_weight, 2)} bytes per weight, ×{q.speedup:.2f}, text "
-                        f"{text_verdict(q)}")
+                        f"{text_verdict(q)}{changed}")
         else:
             missing.setdefault(q.reason, []).append(q.arm)
     said += [f"{', '.join(arms)}: {reason}" for reason, arms in missing.items()]
@@ -149,6 +156,7 @@ class Job:
     batch: int
     repeats: int
     seconds: float
+    held_out: tuple[int, ...] = ()
 
 
 @compute.gpu(compute.job_seconds)
@@ -164,7 +172,8 @@ def measure_job(job: Job, stop: compute.Stop):
     budget.start()
     work = tw.measure(target.model, ids, lambda: drafts.build_drafter(spec, target, None, drafts.DraftOptions()), k,
                       draft, tokens=job.tokens, batch=job.batch, repeats=job.repeats, should_stop=budget.should_stop,
-                      make_self_draft=lambda: se.make_drafter("quantized-self", target))
+                      make_self_draft=lambda: se.make_drafter("quantized-self", target),
+                      held_out=[torch.tensor([list(job.held_out)], dtype=torch.long, device=target.device)])
     yield from engine_thread.iterate(work, engine_thread.for_device(target.device))
 
 
@@ -190,8 +199,9 @@ def measure_runs(target: str, budget, held: list[str], progress):
     if models is None:
         return
     prompt_ids = runner.encode(models[target], PROMPT, True)
+    held_out = runner.encode(models[target], HELD_OUT, False)
     job = Job(target, tuple(prompt_ids), TOKENS, BATCH, REPEATS,
-              compute.call_seconds(budget, (2 * BATCH + 10) * TOKENS * REPEATS))
+              compute.call_seconds(budget, (2 * BATCH + 10) * TOKENS * REPEATS), tuple(held_out))
     about = f"{reg.display_name(target)}, prompt {PROMPT!r}"
     rows, last = [], None
     yield view(rows, f"Measuring… {about}")
