@@ -58,9 +58,9 @@ def one_start(root: Path, cache: Path, timeout: float = 900.0) -> dict:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium")
             page = browser.new_page()
             page.goto(url)
-            page.wait_for_function("document.querySelector('#spec-model-status') && "
-                                   "document.querySelector('#spec-model-status').innerText.includes('ready')",
-                                   timeout=timeout * 1000, polling=200)
+            # The loading line says "not ready until warmed up"; the loaded one "Models: <name>: ready (cpu, ...)".
+            page.wait_for_function("(document.querySelector('#spec-model-status')?.innerText || '')"
+                                   ".includes(': ready (')", timeout=timeout * 1000, polling=200)
             ready = time.perf_counter() - start
             browser.close()
         return {"served_s": served, "ready_s": ready}

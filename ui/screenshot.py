@@ -57,7 +57,7 @@ def open_ready(browser, url: str, height: int, width: int = 1440):
     page = browser.new_page(viewport={"width": width, "height": height}, device_scale_factor=1)
     page.goto(url)
     page.wait_for_selector("#spec-run", timeout=60_000)
-    page.wait_for_function("document.querySelector('#spec-model-status').innerText.includes('ready')",
+    page.wait_for_function("document.querySelector('#spec-model-status').innerText.includes(': ready (')",
                            timeout=300_000)
     return page
 

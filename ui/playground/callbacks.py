@@ -98,8 +98,8 @@ def model_status(default_target: str):
 
 
 # Measured on a 2-core CPU (README, "Set up"): the first start dequantizes the GGUF and packs and measures once.
-STARTUP_EXPECTED = ("not ready until warmed up: on 2 CPU cores about 2-4 minutes on a machine's first start, "
-                    "about 1 minute later")
+STARTUP_EXPECTED = ("not ready until warmed up: on 2 quiet CPU cores about 40 s on a machine's first start, "
+                    "about 20 s later; longer on a busy host")
 
 
 def model_status_line(default_target: str) -> str:
