@@ -23,6 +23,7 @@ checked equal to the plain arm's (greedy identity).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -144,6 +145,7 @@ def main(argv=None) -> None:
         for turn, size in enumerate(args.batches):
             shift = (turn + repeat) % len(args.arms)
             for arm in args.arms[shift:] + args.arms[:shift]:
+                gc.collect()            # the last arm's drafters and caches go before this one is timed
                 runs.append(run_arm(target, ids[:size], arm, args, costs))
                 print(f"batch {size} {arm}: {runs[-1]['tok_s']:.1f} tok/s", flush=True)
             if size == 1:
