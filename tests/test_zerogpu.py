@@ -63,7 +63,8 @@ def test_off_zerogpu_the_gpu_functions_are_plain_generators():
 @pytest.mark.slow
 def test_every_gpu_function_ran_in_a_forked_worker_with_pickled_arguments(zerogpu):
     assert zerogpu["zerogpu"]
-    assert set(zerogpu["decorated"]) == gpu_functions() == {"run_job", "step_job", "lab_job", "sweep_job"}
+    assert set(zerogpu["decorated"]) == gpu_functions() == {"run_job", "step_job", "lab_job", "sweep_job",
+                                                            "measure_job"}
     calls = zerogpu["calls"]
     assert {c["name"] for c in calls} == gpu_functions()
     assert all(c["pid"] != zerogpu["main_pid"] and c["results"] >= 1 for c in calls)
@@ -129,6 +130,16 @@ def test_the_lab_and_the_sweeps_tab_come_back_as_in_process(zerogpu, playground_
     counts = [*range(9), 14, 15]           # value, draft, k, T, acceptance, tokens/forward, theory, rounds, tokens...
     assert [[row[i] for i in counts] for row in zerogpu["sweep"]["table"]] == \
         [[row[i] for i in counts] for row in sweep_out[2].values.tolist()]
+
+
+@pytest.mark.slow
+def test_the_three_ways_tab_measures_in_the_worker(zerogpu):
+    ways = zerogpu["three_ways"]
+    assert ways["status"].startswith("Done") or "Done:" in ways["status"], ways["status"]
+    by_arm = {row[1]: row for row in ways["table"]}
+    exact = [row for row in ways["table"] if row[0] in ("none", "batching", "speculation", "combination")]
+    assert len(exact) >= 4 and all(row[9] == "identical" for row in exact), ways["table"]
+    assert any(label.startswith("quantization") for label in by_arm)      # measured, or "not available: <why>"
 
 
 @pytest.mark.slow

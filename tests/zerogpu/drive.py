@@ -49,7 +49,7 @@ def main(path: str) -> None:
         module.verify_costs = lambda model: FREE_VERIFY        # the same draft sizes as the in-process tests
 
     import app                                      # noqa: F401  start-up: limits, placement, models loaded
-    from ui.classroom import lab, sweeps, tabs
+    from ui.classroom import lab, sweeps, tabs, three_ways
     from ui.playground import compute, handlers, registry
     from ui.playground.state import RunSettings, SessionState
 
@@ -104,6 +104,11 @@ def main(path: str) -> None:
     sweep_out = list(sweeps.run_sweep("k", "1, 3", PROMPT, TARGET, "prompt-lookup", 4, 0, 1.0, 0, 8, 0, "exact",
                                       True, "", 0, SessionState(), 1, progress=lambda *a, **k: None))
     out["sweep"] = {"status": sweep_out[-1][0], "table": sweep_out[-1][2].values.tolist()}
+
+    # The three-ways tab, shrunk (its GPU function runs every arm, the quantized copies made in the worker).
+    three_ways.TOKENS, three_ways.BATCH, three_ways.REPEATS = 4, 2, 1
+    ways_out = list(three_ways.measure(SessionState(), progress=lambda *a, **k: None))
+    out["three_ways"] = {"status": ways_out[-1][0], "table": ways_out[-1][2].values.tolist()}
 
     # An error raised in the worker comes back with its message (the stand-in, like ZeroGPU, passes only gr.Error).
     job = compute.RunJob(RunSettings(target="gemma-3-270m", draft="prompt-lookup", k=4, temperature=0.0, top_p=1.0,
