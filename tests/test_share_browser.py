@@ -9,7 +9,7 @@ from ui.playground import drafts
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
 SCENARIO = "4. Prompt lookup on a quote from the prompt"      # greedy prompt lookup: no draft model to load
-FINISHED = "(n) => document.querySelector('#spec-stats').innerText.includes(`Run ${n} finished`)"   # n: this session's
+FINISHED = "(n) => document.querySelector('#spec-stats')?.innerText.includes(`Run ${n} finished`)"   # n: this session's
 COMMITTED = ("[...document.querySelectorAll('#spec-tokens .tokens .tok:is(.accepted, .correction, .bonus)')]"
              ".map(t => t.dataset.tip)")
 
@@ -65,7 +65,7 @@ def test_a_shared_link_opens_the_same_settings_and_tokens_in_a_fresh_session(pla
         shown_a = controls(page)
         page.get_by_text("Share this setting · run it elsewhere").click()
         page.click("#spec-share")
-        page.wait_for_function("document.querySelector('#spec-share-link textarea').value.startsWith('http')",
+        page.wait_for_function("document.querySelector('#spec-share-link textarea')?.value.startsWith('http')",
                                timeout=30_000)
         link = page.input_value("#spec-share-link textarea")
         # The copy button (issue #38: there was none) puts the same link on the clipboard.
@@ -82,7 +82,7 @@ def test_a_shared_link_opens_the_same_settings_and_tokens_in_a_fresh_session(pla
 
     context_b, page = new_page(chromium, link)
     try:
-        page.wait_for_function("document.querySelector('#spec-k input[type=number]').value === '6'",
+        page.wait_for_function("document.querySelector('#spec-k input[type=number]')?.value === '6'",
                                timeout=60_000)
         shown_b = controls(page)
         assert shown_b == shown_a
