@@ -206,33 +206,13 @@ def test_a_member_learns_the_extra_host_seconds_of_a_drafting_round():
     from types import SimpleNamespace
     from spec_engine.core.batch import Member
     member = Member(None, None, None)
-    member.learn(SimpleNamespace(drafted=[], accepted=0, correction=None, draft_seconds=0.0), 0.002, 0.002)
-    assert member.drafting_extra == 0.0                                   # a plain round teaches the batch, not it
-    member.learn(SimpleNamespace(drafted=[1, 2], accepted=1, correction=3, draft_seconds=0.004), 0.009, 0.002)
+    member.learn(SimpleNamespace(drafted=[], accepted=0, correction=None, draft_seconds=0.0), 0.002)
+    assert member.plain_host == pytest.approx(0.002) and member.drafting_extra == 0.0
+    member.learn(SimpleNamespace(drafted=[1, 2], accepted=1, correction=3, draft_seconds=0.004), 0.009)
     assert member.drafting_extra == pytest.approx(0.003)                  # 9 ms - 4 ms of drafts - 2 ms plain
     assert member.draft_seconds == pytest.approx(0.002)
-    member.learn(SimpleNamespace(drafted=[1], accepted=1, correction=None, draft_seconds=0.001), 0.003, 0.002)
+    member.learn(SimpleNamespace(drafted=[1], accepted=1, correction=None, draft_seconds=0.001), 0.003)
     assert member.drafting_extra == pytest.approx(0.9 * 0.003)            # 0 ms extra this round, decayed in
-
-
-def test_a_fixed_cost_one_draft_cannot_repay_is_weighed_against_a_package_of_drafts():
-    """Sequence 0 accepts 95%: one draft does not repay its fixed cost (1.475 tokens a second against 2), four do
-    (2.76); sequence 1 accepts 5% and never pays. Neither the all-plain nor the all-full plan is this."""
-    assert draft_caps([0.95, 0.05], [0.0, 0.0], [4, 4], lambda rows: 1.0, [1.0, 1.0]) == [4, 0]
-
-
-def test_an_adaptive_batch_measures_a_plain_round_before_it_drafts(target, draft_model):
-    batch = BatchDecoder(target, draft_length="adaptive", costs=FLAT)
-    for i in range(3):
-        batch.add(Request(i, ids(PROMPTS[i + 2]), mixed_drafter(i, draft_model), k=3, max_new_tokens=12,
-                          sampling=GREEDY))
-    caps = []
-    while batch.active:
-        events = batch.step()
-        if events:
-            caps.append([e.draft_cap for e in events])
-    assert caps[0] == [0, 0, 0] and batch.plain_host is not None and batch.plain_host > 0
-    assert any(any(c) for c in caps[1:])                  # rows are free (FLAT): drafts follow
 
 
 def test_batch_costs_interpolate_between_measured_points():

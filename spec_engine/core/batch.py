@@ -148,8 +148,9 @@ class Member:
     kept: float = ACCEPT_PRIOR[0]           # decayed counts of drafts kept and refused
     refused: float = ACCEPT_PRIOR[1]
     draft_seconds: float = 0.0              # per drafted token, the latest rounds'
-    drafting_extra: float = 0.0             # host seconds a round with drafts costs it beyond its drafts' own and a
-                                            # plain round's (the batch's): catch-up, the heavier verification (decayed)
+    plain_host: float | None = None         # host seconds of its plan + settle in a round without drafts (decayed)
+    drafting_extra: float = 0.0             # ... more in a round with drafts, beyond its drafts' own seconds: the
+                                            # drafter's catch-up and the heavier verification (decayed)
     rounds: list = field(default_factory=list)
     started: float = 0.0
 
@@ -161,13 +162,14 @@ class Member:
     def acceptance(self) -> float:
         return self.kept / (self.kept + self.refused)
 
-    def learn(self, event: RoundEvent, host_seconds: float, plain_host: float) -> None:
+    def learn(self, event: RoundEvent, host_seconds: float) -> None:
         """Update the estimates from a round: acceptance (each kept draft a success, a correction one failure), and
-        what drafting costs the sequence's own host work (its plan and settle, `host_seconds`) beyond a plain round's
-        (`plain_host`, the batch's measure of it)."""
+        what the sequence's own host work (its plan and settle, `host_seconds`) costs with and without drafts."""
         if not event.drafted:
+            self.plain_host = host_seconds if self.plain_host is None else \
+                ACCEPT_MEMORY * self.plain_host + (1 - ACCEPT_MEMORY) * host_seconds
             return
-        extra = max(0.0, host_seconds - event.draft_seconds - plain_host)
+        extra = max(0.0, host_seconds - event.draft_seconds - (self.plain_host or 0.0))
         self.drafting_extra = ACCEPT_MEMORY * self.drafting_extra + (1 - ACCEPT_MEMORY) * extra \
             if self.drafting_extra else extra
         self.kept = ACCEPT_MEMORY * self.kept + event.accepted
@@ -241,9 +243,8 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
     geometric model E = (1 - a^(m+1)) / (1 - a)), each draft costs it draft_seconds[i] and one verify row, and
     drafting at all costs it fixed_seconds[i] a round (its drafter's catch-up, the heavier verification);
     forward_seconds(R) is the packed forward over R rows of these sequences. Drafts are added greedily, the best
-    marginal tokens per marginal second first, each while it raises the batch's rate (a sequence's first drafts as
-    the best package that repays its fixed cost); the all-plain (every cap 0) and all-full (every cap its limit)
-    plans are scored too, and the best of the three wins."""
+    marginal tokens per marginal second first, while they raise the batch's rate; the all-plain (every cap 0) and
+    all-full (every cap its limit) plans are scored too, and the best of the three wins."""
     n = len(acceptance)
     base_rows = n
     fixed = list(fixed_seconds) if fixed_seconds is not None else [0.0] * n
@@ -263,32 +264,16 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
         gain = acceptance[i] ** j
         return -gain / (row_seconds + draft_seconds[i] + (fixed[i] if j == 1 else 0.0)), -gain, i
 
-    def first(i: int) -> tuple[float, int, float, float]:
-        """Sequence i's best first package of drafts (rate, m, tokens, spent): drafting at all costs fixed[i], which
-        a single draft may not repay where two or three would."""
-        best, gained, cost = (current, 0, tokens, spent), tokens, spent + fixed[i]
-        for m in range(1, limits[i] + 1):
-            gained, cost = gained + acceptance[i] ** m, cost + draft_seconds[i]
-            candidate = gained / (forward_seconds(rows + m) + cost)
-            if math.isfinite(candidate) and candidate > best[0]:
-                best = (candidate, m, gained, cost)
-        return best
-
     heap = [value(i, 1) for i in range(n) if limits[i] > 0]
     heapq.heapify(heap)
     while heap:
         _, gain, i = heapq.heappop(heap)
-        if caps[i] == 0:
-            proposed, m, gained, cost = first(i)
-            if not m:
-                continue                    # this sequence's drafts do not pay now; another's may
-            caps[i], tokens, rows, spent, current = m, gained, rows + m, cost, proposed
-        else:
-            proposed = (tokens - gain) / (forward_seconds(rows + 1) + spent + draft_seconds[i])
-            if proposed <= current or not math.isfinite(proposed):
-                continue
-            caps[i] += 1
-            tokens, rows, spent, current = tokens - gain, rows + 1, spent + draft_seconds[i], proposed
+        cost = draft_seconds[i] + (fixed[i] if caps[i] == 0 else 0.0)
+        proposed = (tokens - gain) / (forward_seconds(rows + 1) + spent + cost)
+        if proposed <= current or not math.isfinite(proposed):
+            break
+        caps[i] += 1
+        tokens, rows, spent, current = tokens - gain, rows + 1, spent + cost, proposed
         if caps[i] < limits[i]:
             heapq.heappush(heap, value(i, caps[i] + 1))
     plans = [caps, [0] * n, list(limits)]
@@ -315,7 +300,6 @@ class BatchDecoder:
         self.device = target_model.device           # looked up once (SpeculativeDecoder.__init__ says why)
         self.draft_length = draft_length
         self.costs = costs
-        self.plain_host: float | None = None        # host seconds of one sequence's plain round (decayed mean)
         self.max_batch = max_batch
         self.members: dict[object, Member] = {}
         self.finished: dict[object, GenerationResult] = {}
@@ -389,11 +373,7 @@ class BatchDecoder:
             event = member.decoder.settle(member.state, plan, own, report=False)
             check_invariant(member.state.target_cache, len(member.state.committed) - 1,
                             f"request {member.request.id!r}")
-            host = timing.clock(device) - settle_start + plan.drafted - plan.start
-            if not event.drafted:
-                self.plain_host = host if self.plain_host is None else \
-                    ACCEPT_MEMORY * self.plain_host + (1 - ACCEPT_MEMORY) * host
-            member.learn(event, host, self.plain_host or 0.0)
+            member.learn(event, timing.clock(device) - settle_start + plan.drafted - plan.start)
             member.rounds.append(event)
             events.append(BatchEvent(member.request.id, event, len(segments), rows, cap))
             if member.state.stop_reason is not None:
@@ -413,10 +393,6 @@ class BatchDecoder:
             return limits
         if self.costs is None:
             self.costs = BatchCosts.measure(self.target)
-        if self.plain_host is None:
-            # One round without drafts first: what a plain round costs a sequence's host work, measured, so that
-            # drafting's extra cost is not taken for the whole of it.
-            return [0] * len(decoding)
         count = len(decoding)
         return draft_caps([m.acceptance for m in decoding], [m.draft_seconds for m in decoding], limits,
                           lambda rows: self.costs.predict(count, rows), [m.drafting_extra for m in decoding])
