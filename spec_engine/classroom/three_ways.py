@@ -162,13 +162,16 @@ def run_plain(model, input_ids: torch.Tensor, tokens: int) -> Sample:
     return Sample([result.tokens], result.total_seconds, result.total_seconds, 1 + len(result.step_seconds))
 
 
-def run_batch(model, input_ids: torch.Tensor, tokens: int, batch: int) -> Sample:
-    """`batch` sequences of the same prompt decoded together without drafts: one forward per step for all."""
-    decoder = BatchDecoder(model, draft_length="off")
+def run_batch(model, input_ids: torch.Tensor, tokens: int, batch: int,
+              make_drafter: Callable[[], Drafter] | None = None, k: int = 1) -> Sample:
+    """`batch` sequences of the same prompt decoded together: one forward per round for all. Without `make_drafter`
+    none drafts (plain batching); with it each drafts as it would alone (draft_length "fixed"), every sequence's
+    drafts verified in that one forward."""
+    decoder = BatchDecoder(model, draft_length="off" if make_drafter is None else "fixed")
     clock = _clock(model)
     start = clock()
-    results = decoder.run([Request(i, input_ids, Idle("none"), k=1, max_new_tokens=tokens, sampling=GREEDY)
-                           for i in range(batch)])
+    results = decoder.run([Request(i, input_ids, make_drafter() if make_drafter else Idle("none"), k=k,
+                                   max_new_tokens=tokens, sampling=GREEDY) for i in range(batch)])
     seconds = clock() - start
     ordered = [results[i] for i in range(batch)]
     forwards = max(len(r.rounds) for r in ordered)      # every token comes from a round (the prefill feeds prompt[:-1])
@@ -181,22 +184,6 @@ def run_speculation(model, input_ids: torch.Tensor, tokens: int, drafter: Drafte
                                                          display=False)
     return Sample([result.tokens], result.total_seconds, result.total_seconds, len(result.rounds),
                   sum(len(r.drafted) for r in result.rounds))
-
-
-def run_batch_speculation(model, input_ids: torch.Tensor, tokens: int, batch: int,
-                          make_drafter: Callable[[], Drafter], k: int) -> Sample:
-    """`batch` sequences of the same prompt, each drafting as it would alone (draft_length "fixed"), verified
-    together: one forward per round scores every sequence's drafts."""
-    decoder = BatchDecoder(model, draft_length="fixed")
-    clock = _clock(model)
-    start = clock()
-    results = decoder.run([Request(i, input_ids, make_drafter(), k=k, max_new_tokens=tokens, sampling=GREEDY)
-                           for i in range(batch)])
-    seconds = clock() - start
-    ordered = [results[i] for i in range(batch)]
-    forwards = max(len(r.rounds) for r in ordered)
-    return Sample([r.tokens for r in ordered], seconds, statistics.median(r.total_seconds for r in ordered),
-                  forwards)
 
 
 def _clock(model) -> Callable[[], float]:
@@ -227,10 +214,10 @@ def measure(target, input_ids: torch.Tensor, make_drafter: Callable[[], Drafter]
         "plain": lambda: run_plain(target, input_ids, tokens),
         "batch": lambda: run_batch(target, input_ids, tokens, batch),
         "speculation": lambda: run_speculation(target, input_ids, tokens, make_drafter(), k),
-        "batch+speculation": lambda: run_batch_speculation(target, input_ids, tokens, batch, make_drafter, k)}
+        "batch+speculation": lambda: run_batch(target, input_ids, tokens, batch, make_drafter, k)}
     warm_ups = {"plain": lambda: run_plain(target, input_ids, 2), "batch": lambda: run_batch(target, input_ids, 2, 2),
                 "speculation": lambda: run_speculation(target, input_ids, 2, make_drafter(), k),
-                "batch+speculation": lambda: run_batch_speculation(target, input_ids, 2, 2, make_drafter, k)}
+                "batch+speculation": lambda: run_batch(target, input_ids, 2, 2, make_drafter, k)}
     if make_self_draft is not None:
         arms["self-draft"] = lambda: run_speculation(target, input_ids, tokens, make_self_draft(), SELF_DRAFT_K)
         warm_ups["self-draft"] = lambda: run_speculation(target, input_ids, 2, make_self_draft(), SELF_DRAFT_K)
