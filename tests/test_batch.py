@@ -178,6 +178,17 @@ def test_under_the_exact_rule_the_batch_can_change_a_sampled_text(target, draft_
     assert batched(target, draft_model, "off", params, seed=100) != fixed
 
 
+@pytest.mark.parametrize("costs", [FLAT, LINEAR])
+def test_under_the_exact_rule_a_sampled_request_keeps_its_lone_text_in_an_adaptive_batch(target, draft_model, costs):
+    """The batch leaves a sampled exact-rule sequence's draft lengths to its drafter (BatchDecoder.pinned): a seed
+    fixes its text in any batch, whether the costs make the batch want every draft (FLAT) or none (LINEAR). Unpinned,
+    LINEAR's caps of 0 give other texts (the test above), so this one can fail."""
+    params = se.SamplingParams(temperature=1.0)
+    lone = alone(target, draft_model, params, seed=100)
+    assert batched(target, draft_model, "adaptive", params, seed=100, costs=costs) == lone
+    assert batched(target, draft_model, "adaptive", params, seed=100, costs=costs, order=[5, 2, 7, 0, 1, 6, 3, 4]) == lone
+
+
 def test_draft_caps_follow_the_cost_of_rows():
     limits = [4, 4, 4]
     flat = draft_caps([0.8, 0.8, 0.8], [0.0] * 3, limits, lambda rows: 1.0)

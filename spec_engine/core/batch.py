@@ -16,9 +16,11 @@ forward's seconds by sequences and rows, timed on this machine; each sequence's 
 while they raise the batch's expected tokens per second. Where no draft pays, every cap is 0: plain batched
 decoding (vLLM's dynamic speculative decoding and TensorRT-LLM's `draft_len_schedule` do this from a fixed table).
 
-Seeds: under the exact rule a sampled sequence's draws depend on how many drafts each round had, which here depends
-on the batch. Rule "invariant" (core/rule.py) makes the text a function of the seed alone: the same alone, in any
-batch, under any load and after a restart, and equal to `autoregressive_generate(invariant=True)`.
+Seeds: under the exact rule a sampled sequence's draws depend on how many drafts each round had, so the batch leaves
+a sampled sequence's draft lengths to its own drafter, as alone (`pinned`): its seed then fixes its text in any batch,
+as long as its drafter sizes alike (the app sizes sampled runs by the start-up curve). Rule "invariant" (core/rule.py)
+makes the text a function of the seed alone, whatever the draft lengths: the same alone, in any batch, under any load
+and after a restart, and equal to `autoregressive_generate(invariant=True)`; the batch sizes those freely.
 """
 from __future__ import annotations
 
@@ -394,8 +396,25 @@ class BatchDecoder:
         if self.costs is None:
             self.costs = BatchCosts.measure(self.target)
         count = len(decoding)
-        return draft_caps([m.acceptance for m in decoding], [m.draft_seconds for m in decoding], limits,
-                          lambda rows: self.costs.predict(count, rows), [m.drafting_extra for m in decoding])
+        # A sampled sequence under a rule whose draws depend on its draft lengths ("exact" draws per drafted token)
+        # drafts as it would alone: its seed then fixes its text in any batch (its drafter's own sizing decides, as
+        # alone). Greedy text and the "invariant" rule's do not depend on the draft lengths: the batch sizes those.
+        free = [i for i, m in enumerate(decoding) if not self.pinned(m)]
+        pinned_rows = sum(limits[i] + 1 for i in range(count) if i not in free)     # their rows, drafts and all
+        caps = list(limits)
+        if free:
+            sized = draft_caps([decoding[i].acceptance for i in free], [decoding[i].draft_seconds for i in free],
+                               [limits[i] for i in free], lambda rows: self.costs.predict(count, rows + pinned_rows),
+                               [decoding[i].drafting_extra for i in free])
+            for i, cap in zip(free, sized):
+                caps[i] = cap
+        return caps
+
+    @staticmethod
+    def pinned(member: Member) -> bool:
+        """Whether a sequence keeps its lone draft lengths in a batch: sampled, under a rule other than "invariant"
+        (whose text depends on how many drafts each round had)."""
+        return not member.state.sampling.greedy and member.request.rule != "invariant"
 
     def feature_layers(self) -> tuple[int, ...]:
         """Every hidden-state layer any member's drafter reads (each gets its own back, `own_output`)."""
