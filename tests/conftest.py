@@ -256,14 +256,17 @@ def curved_verify_costs(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def own_class_state():
-    """The engine's gate, the shared computations and the reused baselines (ui/playground/coalesce.py) are
-    process-wide, as the models are: in the app that is the point (thirty identical requests share one run), in a
-    test process it would let one test's request replay another's computation, reuse its baseline, or wait behind
-    runs an earlier test left at the gate. Each test that loaded the app gets fresh ones."""
+    """The engine's gate, the shared computations, the reused baselines (ui/playground/coalesce.py) and the batch
+    lanes (batching.py) are process-wide, as the models are: in the app that is the point (thirty identical requests
+    share one run), in a test process it would let one test's request replay another's computation, reuse its
+    baseline, or wait behind runs an earlier test left at the gate. Each test that loaded the app gets fresh ones."""
     coalesce = sys.modules.get("ui.playground.coalesce")
     if coalesce is not None:
         coalesce.GATE, coalesce.COALESCER, coalesce.BASELINES = \
             coalesce.Gate(), coalesce.Coalescer(), coalesce.BaselineCache()
+    batching = sys.modules.get("ui.playground.batching")
+    if batching is not None:
+        batching.LANES = batching.Lanes()
     yield
 
 

@@ -368,12 +368,13 @@ def test_a_full_queue_answers_busy_and_the_server_keeps_serving(playground_regis
     from gradio_client import Client
     with launched(concurrency=1, queue_size=2) as url:
         clients = [Client(url, verbose=False) for _ in range(5)]
-        # distinct seeds (identical requests would share one computation); one decodes, two wait at the gate
+        # distinct seeds (identical requests would share one computation); one decodes, two wait (for the batch that
+        # will serve them once the run ends: ui/playground/batching.py)
         jobs = []
         for i, client in enumerate(clients[:3]):        # one at a time: three joins at once could fill the queue
             jobs.append(client.submit(*args(max_new_tokens=300, seed=i), api_name="/run"))
-            assert wait_until(lambda: coalesce.GATE.busy + coalesce.GATE.wait_line() == i + 1, timeout=60)
-        assert coalesce.GATE.wait_line() == 2 and coalesce.GATE.busy == 1
+            assert wait_until(lambda: coalesce.GATE.busy + coalesce.queued() == i + 1, timeout=60)
+        assert coalesce.queued() == 2 and coalesce.GATE.busy == 1
         with pytest.raises(Exception, match="Queue is full"):
             clients[3].predict(*args(), api_name="/run")
         for job in jobs:

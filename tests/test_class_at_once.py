@@ -98,6 +98,7 @@ def test_plain_decoding_is_reused_by_other_sessions_only_while_others_wait(playg
     assert [(job.settings.k, job.plain) for job in calls] == [(3, True), (2, True)]   # nobody waited: measured again
     assert second.summary(second.history[0])["baseline_timing"].endswith("(this run)")
     monkeypatch.setattr(coalesce.GATE, "wait_line", lambda: 1)       # a request waits behind this one's turn
+    monkeypatch.setenv("SPEC_BATCHING", "0")     # else a run arriving while one waits joins a batch (test_class_batch)
     list(handlers.run(*run_args(draft="prompt-lookup", k=4, max_new_tokens=6, auto_baseline=True), third))
     assert (calls[-1].settings.k, calls[-1].plain) == (4, False)     # reused: the pass saved is the waiter's time
     c = third.history[0]

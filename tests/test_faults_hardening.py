@@ -428,15 +428,15 @@ def test_a_job_cancelled_while_queued_never_runs_and_gives_its_place_back(playgr
         waiting = []
         for i, client in enumerate(clients[1:3], start=1):
             waiting.append(client.submit(*args(max_new_tokens=300, seed=i), api_name="/run"))
-            assert wait_until(lambda: gate.wait_line() == i, timeout=60)
+            assert wait_until(lambda: coalesce.queued() == i, timeout=60)
         waiting[0].cancel()
-        assert wait_until(lambda: gate.wait_line() == 1)                  # its place is free again
+        assert wait_until(lambda: coalesce.queued() == 1)                  # its place is free again
         late = clients[3].submit(*args(max_new_tokens=300, seed=3), api_name="/run")
-        assert wait_until(lambda: gate.wait_line() == 2, timeout=60)      # admitted, not "queue is full"
+        assert wait_until(lambda: coalesce.queued() == 2, timeout=60)      # admitted, not "queue is full"
         for job in (running, waiting[1], late):
             job.cancel()
         assert wait_until(lambda: running.done() and waiting[1].done() and late.done(), timeout=60)
-        assert wait_until(lambda: gate.busy == 0 and gate.wait_line() == 0, timeout=60)
+        assert wait_until(lambda: gate.busy == 0 and coalesce.queued() == 0, timeout=60)
         # the cancelled job never ran: its page only ever said where it waited
         assert all("position" in str(out) or not any(isinstance(o, dict) and o.get("rounds") for o in out)
                    for out in waiting[0].outputs())

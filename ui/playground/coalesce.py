@@ -258,8 +258,16 @@ BASELINES = BaselineCache()
 
 def serving() -> int:
     """Requests being served now: turns at the gate (a run, a sweep point, a lab computation) and the followers of a
-    computation whose results are coming. app.AdmissionQueue counts every other request it admitted as waiting."""
-    return GATE.busy + COALESCER.following()
+    computation whose results are coming, and the runs decoding in a batch (batching.py). app.AdmissionQueue counts
+    every other request it admitted as waiting."""
+    from ui.playground import batching        # it builds on this module
+    return GATE.busy + COALESCER.following() + batching.LANES.serving()
+
+
+def queued() -> int:
+    """Requests waiting for their turn: in the gate's line, or in a batch lane that waits for its turn (batching.py)."""
+    from ui.playground import batching
+    return GATE.wait_line() + batching.LANES.queued()
 
 
 def reusable_baseline(key: tuple, session: int):

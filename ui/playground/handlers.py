@@ -26,7 +26,7 @@ import pandas as pd
 
 import spec_engine as se
 
-from ui.playground import coalesce, compute, limits, runner, validate
+from ui.playground import batching, coalesce, compute, engine_thread, limits, runner, validate
 from ui.views import plots, render, tree
 from ui.playground import registry as reg
 from ui.playground.state import HISTORY_COLUMNS, RunSettings, SessionState
@@ -158,9 +158,10 @@ def set_compare_runs(selected, state: SessionState):
     return compare_figure(state)
 
 
-def status_text(record, summary: dict, running: bool) -> str:
+def status_text(record, summary: dict, running: bool, batch: int = 0) -> str:
     if running:
-        return f"Decoding… round {summary['rounds']}, {summary['new_tokens']} tokens"
+        within = f" in a batch of {batch} runs" if batch > 1 else ""
+        return f"Decoding{within}… round {summary['rounds']}, {summary['new_tokens']} tokens"
     reason = {"eos": "end of sequence", "max_new_tokens": "max new tokens reached", "cancelled": "stopped",
               runner.TIME_LIMIT: "stopped at this server's time limit "
                                  f"({record.time_limit or limits.current().max_run_seconds:g} s)"
@@ -259,6 +260,9 @@ def initial_outputs() -> dict[str, object]:
 
 # --------------------------------------------------------------------------------------------- handlers
 
+# An empty update. A run answers with one at most once per render interval, not every round: Gradio 6 rebuilds every
+# output component for an empty update, about 10 ms of its event loop per message on two cores, and thirty pages
+# answering every round of a batch kept the loop busy for 18 of the class's seconds.
 SKIP_RUN = (gr.skip(),) * len(RUN_OUTPUTS)
 
 
@@ -335,6 +339,44 @@ def lead(computation: coalesce.Computation, state: SessionState, job: compute.Ru
         computation.finish(all(done.values()) and not state.stop_event.is_set())
 
 
+def lead_batched(computation: coalesce.Computation, state: SessionState, job: compute.RunJob):
+    """The leader's results of a run that joins the batch (batching.py): Built, then its rounds as the batch scores
+    them (each after an InBatch with the batch's size), then a Label saying that it ran in a batch. Its speed is not
+    measured: its tokens/s were shared with the other runs of the batch. Kept in `computation` for identical
+    requests, as a lone run's are."""
+    s = job.settings
+    model = compute.loaded(s.target)
+    cpu = engine_thread.for_device(model.device)
+    decoder, input_ids, target, built = engine_thread.call(lambda: compute.build(s, job.prompt_ids, job.sizing), cpu)
+    request = se.Request(batching.request_id(), input_ids, decoder.drafter, k=s.k, max_new_tokens=s.max_new_tokens,
+                         sampling=s.sampling(), seed=s.seed, eos_token_id=reg.eos_ids(target), rule=s.rule,
+                         display=True)
+    sizes, complete = [], False
+    try:
+        computation.publish(built)
+        yield built
+        for item in batching.LANES.lane(target.model, cpu).join(request, state.stop_event.is_set, job.seconds):
+            if isinstance(item, coalesce.Waiting):
+                computation.wait_at(item)
+                yield item
+                continue
+            computation.wait_at(None)
+            if isinstance(item, se.GenerationResult):
+                continue                    # the batch's clocks: not a timed pass of this run (fold would keep it)
+            if isinstance(item, batching.InBatch):
+                sizes.append(item.batch_size)
+            elif isinstance(item, se.RoundEvent) and item.finished:
+                complete = item.stop_reason != "cancelled"
+            computation.publish(item)
+            yield item
+        if sizes:
+            label = coalesce.Label(batching.describe(sizes))
+            computation.publish(label)
+            yield label
+    finally:
+        computation.finish(complete and not state.stop_event.is_set())
+
+
 # lets the browser finish drawing the last live updates (Plotly included) before the engine is timed
 SETTLE_SECONDS = 1.0
 
@@ -349,6 +391,17 @@ def shared_label(viewers: int) -> str:
 MEASURING = {"warm": "Measuring the speed without drawing: a first, untimed pass (as Run's live pass)",
              "timed": "Measuring the speed without drawing: speculative decoding",
              "plain": "Measuring the speed without drawing: plain decoding (same prompt, settings and seed)"}
+
+
+def final_status(record, state: SessionState, complete: bool, measured: bool) -> str | None:
+    """The finished run's status line when something went short (None: the usual one): the shared computation it
+    followed was stopped (not `complete`), or a run meant to be `measured` alone has no timing."""
+    if not complete:
+        return (status_text(record, state.summary(record), running=False) + " (the identical request this run "
+                "shared was stopped: press Run to compute it yourself)")
+    if measured and record.timing is None and record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
+        return status_text(record, state.summary(record), running=False) + " (the speed measurement hit the time limit)"
+    return None
 
 
 def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_baseline: bool,
@@ -368,32 +421,48 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
     if prep is None:
         yield message_view("Stopped while loading; the model keeps loading in the background for the next run.")
         return
+    alone = False
     try:
         passes = 3 if auto_baseline else 1          # the live run, then the timed run and plain decoding
         job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, passes * settings.max_new_tokens),
                              live=True, timed=auto_baseline, plain=auto_baseline, settle=settle)
         computation, leader = coalesce.COALESCER.join((settings, prep.prompt_ids, auto_baseline), id(state))
-        source = (lead(computation, state, job, settings.baseline_key(prep.prompt_ids)) if leader
+        # With something decoding or waiting, a run joins the batch (batching.py); else it is decoded and measured alone
+        alone = leader and not (batching.enabled() and batching.LANES.choose())
+        batched = leader and not alone
+        source = (lead_batched(computation, state, job) if batched
+                  else lead(computation, state, job, settings.baseline_key(prep.prompt_ids)) if leader
                   else computation.follow(state.stop_event.is_set))
-        last, last_plots, label = 0.0, float("-inf"), ""       # the first update draws the plots
+        last, last_plots, label, batch = 0.0, float("-inf"), "", 0       # the first update draws the plots
+        answered = 0.0                  # when this handler last yielded to Gradio
         for item in fold(prep, state, job, budget, source, shared=not leader):
             if isinstance(item, compute.Built):
                 state.active = prep
                 yield SKIP_RUN
             elif isinstance(item, se.RoundEvent):
                 now = perf_counter()
-                # The viewers of one shared computation together draw as often as one viewer would: thirty pages
-                # redrawn every 0.15 s took the cores from the decoding they all wait for.
-                share = max(1, computation.viewers)
+                # The viewers of one shared computation, or the runs of one batch, together draw as often as one
+                # viewer would: thirty pages redrawn every 0.15 s took the cores from the decoding they all wait for.
+                share = max(1, computation.viewers, batch)
                 if (item.finished or now - last >= RENDER_INTERVAL * share) and not state.stop_event.is_set():
                     # The last live update carries no plots: they are drawn once, after the speed is measured.
                     with_plots = not item.finished and now - last_plots >= PLOT_INTERVAL * share
                     last, last_plots = now, now if with_plots else last_plots
-                    yield run_view(prep, state, with_plots=with_plots)
-                else:
-                    yield SKIP_RUN                # one message per round: a cancel or a closed tab lands here
+                    status = None
+                    if batch:
+                        status = status_text(prep.record, state.summary(prep.record), running=True, batch=batch)
+                    answered = now
+                    yield run_view(prep, state, status=status, with_plots=with_plots)
+                elif now - answered >= RENDER_INTERVAL * share:     # a cancel or a closed tab lands here (SKIP_RUN)
+                    answered = now
+                    yield SKIP_RUN
+            elif isinstance(item, batching.InBatch):
+                batch = item.batch_size           # its round follows at once: that one answers (a closed tab too)
+            elif isinstance(item, batching.Quiet):
+                yield SKIP_RUN
             elif isinstance(item, coalesce.Waiting):
-                what = "Waiting for the model" if leader else "Waiting for an identical request's run"
+                what = ("Waiting for the model (this run joins a batch with the other students' runs when it starts)"
+                        if batched else "Waiting for the model" if leader else "Waiting for an identical request's run")
                 yield message_view(item.text(what))
             elif isinstance(item, (compute.Phase, str)):
                 label = MEASURING[item.name] if isinstance(item, compute.Phase) else label
@@ -406,15 +475,12 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         if computation.viewers > 1:
             runner.add_label(record, state, shared_label(computation.viewers))
         state.finish(record)
-        status = None
-        if not leader and not computation.complete:
-            status = (status_text(record, state.summary(record), running=False) + " (the identical request this "
-                      "run shared was stopped: press Run to compute it yourself)")
-        elif auto_baseline and record.timing is None and record.stop_reason not in ("cancelled", runner.TIME_LIMIT):
-            status = (status_text(record, state.summary(record), running=False)
-                      + " (the speed measurement hit the time limit)")
-        yield run_view(prep, state, status=status, final=True)
+        measured = auto_baseline and not batch
+        yield run_view(prep, state, status=final_status(record, state, leader or computation.complete, measured),
+                       final=True)
     finally:
+        if alone:
+            batching.LANES.done_alone()
         runner.release(prep, reg.REGISTRY)
 
 

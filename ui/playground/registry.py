@@ -518,6 +518,10 @@ def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message
         decoder = se.SpeculativeDecoder(loaded.model, drafts.build_drafter(spec, loaded, None, drafts.DraftOptions()))
         decoder.generate(prompt, k=k, max_new_tokens=WARM_UP_TOKENS, sampling=sampling)
         se.autoregressive_generate(loaded.model, prompt, max_new_tokens=4, sampling=sampling)
+    from ui.playground import batching
+    if batching.enabled():
+        progress("warming up (once): timing forwards of many sequences at once, for batches of runs")
+        batching.batch_costs(loaded.model)
     progress("warmed up")
 
 
