@@ -24,6 +24,7 @@ Not on ZeroGPU: there each run is its own GPU call in a worker process, which a 
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import statistics
 import threading
@@ -36,14 +37,18 @@ import spec_engine as se
 
 from ui.playground import coalesce, compute, engine_thread
 
+log = logging.getLogger("ui.playground.batching")
+
 MAX_BATCH = 32                  # sequences in one batch (the batched benchmark's largest size); more wait a round
-# The grid a packed forward is timed on, once per model (`batch_costs`): at start-up for the default target (its
-# warm-up, ui/playground/registry.py), else when a batch first has two runs. The engine's default grid took 11.5 s
-# on two cores for SmolLM2-135M; this one about 3 s. A packed forward's time here is nearly a function of its rows
-# in all (32 rows: 70-80 ms whether 2 x 16 or 32 x 1), so a coarse grid of sequence counts loses little.
-COST_SEQUENCES = (1, 8, 32)
-COST_ROWS = (1, 2, 4, 8)
-COST_CONTEXT = 32
+# The grid a packed forward is timed on, once per model (`batch_costs`): the default target's at start-up (its
+# warm-up, registry.py: about 3 s on two cores for SmolLM2-135M; the engine's default grid took 11.5 s), another
+# target's when a batch of it first has two runs, before they join it (so that no page of theirs draws meanwhile).
+# Measured in a class instead, beside thirty pages, it took 3.8 s quiet and 20 s on a busy host, and came out wrong
+# (16 x 2 rows dearer than 16 x 4), and the class took 110 s against 73 s. A packed forward's time here is nearly a
+# function of its rows in all (32 rows: 70-80 ms whether 2 x 16 or 32 x 1), so a coarse grid loses little.
+COST_SEQUENCES = (1, 4, 16, 32)
+COST_ROWS = (1, 2, 4)
+COST_CONTEXT = 16
 _END = object()
 _IDS = itertools.count()
 
@@ -149,10 +154,16 @@ class Lane:
                     joined.out.put(waiting)
             if ticket is not None:
                 self.ticket = ticket
+                if self.draft_length == "adaptive" and kept_costs(self.target) is None and len(self.pending) > 1:
+                    engine_thread.call(lambda: batch_costs(self.target), self.on_engine)
                 self.decoder = se.BatchDecoder(self.target, draft_length=self.draft_length,
                                                costs=kept_costs(self.target), max_batch=self.max_batch)
+                began, rounds, caps = monotonic(), 0, []
                 while self.admit():
-                    self.round()
+                    caps += self.round()
+                    rounds += 1
+                log.info("batch lane: %d rounds in %.1f s, %d drafts allowed in all", rounds, monotonic() - began,
+                         sum(caps))
         except BaseException as exc:          # noqa: BLE001 - every run in the lane gets the error as its own
             failure = compute.Failure.of(exc)
             with self.lock:
@@ -222,7 +233,8 @@ class Lane:
         with self.lock:
             return bool(self.members)
 
-    def round(self) -> None:
+    def round(self) -> list[int]:
+        """One round of the batch; each run's draft cap."""
         decoder = self.decoder
         if decoder.costs is None and decoder.draft_length == "adaptive" and len(self.members) > 1:
             decoder.costs = engine_thread.call(lambda: batch_costs(self.target), self.on_engine)
@@ -238,6 +250,7 @@ class Lane:
                     self.members.pop(item.request_id, None)
                 joined.out.put(self.decoder.finished.pop(item.request_id))
                 joined.out.put(_END)
+        return [item.draft_cap for item in events]
 
 
 class Lanes:
@@ -310,8 +323,11 @@ def batch_costs(model) -> se.BatchCosts:
     with _COSTS_LOCK:
         costs = kept_costs(model)
         if costs is None:
+            began = monotonic()
             costs = se.BatchCosts.measure(model, COST_SEQUENCES, COST_ROWS, context=COST_CONTEXT, repeats=1)
             _COSTS[id(model)] = (weakref.ref(model), costs)
+            log.info("packed forward costs measured in %.1f s: %s", monotonic() - began,
+                     {s: [round(1000 * t, 1) for t in row] for s, row in zip(costs.sequences, costs.seconds)})
         return costs
 
 

@@ -518,9 +518,9 @@ def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message
         decoder = se.SpeculativeDecoder(loaded.model, drafts.build_drafter(spec, loaded, None, drafts.DraftOptions()))
         decoder.generate(prompt, k=k, max_new_tokens=WARM_UP_TOKENS, sampling=sampling)
         se.autoregressive_generate(loaded.model, prompt, max_new_tokens=4, sampling=sampling)
-    from ui.playground import batching
+    from ui.playground import batching          # it builds on this module
     if batching.enabled():
-        progress("warming up (once): timing forwards of many sequences at once, for batches of runs")
+        progress("warming up (once): timing forwards of many sequences at once, for batches of students' runs")
         batching.batch_costs(loaded.model)
     progress("warmed up")
 
