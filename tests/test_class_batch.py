@@ -137,17 +137,20 @@ def test_an_invalid_run_gets_its_own_error_and_the_others_decode(target, draft_m
     assert tokens_of(out[0]) == lone(target, draft_model, 0)
 
 
-def test_a_run_alone_decodes_alone_and_runs_meanwhile_batch():
+def test_a_run_alone_decodes_alone_and_runs_meanwhile_batch(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(batching, "monotonic", lambda: now[0])
     gate = Gate(capacity=lambda: 1)
     lanes = batching.Lanes(gate)
     assert lanes.choose() is False                       # nothing decodes: alone, measured alone
     assert lanes.choose() is True                        # the first is still on its way to the gate: batch
-    lanes.done_alone()
-    assert lanes.choose() is False
-    lanes.done_alone()
-    ticket = take_turn(gate)
-    assert lanes.choose() is True                        # a sweep or a lab holds the gate
+    ticket = take_turn(gate)                             # it holds the gate
+    now[0] += batching.CLAIM_SECONDS
+    assert lanes.choose() is True                        # it decodes: batch
     gate.leave(ticket)
+    assert lanes.choose() is False                       # it is done: alone again
+    now[0] += batching.CLAIM_SECONDS                     # a claim whose run never reached the gate (its handler
+    assert lanes.choose() is False                       # vanished) expires: it cannot make every later run batch
 
 
 def test_the_line_a_batched_run_shows():

@@ -39,6 +39,7 @@ from ui.playground import coalesce, compute, engine_thread
 
 log = logging.getLogger("ui.playground.batching")
 
+CLAIM_SECONDS = 2.0             # a run that chose to decode alone takes its gate turn within this
 MAX_BATCH = 32                  # sequences in one batch (the batched benchmark's largest size); more wait a round
 # The grid a packed forward is timed on, once per model (`batch_costs`): the default target's at start-up (its
 # warm-up, registry.py: about 3 s on two cores for SmolLM2-135M; the engine's default grid took 11.5 s), another
@@ -260,7 +261,7 @@ class Lanes:
         self.own_gate = gate
         self.lock = threading.Lock()
         self.lanes: dict[int, Lane] = {}
-        self.lone = 0                   # runs that chose to decode alone and have not finished
+        self.claimed = float("-inf")    # when a run last chose to decode alone (it holds the gate soon after)
 
     @property
     def gate(self) -> coalesce.Gate:
@@ -274,18 +275,16 @@ class Lanes:
             return self.lanes[key]
 
     def choose(self) -> bool:
-        """True: this run joins a batch (something decodes or waits). False: it decodes alone, measured alone; it
-        counts as decoding until `done_alone`, so runs that arrive meanwhile batch."""
+        """True: this run joins a batch (something decodes or waits). False: it decodes alone, measured alone. Its
+        claim counts as decoding until it holds the gate (milliseconds later) or CLAIM_SECONDS pass, so runs that
+        arrive together batch; a claim never outlives that, so a handler that vanished cannot leave every later
+        run batched."""
         with self.lock:
-            busy = (self.lone or self.gate.busy or self.gate.wait_line()
+            busy = (monotonic() - self.claimed < CLAIM_SECONDS or self.gate.busy or self.gate.wait_line()
                     or any(lane.busy for lane in self.lanes.values()))
             if not busy:
-                self.lone += 1
+                self.claimed = monotonic()
             return bool(busy)
-
-    def done_alone(self) -> None:
-        with self.lock:
-            self.lone = max(0, self.lone - 1)
 
     def queued(self) -> int:
         """Runs waiting in a lane for its turn at the gate, less the lanes' own places in the gate's line."""

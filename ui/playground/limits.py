@@ -1,10 +1,11 @@
 """The public app's limits, read once at start-up: from SPEC_* environment variables, then app.py's flags.
 
 The app faces anonymous visitors (a Space) and classrooms (one laptop). Every handler call has a wall-clock
-cap and every run a token cap; prompts have a size cap; the model queue has a size; runs decode one at a time
-unless the host allows more; only a bounded number of models besides the default stay loaded; and only the
-preset models load unless the host allows Hub ids. `current()` is what handlers read (at call time, so tests
-can change it); `configure()` is called by app.py before the demo is built.
+cap and every run a token cap; prompts have a size cap; the model queue has a size; one computation decodes at a
+time unless the host allows more (runs that arrive meanwhile decode together in one batch: batching.py); only a
+bounded number of models besides the default stay loaded; and only the preset models load unless the host allows
+Hub ids. `current()` is what handlers read (at call time, so tests can change it); `configure()` is called by
+app.py before the demo is built.
 """
 from __future__ import annotations
 
