@@ -148,9 +148,11 @@ def test_a_run_alone_decodes_alone_and_runs_meanwhile_batch(monkeypatch):
     now[0] += batching.CLAIM_SECONDS
     assert lanes.choose() is True                        # it decodes: batch
     gate.leave(ticket)
-    assert lanes.choose() is False                       # it is done: alone again
-    now[0] += batching.CLAIM_SECONDS                     # a claim whose run never reached the gate (its handler
-    assert lanes.choose() is False                       # vanished) expires: it cannot make every later run batch
+    lanes.done_alone()
+    assert lanes.choose() is False                       # it is done: the next run decodes alone at once
+    assert lanes.choose() is True                        # (and holds its own claim)
+    now[0] += batching.CLAIM_SECONDS                     # a claim whose run never reached the gate nor ended (its
+    assert lanes.choose() is False                       # handler vanished) expires: it cannot batch every later run
 
 
 def test_the_line_a_batched_run_shows():
@@ -158,6 +160,7 @@ def test_the_line_a_batched_run_shows():
     assert "1-4 sequences per forward" in text and "median 3.5" in text and "up to 3 others" in text
     assert "no lone speedup" in text
     assert "(2 sequences per forward, median 2; up to 1 other)" in batching.describe([2, 2])
+    assert "was alone in it" in batching.describe([1, 1]) and "sequences" not in batching.describe([1])
 
 
 # ------------------------------------------------------------------------------ through the app's handlers
@@ -186,7 +189,7 @@ def test_runs_that_arrive_while_one_decodes_share_a_batch_and_say_so(playground_
         thread.join(300)
     finals = {i: outputs[-1][SUMMARY] for i, outputs in out.items()}
     alone = [i for i, s in finals.items() if s.get("speedup") is not None]
-    batched = [i for i, s in finals.items() if any("decoded in a batch" in label for label in s.get("labels") or ())]
+    batched = [i for i, s in finals.items() if any("batch" in label for label in s.get("labels") or ())]
     assert len(alone) == 1 and sorted(alone + batched) == list(range(4))      # one measured alone, the rest batched
     assert all(finals[i].get("speedup") is None for i in batched)             # no lone speedup for a shared read
     streamed = [str(o) for i in batched for o in out[i]]

@@ -286,6 +286,11 @@ class Lanes:
                 self.claimed = monotonic()
             return bool(busy)
 
+    def done_alone(self) -> None:
+        """A run that chose to decode alone has ended: its claim goes (the next run may decode alone at once)."""
+        with self.lock:
+            self.claimed = float("-inf")
+
     def queued(self) -> int:
         """Runs waiting in a lane for its turn at the gate, less the lanes' own places in the gate's line."""
         with self.lock:
@@ -338,7 +343,10 @@ def enabled() -> bool:
 
 def describe(sizes: list[int]) -> str:
     """The line a batched run shows with its speed: the batches it ran in, and what its tokens/s mean."""
-    others = max(sizes) - 1 if sizes else 0
+    if max(sizes) == 1:
+        return ("joined the batch of runs that arrived while another run decoded, and was alone in it: its speed was "
+                "not measured alone; press 'Measure the speedup again' for this run's own")
+    others = max(sizes) - 1
     span = f"{min(sizes)}" if min(sizes) == max(sizes) else f"{min(sizes)}-{max(sizes)}"
     return (f"decoded in a batch with other students' runs ({span} sequences per forward, median "
             f"{statistics.median(sizes):g}; up to {others} other{'s' if others != 1 else ''}): one weight read served "

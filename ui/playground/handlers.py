@@ -421,6 +421,7 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
     if prep is None:
         yield message_view("Stopped while loading; the model keeps loading in the background for the next run.")
         return
+    alone = False
     try:
         passes = 3 if auto_baseline else 1          # the live run, then the timed run and plain decoding
         job = compute.RunJob(settings, prep.prompt_ids, compute.call_seconds(budget, passes * settings.max_new_tokens),
@@ -428,6 +429,7 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         computation, leader = coalesce.COALESCER.join((settings, prep.prompt_ids, auto_baseline), id(state))
         # With something decoding or waiting, a run joins the batch (batching.py); else it is decoded and measured alone
         batched = leader and batching.enabled() and batching.LANES.choose()
+        alone = leader and not batched
         source = (lead_batched(computation, state, job) if batched
                   else lead(computation, state, job, settings.baseline_key(prep.prompt_ids)) if leader
                   else computation.follow(state.stop_event.is_set))
@@ -477,6 +479,8 @@ def decode(settings: RunSettings, state: SessionState, show_spaces: bool, auto_b
         yield run_view(prep, state, status=final_status(record, state, leader or computation.complete, measured),
                        final=True)
     finally:
+        if alone:
+            batching.LANES.done_alone()
         runner.release(prep, reg.REGISTRY)
 
 
