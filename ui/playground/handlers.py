@@ -345,22 +345,25 @@ def lead_batched(computation: coalesce.Computation, state: SessionState, job: co
     measured: its tokens/s were shared with the other runs of the batch. Kept in `computation` for identical
     requests, as a lone run's are."""
     s = job.settings
-    model = compute.loaded(s.target)
-    cpu = engine_thread.for_device(model.device)
-    decoder, input_ids, target, built = engine_thread.call(lambda: compute.build(s, job.prompt_ids, job.sizing), cpu)
-    request = se.Request(batching.request_id(), input_ids, decoder.drafter, k=s.k, max_new_tokens=s.max_new_tokens,
-                         sampling=s.sampling(), seed=s.seed, eos_token_id=reg.eos_ids(target), rule=s.rule,
-                         display=True)
     sizes, complete = [], False
-    try:
-        computation.publish(built)
+    try:                                # a failed build finishes the computation too: its followers hear of it
+        cpu = engine_thread.for_device(compute.loaded(s.target).device)
+        decoder, input_ids, target, built = engine_thread.call(lambda: compute.build(s, job.prompt_ids, job.sizing),
+                                                               cpu)
+        request = se.Request(batching.request_id(), input_ids, decoder.drafter, k=s.k,
+                             max_new_tokens=s.max_new_tokens, sampling=s.sampling(), seed=s.seed,
+                             eos_token_id=reg.eos_ids(target), rule=s.rule, display=True)
         yield built
+        published = False               # its followers count as served from its first published result on
         for item in batching.LANES.lane(target.model, cpu).join(request, state.stop_event.is_set, job.seconds):
             if isinstance(item, coalesce.Waiting):
                 computation.wait_at(item)
                 yield item
                 continue
             computation.wait_at(None)
+            if not published:
+                computation.publish(built)
+                published = True
             if isinstance(item, se.GenerationResult):
                 continue                    # the batch's clocks: not a timed pass of this run (fold would keep it)
             if isinstance(item, batching.InBatch):
