@@ -25,7 +25,9 @@ def measure_in_two_clicks(page):
     page.get_by_role("tab", name="Three ways to share a weight read", exact=True).click()
     page.click("#three-ways-measure")
     page.wait_for_function(f"{STATUS}.includes('Done')", timeout=300_000)
-    page.wait_for_function(f"{BARS}.length >= 8", timeout=15_000)
+    # the final figure comes with "Done"; Plotly draws it a moment later, and on two cores shared with the other test
+    # worker that moment once passed 15 s
+    page.wait_for_function(f"{BARS}.length >= 8", timeout=60_000)
     bars = page.evaluate(BARS)
     names = [bar.split("<br>")[0] for bar in bars]
     assert names[:3] == ["plain fp32", "batching", "speculation"] and set(names[3:6]) == {"bf16", "int8", "int4"}
