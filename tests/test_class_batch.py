@@ -9,7 +9,7 @@ import torch
 
 import spec_engine as se
 from spec_engine.core.batch import Request
-from ui.playground import batching
+from ui.playground import batching, coalesce
 from ui.playground.coalesce import Gate
 from tiny import tiny_llama
 
@@ -55,13 +55,11 @@ def tokens_of(items):
 
 def take_turn(gate):
     """A turn at an empty gate, as a lone run takes it."""
-    entering = gate.enter()
-    try:
-        next(entering)
-    except StopIteration as done:
-        assert done.value is not None and gate.busy == 1
-        return done.value
-    raise AssertionError("an empty gate made a request wait")
+    def waited(waiting):
+        raise AssertionError("an empty gate made a request wait")
+    ticket = coalesce.turn(gate, lambda: False, waited)
+    assert ticket is not None and gate.busy == 1
+    return ticket
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])

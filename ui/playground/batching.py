@@ -144,15 +144,7 @@ class Lane:
         """Wait for the gate's turn, then decode rounds while anyone is in the batch; then give the turn back."""
         ticket = None
         try:
-            entering = self.gate.enter(self.abandoned)
-            while True:
-                try:
-                    waiting = next(entering)
-                except StopIteration as done:
-                    ticket = done.value
-                    break
-                for joined in self.snapshot():
-                    joined.out.put(waiting)
+            ticket = coalesce.turn(self.gate, self.abandoned, self.announce)
             if ticket is not None:
                 self.ticket = ticket
                 if self.draft_length == "adaptive" and kept_costs(self.target) is None and len(self.pending) > 1:
@@ -190,6 +182,11 @@ class Lane:
             if self.driver is None:
                 self.driver = threading.Thread(target=self.drive, name="batch-lane", daemon=True)
                 self.driver.start()
+
+    def announce(self, waiting: coalesce.Waiting) -> None:
+        """The lane's place in the gate's line, to every run waiting in it."""
+        for joined in self.snapshot():
+            joined.out.put(waiting)
 
     def snapshot(self) -> list[Joined]:
         with self.lock:

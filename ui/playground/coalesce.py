@@ -298,6 +298,17 @@ class Reused:
     under_load: str | None = None
 
 
+def turn(gate: Gate, should_stop: Callable[[], bool], on_wait: Callable[[Waiting], None]):
+    """Wait for a turn at `gate` on this thread, handing each Waiting to `on_wait`; the ticket for `gate.leave`, or
+    None when `should_stop()` turned true first (`gated` is the same wait for a generator, which yields them)."""
+    entering = gate.enter(should_stop)
+    while True:
+        try:
+            on_wait(next(entering))
+        except StopIteration as done:
+            return done.value
+
+
 def gated(make_work: Callable[[], Iterator], should_stop: Callable[[], bool], gate: Gate | None = None,
           on_wait: Callable[[Waiting | None], None] = lambda waiting: None) -> Iterator:
     """Wait for a turn at `gate` (yielding Waiting), then yield the results of `make_work()`, with a Label when
