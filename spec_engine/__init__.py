@@ -20,7 +20,7 @@ from spec_engine.drafters.eagle import recommended_settings as eagle_recommended
 from spec_engine.drafters.lookup import PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_MIN_NGRAM
 from spec_engine.drafters.registry import (EARLY_EXIT_AFTER, LAYER_SKIP_MODES, DraftMode, DraftSpec, make_drafter,
                                           parse_draft, register_draft)
-from spec_engine.drafters.sizing import Sizing, drafter_sizing, startup_sizing
+from spec_engine.drafters.sizing import Sizing, drafter_sizing, not_observed, startup_sizing
 from spec_engine.core.events import BaselineResult, GenerationResult, RoundEvent, RunStats, run_stats
 from spec_engine.core.metrics import (acceptance_by_position, acceptance_rate, expected_tokens_by_position,
                                       expected_tokens_per_round, judged_acceptance, speedup_model)
@@ -49,7 +49,7 @@ __all__ = [
     "load_model", "LoadedModel", "prepare", "speed_layer", "use_speed_layer",
     "BatchDecoder", "BatchEvent", "BatchCosts", "Request",
     "vocab_size", "eagle_recommended_settings", "PROMPT_LOOKUP_MAX_NGRAM", "PROMPT_LOOKUP_MIN_NGRAM",
-    "EARLY_EXIT_AFTER", "LAYER_SKIP_MODES", "DraftMode", "Sizing", "drafter_sizing", "startup_sizing",
+    "EARLY_EXIT_AFTER", "LAYER_SKIP_MODES", "DraftMode", "Sizing", "drafter_sizing", "not_observed", "startup_sizing",
     "default_model_name",
     "parse_parameter_count", "load_source",
     "hub_source", "hub_offline_reason", "is_offline_available", "OFFLINE_HUB_REASON", "resolve_device", "resolve_dtype",
@@ -62,12 +62,13 @@ def draft_modes() -> dict:
     return dict(MODES_BY_NAME)
 
 
-def prepare(model) -> None:
+def prepare(model, curve: bool = True) -> None:
     """Build now what the engine would build on first use, so a timed run does not pay it: the speed layer's packed
-    weights, and the verify-cost curve that sizes the drafts (measured once per model and thread count)."""
+    weights, and (`curve`) the verify-cost curve that sizes the drafts (measured once per model and thread count)."""
     from spec_engine.drafters.sizing import verify_costs
     speed.active().warm(model)
-    verify_costs(model)
+    if curve:
+        verify_costs(model)
 
 
 def speed_layer() -> str:

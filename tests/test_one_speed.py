@@ -51,7 +51,7 @@ class Labeler:
 def fake_engine(monkeypatch):
     """compute.run_job on a fake decoder (every build's passes and sizing recorded); prepare without models."""
     builds, jobs = [], []
-    target = types.SimpleNamespace(device=torch.device("cpu"), model=None)
+    target = types.SimpleNamespace(device=torch.device("cpu"), model=types.SimpleNamespace())    # no forwards
 
     def build(settings, prompt_ids, sizing=None):
         passes = []

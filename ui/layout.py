@@ -390,7 +390,8 @@ def wire_callbacks(demo: gr.Blocks, controls: Controls, out: dict, lower: LowerT
     out["history"].change(handlers.compare_choices, [state], [lower.compare_runs], **private)
     lower.compare_runs.input(handlers.set_compare_runs, [lower.compare_runs, state], [out["compare_plot"]],
                              **private)
-    demo.load(functools.partial(callbacks.model_status, default_target), None, [model_md], **private)
+    demo.load(functools.partial(callbacks.model_status, default_target), None, [model_md], show_progress="hidden",
+              **private)
     for tab in lower.tabs:   # plots drawn while their tab was hidden get their width now
         tab.select(None, None, None, js=RESIZE_JS, **private)
 

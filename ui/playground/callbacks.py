@@ -89,11 +89,18 @@ def apply_prompt(prompt_id, presets: Presets):
 
 
 def model_status(default_target: str):
-    """Page load: show the default target's loading progress until it is ready."""
+    """Page load: show the default target's loading progress until it is ready. A line is sent only when the
+    progress changes: the app measures its speed while it warms up, and every message costs the server's event
+    loop and the page's drawing a share of the cores it is measured on (layout.py hides the event's progress
+    animation for the same reason)."""
     entry = reg.REGISTRY.start(default_target)
+    shown = None
     while not entry.done.wait(0.5):
-        status = validate.public_message(reg.REGISTRY.status(default_target))
-        yield f"⏳ {reg.display_name(default_target)}: {status}; {STARTUP_EXPECTED}"
+        line = (f"⏳ {reg.display_name(default_target)}: {validate.public_message(reg.REGISTRY.status(default_target))}"
+                f"; {STARTUP_EXPECTED}")
+        if line != shown:
+            shown = line
+            yield line
     yield model_status_line(default_target)
 
 

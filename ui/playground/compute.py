@@ -222,7 +222,11 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
     ("Measure the speedup again", a Sweep k point) decodes once untimed first (`warm`). The first pass of a fresh
     decoder runs slower than its second: the default run on two shared cores (load 8, one thread), 12.5 against
     14.2 tok/s (medians of 4 pairs, every first pass the slower, the cost spread over its rounds), which made "measure
-    again" and Sweep k read lower than Run at the same settings."""
+    again" and Sweep k read lower than Run at the same settings.
+
+    Only the timed passes (and plain decoding) correct the target's verify-cost curve (se.not_observed): a first
+    pass runs its forwards cold, and a live pass beside a browser drawing it on the same cores, so their multi-row
+    forwards read dearer against one-row steps timed quietly, and the next runs drafted smaller trees."""
     s = job.settings
     cpu = engine_thread.for_device(loaded(s.target).device)      # CPU decoding: on the engine's own threads
     decoder, input_ids, target, built = engine_thread.call(lambda: build(s, job.prompt_ids, job.sizing), cpu)
@@ -233,18 +237,20 @@ def run_job(job: RunJob, stop: Stop) -> Iterator:
         if job.live:
             budget.start()
             last = None
-            rounds = engine_thread.call(lambda: decoder.stream(      # stream() prefills before its first round
-                input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(), seed=s.seed,
-                eos_token_id=eos, should_stop=budget.should_stop), cpu)
-            for last in engine_thread.iterate(rounds, cpu):
-                yield last
+            with se.not_observed(target.model):                         # see below
+                rounds = engine_thread.call(lambda: decoder.stream(      # stream() prefills before its first round
+                    input_ids, k=s.k, max_new_tokens=s.max_new_tokens, sampling=s.sampling(), seed=s.seed,
+                    eos_token_id=eos, should_stop=budget.should_stop), cpu)
+                for last in engine_thread.iterate(rounds, cpu):
+                    yield last
             if last is None or last.stop_reason == "cancelled":
                 return
         elif job.warm and job.timed:
             yield Phase("warm")
             budget.start()
-            warmed = yield from runner.in_worker(lambda: decode_once(decoder, input_ids, s, eos, budget, False),
-                                                 budget, "warm-up", engine=cpu)
+            with se.not_observed(target.model):
+                warmed = yield from runner.in_worker(lambda: decode_once(decoder, input_ids, s, eos, budget, False),
+                                                     budget, "warm-up", engine=cpu)
             if warmed.stop_reason == "cancelled" or budget.timed_out:
                 return
         if job.timed:

@@ -491,8 +491,14 @@ WARM_UP_TOKENS = 12
 
 def warm_up(loaded, prepack: bool = False, progress: Callable[[str], None] = lambda message: None) -> None:
     """One short forward so the first measured run does not pay for lazy initialisation; with `prepack` (the
-    pinned default target, which verifies every run) also the packed CPU weights of batched verification and
-    the verify-cost curve that sizes prompt-lookup drafts (a few seconds, measured once)."""
+    pinned default target, which verifies every run) also the packed CPU weights of batched verification, the
+    costs of forwards over many sequences (batches of students' runs) and the verify-cost curve that sizes every
+    cost-sized draft (a few seconds each, measured once).
+
+    The curve is measured last. A visitor's browser on this machine loads the page while the app warms up (about
+    a core for 4 s: the page and its scripts), and a curve measured then read dearer: 8 rows at 1.21-1.26 one-row
+    forwards against 1.04 once the page has loaded, and the first runs drafted smaller trees (34-35 rounds for the
+    default prompt against 31)."""
     import torch
 
     with torch.inference_mode():
@@ -500,8 +506,18 @@ def warm_up(loaded, prepack: bool = False, progress: Callable[[str], None] = lam
         loaded.model(input_ids=ids)
     if not (prepack and isinstance(loaded.model, torch.nn.Module)):
         return
-    progress("warming up (once): packing weights and measuring the verify-cost curve")
+    progress("warming up (once): packing weights")
+    se.prepare(loaded.model, curve=False)
+    from ui.playground import batching          # it builds on this module
+    if batching.enabled():
+        progress("warming up (once): timing forwards of many sequences at once, for batches of students' runs")
+        batching.batch_costs(loaded.model)
+    progress("warming up (once): measuring the verify-cost curve")
     se.prepare(loaded.model)
+    sizing = se.startup_sizing(loaded.model)
+    if sizing is not None:         # what sizes every draft until timed rounds correct it: worth a line in the log
+        log.info("%s: verify cost by rows 1-%d, in one-row forwards: %s (%s)", getattr(loaded, "name", "the target"),
+                 len(sizing.costs) - 1, " ".join(f"{c:.2f}" for c in sizing.costs[1:]), sizing.source)
 
 
 def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message: None) -> None:
@@ -516,12 +532,9 @@ def warm_up_default_run(loaded, progress: Callable[[str], None] = lambda message
     prompt = loaded.encode_prompt(WARM_UP_PROMPT, chat=False)
     for sampling in (se.SamplingParams(temperature=0.0), se.SamplingParams(temperature=0.7, top_p=0.9)):
         decoder = se.SpeculativeDecoder(loaded.model, drafts.build_drafter(spec, loaded, None, drafts.DraftOptions()))
-        decoder.generate(prompt, k=k, max_new_tokens=WARM_UP_TOKENS, sampling=sampling)
-        se.autoregressive_generate(loaded.model, prompt, max_new_tokens=4, sampling=sampling)
-    from ui.playground import batching          # it builds on this module
-    if batching.enabled():
-        progress("warming up (once): timing forwards of many sequences at once, for batches of students' runs")
-        batching.batch_costs(loaded.model)
+        with se.not_observed(loaded.model):     # first uses: their times would skew the verify-cost curve
+            decoder.generate(prompt, k=k, max_new_tokens=WARM_UP_TOKENS, sampling=sampling)
+            se.autoregressive_generate(loaded.model, prompt, max_new_tokens=4, sampling=sampling)
     progress("warmed up")
 
 
