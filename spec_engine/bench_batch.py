@@ -146,6 +146,10 @@ def main(argv=None) -> None:
             shift = (turn + repeat) % len(args.arms)
             for arm in args.arms[shift:] + args.arms[:shift]:
                 gc.collect()            # the last arm's drafters and caches go before this one is timed
+                # ...and the arm runs 8 tokens untimed first, so every timed run follows a run of its own arm: in the
+                # rotation, the adaptive arm always followed a drafting arm (chain) and plain followed the adaptive
+                # one, and an arm timed right after a drafting arm ran 5-15% slower at every batch size.
+                run_arm(target, ids[:size], arm, warm, costs)
                 runs.append(run_arm(target, ids[:size], arm, args, costs))
                 print(f"batch {size} {arm}: {runs[-1]['tok_s']:.1f} tok/s", flush=True)
             if size == 1:

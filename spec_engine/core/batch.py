@@ -124,6 +124,14 @@ class Deferred(Drafter):
     def cache_len(self) -> int | None:
         return None if self.starting is not None else self.inner.cache_len()
 
+    @property
+    def pending_rows(self) -> int:
+        """Rows a catch-up would feed the drafter now: the waiting rounds' (and the prompt's, before it begins)."""
+        rows = sum(part.shape[0] for part in self.waiting)
+        if self.starting is not None:
+            rows += len(self.starting[0])
+        return rows if self.held else 0
+
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         if target_features is not None and target_features.shape[0]:
             self.waiting.append(target_features)
@@ -149,10 +157,11 @@ class Member:
     features: list = field(default_factory=list)
     kept: float = ACCEPT_PRIOR[0]           # decayed counts of drafts kept and refused
     refused: float = ACCEPT_PRIOR[1]
-    draft_seconds: float = 0.0              # per drafted token, the latest rounds'
+    draft_seconds: float = 0.0              # per drafted token (decayed over the rounds that drafted)
     plain_host: float | None = None         # host seconds of its plan + settle in a round without drafts (decayed)
     drafting_extra: float = 0.0             # ... more in a round with drafts, beyond its drafts' own seconds: the
                                             # drafter's catch-up and the heavier verification (decayed)
+    resume_per_row: float = 0.0             # seconds per waiting row of a catch-up before drafting again (decayed)
     rounds: list = field(default_factory=list)
     started: float = 0.0
 
@@ -163,6 +172,18 @@ class Member:
     @property
     def acceptance(self) -> float:
         return self.kept / (self.kept + self.refused)
+
+    def learn_resume(self, seconds: float, rows: int) -> None:
+        """A catch-up of `rows` waiting rows took `seconds` (BatchDecoder.step)."""
+        if rows:
+            per_row = seconds / rows
+            self.resume_per_row = ACCEPT_MEMORY * self.resume_per_row + (1 - ACCEPT_MEMORY) * per_row \
+                if self.resume_per_row else per_row
+
+    def resume_seconds(self) -> float:
+        """What drafting in the next round would cost first: the catch-up of the rows waiting (0 when none wait)."""
+        drafter = self.decoder.drafter
+        return self.resume_per_row * drafter.pending_rows if isinstance(drafter, Deferred) else 0.0
 
     def learn(self, event: RoundEvent, host_seconds: float) -> None:
         """Update the estimates from a round: acceptance (each kept draft a success, a correction one failure), and
@@ -176,7 +197,9 @@ class Member:
             if self.drafting_extra else extra
         self.kept = ACCEPT_MEMORY * self.kept + event.accepted
         self.refused = ACCEPT_MEMORY * self.refused + (1.0 if event.correction is not None else 0.0)
-        self.draft_seconds = event.draft_seconds / len(event.drafted)
+        per_draft = event.draft_seconds / len(event.drafted)   # decayed: a lookup round's drafts cost ~0, a head's not
+        self.draft_seconds = ACCEPT_MEMORY * self.draft_seconds + (1 - ACCEPT_MEMORY) * per_draft \
+            if self.draft_seconds else per_draft
 
 
 class BatchCosts:
@@ -349,6 +372,17 @@ class BatchDecoder:
         device = self.device
         decoding = [m for m in self.members.values() if not m.prefilling]
         caps = self.caps(decoding)
+        for member, cap in zip(decoding, caps):
+            drafter = member.decoder.drafter
+            if cap and isinstance(drafter, Deferred) and drafter.held:
+                # A sequence drafting again first catches its drafter up (its first time: the drafter's begin over
+                # the whole prompt). That is the price of resuming, paid once, by the rows that waited: inside the
+                # drafts' time it read as 6-8 ms a drafted token for an EAGLE chain at batch 4 (1-2 ms is what a
+                # draft costs), and the sizing, which learns that price only from rounds that draft, never drafted
+                # again. It is timed apart, per row, and weighed when the sequence would resume (`caps`).
+                rows, start = drafter.pending_rows, timing.clock(device)
+                drafter.catch_up(member.state.committed)
+                member.learn_resume(timing.clock(device) - start, rows)
         planned = [m.decoder.plan(m.state, cap) for m, cap in zip(decoding, caps)]
         feature_layers = self.feature_layers()
         budget = PREFILL_ROWS_PER_ROUND
@@ -405,7 +439,7 @@ class BatchDecoder:
         if free:
             sized = draft_caps([decoding[i].acceptance for i in free], [decoding[i].draft_seconds for i in free],
                                [limits[i] for i in free], lambda rows: self.costs.predict(count, rows + pinned_rows),
-                               [decoding[i].drafting_extra for i in free])
+                               [decoding[i].drafting_extra + decoding[i].resume_seconds() for i in free])
             for i, cap in zip(free, sized):
                 caps[i] = cap
         return caps
