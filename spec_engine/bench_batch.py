@@ -17,8 +17,10 @@ in each arm, the arms back to back and their order rotated by batch size so a pa
 Each arm reports batch tokens per second (all sequences' tokens over the wall time of the whole batch, prefill
 included), decode tokens per second (the same tokens over that time less the prompts' prefill forwards: what a
 batch's decoding rounds deliver, the figure batching changes), the median sequence's latency, tokens per target
-forward (a weight read) and the speedup over plain decoding at the same batch size. Every arm's tokens are
-checked equal to the plain arm's (greedy identity).
+forward (a weight read) and the speedup over plain decoding at the same batch size: of the medians, and its range
+over the passes, each pass's run against the same pass's plain run (a shared host's memory speed drifts; these
+ratios show by how much the comparison moved). Every arm's tokens are checked equal to the plain arm's (greedy
+identity).
 """
 from __future__ import annotations
 
@@ -84,8 +86,11 @@ def run_lone(target, ids: torch.Tensor, args) -> dict:
 
 
 def merged(runs: list[dict]) -> list[dict]:
-    """One row per (batch, arm): the median run's figures over the repeats, with the range of batch tok/s."""
+    """One row per (batch, arm): the median run's figures over the repeats, with the range of batch tok/s and of the
+    speedup over plain decoding within each pass (the arms of a pass run minutes apart at most, so these ratios
+    show how far a host's drift moves the comparison)."""
     groups: dict[tuple, list[dict]] = {}
+    plain = {(r["batch"], r.get("pass")): r["tok_s"] for r in runs if r["arm"] == "plain"}
     for r in runs:
         groups.setdefault((r["batch"], r["arm"]), []).append(r)
     rows = []
@@ -95,7 +100,10 @@ def merged(runs: list[dict]) -> list[dict]:
             row[key] = statistics.median(r[key] for r in group)
         row["low"], row["high"], row["runs"] = min(r["tok_s"] for r in group), max(r["tok_s"] for r in group), \
             len(group)
+        row.pop("pass", None)
         row["identical"] = all(r["identical"] for r in group)
+        ratios = [r["tok_s"] / plain[r["batch"], r.get("pass")] for r in group if (r["batch"], r.get("pass")) in plain]
+        row["pass_low"], row["pass_high"] = (min(ratios), max(ratios)) if ratios else (float("nan"), float("nan"))
         rows.append(row)
     return sorted(rows, key=lambda r: (r["batch"], (ARMS + ("lone",)).index(r["arm"])))
 
@@ -103,13 +111,14 @@ def merged(runs: list[dict]) -> list[dict]:
 def table(rows: list[dict]) -> str:
     plain = {r["batch"]: r for r in rows if r["arm"] == "plain"}
     base = plain.get(1) or plain[min(plain)]            # batch 1 when measured, else the smallest batch
-    lines = ["| batch | arm | batch tok/s (min-max) | decode tok/s | x plain (same batch) | x plain batch 1 (decode) "
+    lines = ["| batch | arm | batch tok/s (min-max) | decode tok/s | x plain (same batch) "
+             "| x plain in each pass (min-max) | x plain batch 1 (decode) "
              "| median latency s | tokens / forward | mean draft cap | identical to plain |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['batch']} | {r['arm']} | {r['tok_s']:.1f} ({r['low']:.1f}-{r['high']:.1f}) | "
                      f"{r['decode_tok_s']:.1f} | "
-                     f"{r['tok_s'] / plain[r['batch']]['tok_s']:.2f} | "
+                     f"{r['tok_s'] / plain[r['batch']]['tok_s']:.2f} | {r['pass_low']:.2f}-{r['pass_high']:.2f} | "
                      f"{r['decode_tok_s'] / base['decode_tok_s']:.2f} | {r['latency_s']:.2f} | "
                      f"{r['tokens_per_forward']:.2f} | {r['mean_cap']:.1f} | {r['identical']} |")
     return "\n".join(lines)
@@ -150,10 +159,10 @@ def main(argv=None) -> None:
                 # rotation, the adaptive arm always followed a drafting arm (chain) and plain followed the adaptive
                 # one, and an arm timed right after a drafting arm ran 5-15% slower at every batch size.
                 run_arm(target, ids[:size], arm, warm, costs)
-                runs.append(run_arm(target, ids[:size], arm, args, costs))
+                runs.append({**run_arm(target, ids[:size], arm, args, costs), "pass": repeat})
                 print(f"batch {size} {arm}: {runs[-1]['tok_s']:.1f} tok/s", flush=True)
             if size == 1:
-                runs.append(run_lone(target, ids[0], args))
+                runs.append({**run_lone(target, ids[0], args), "pass": repeat})
     reference = {r["batch"]: r["texts"] for r in runs if r["arm"] == "plain"}
     for r in runs:
         r["identical"] = r["texts"] == reference.get(r["batch"], r["texts"])
