@@ -234,6 +234,47 @@ def test_batch_costs_interpolate_between_measured_points():
     assert costs.predict(4, 4) == pytest.approx(2.0)
 
 
+def test_measured_batch_costs_follow_the_forwards_the_batch_times():
+    """A measured table moves toward what forwards near a point took (the host's state drifts), that point only; a
+    table given by hand (the tests' FLAT and LINEAR) stays as given."""
+    costs = BatchCosts([1, 4], [1, 4], [[1.0, 2.0], [2.0, 4.0]], corrected=True)
+    for _ in range(100):
+        costs.observe(4, 4, 3.0)                                # 4 sequences of one row each: measured 2.0, now 3.0
+    assert costs.predict(4, 4) == pytest.approx(3.0, rel=0.01)
+    assert costs.predict(1, 1) == 1.0 and costs.predict(1, 4) == 2.0 and costs.predict(4, 16) == 4.0
+    assert costs.predict(4, 10) == pytest.approx(3.5, rel=0.01)     # between the moved point and an unmoved one
+    costs.observe(4, 4, 0.0)
+    costs.observe(4, 4, float("nan"))
+    assert costs.predict(4, 4) == pytest.approx(3.0, rel=0.01)
+    for _ in range(100):
+        costs.observe(3, 3, 1.0)                                # nearest measured point: 4 sequences of one row
+    assert costs.predict(4, 4) < 2.0
+    given = BatchCosts([1, 4], [1, 4], [[1.0, 2.0], [2.0, 4.0]])
+    given.observe(4, 4, 3.0)
+    assert given.predict(4, 4) == 2.0
+
+
+def test_an_adaptive_batch_times_its_packed_forwards_into_its_costs(target):
+    seen = []
+
+    class Seen(BatchCosts):
+        def observe(self, sequences, total_rows, seconds):
+            seen.append((sequences, total_rows, seconds))
+            super().observe(sequences, total_rows, seconds)
+
+    costs = Seen([1, 64], [1, 32], [[1.0, 1.0], [1.0, 1.0]], corrected=True)
+    batch = BatchDecoder(target, draft_length="adaptive", costs=costs)
+    for i, p in enumerate(PROMPTS[3:5]):
+        batch.add(Request(i, ids(p), se.PromptLookupDrafter(), k=3, max_new_tokens=8, sampling=GREEDY))
+    rounds = []
+    while batch.active:
+        events = batch.step()
+        if events:
+            rounds.append((events[0].batch_size, events[0].rows))
+    assert [(s, r) for s, r, _ in seen] == rounds and all(seconds > 0 for *_, seconds in seen)
+    assert costs.scale != [[1.0, 1.0], [1.0, 1.0]]             # real forwards take milliseconds, not the 1.0 given
+
+
 def test_a_bad_request_names_itself(target):
     batch = BatchDecoder(target)
     with pytest.raises(ValueError, match="request 'x': k"):

@@ -44,6 +44,7 @@ DRAFT_LENGTHS = ("adaptive", "fixed", "off")
 # prompt rows a round feeds (whole chunks), so joiners never stall a batch long
 PREFILL_ROWS_PER_ROUND = PREFILL_CHUNK
 ACCEPT_PRIOR = (1.5, 0.5)                   # a sequence's acceptance before its first rounds: Beta(1.5, 0.5), mean 0.75
+COST_MEMORY = 0.9                           # per observed forward: the old scale's weight (in logs) at its point
 ACCEPT_MEMORY = 0.9                         # per round: older rounds' weight in a sequence's acceptance estimate
 
 
@@ -205,12 +206,22 @@ class Member:
 class BatchCosts:
     """What a packed forward costs here: seconds[S][r] for S sequences of r rows each, measured (`measure`), and
     `predict(S, R)` for S sequences of R rows in all, interpolated between the measured points (linear in the
-    sequence count and in the mean rows per sequence)."""
+    sequence count and in the mean rows per sequence), each point scaled by what the batch's own forwards took near
+    it since (`observe`).
 
-    def __init__(self, sequences: Sequence[int], rows: Sequence[int], seconds: Sequence[Sequence[float]]):
+    Why the correction: measured once, the table holds the machine's state of that moment, and a shared host's is
+    not steady. On the 2-core EPYC a one-row forward ran at ~14 ms or ~18-19 ms, switching within a process, while 8
+    rows took ~20 ms either way; four tables timed one after another in one process put 2 sequences of 4 rows at
+    1.01 of their one-row forward in the first and 1.32-1.44 in the others, and the adaptive length's mean cap at
+    batch 2 was 1.1 in one benchmark process and 3.3 in another."""
+
+    def __init__(self, sequences: Sequence[int], rows: Sequence[int], seconds: Sequence[Sequence[float]],
+                 corrected: bool = False):
         assert len(seconds) == len(sequences) and all(len(row) == len(rows) for row in seconds)
         self.sequences, self.rows = list(sequences), list(rows)
         self.seconds = [list(map(float, row)) for row in seconds]
+        self.corrected = corrected      # measured here: `observe` corrects it (a table given by hand stays as given)
+        self.scale = [[1.0] * len(rows) for _ in sequences]     # observed / measured, by point (decayed, in logs)
 
     @classmethod
     def measure(cls, model, sequences: Sequence[int] = (1, 2, 4, 8, 16, 32), rows: Sequence[int] = (1, 2, 4, 8, 16),
@@ -238,7 +249,8 @@ class BatchCosts:
                         cache.crop(context - cache_len(cache))
                     if attempt:
                         times[(s, r)].append(seconds)
-        return cls(sequences, rows, [[statistics.median(times[(s, r)]) for r in rows] for s in sequences])
+        return cls(sequences, rows, [[statistics.median(times[(s, r)]) for r in rows] for s in sequences],
+                   corrected=True)
 
     def predict(self, sequences: int, total_rows: int) -> float:
         """Seconds of a packed forward over `sequences` sequences with `total_rows` rows in all."""
@@ -248,9 +260,23 @@ class BatchCosts:
         ri, rw = bracket(self.rows, per)
 
         def at(s_index: int) -> float:
-            row = self.seconds[s_index]
+            row = [t * f for t, f in zip(self.seconds[s_index], self.scale[s_index])]
             return row[ri] + rw * (row[ri + 1] - row[ri])
         return at(si) + sw * (at(si + 1) - at(si))
+
+    def observe(self, sequences: int, total_rows: int, seconds: float) -> None:
+        """A packed forward over `sequences` sequences and `total_rows` rows took `seconds`: the measured point
+        nearest it moves a step (COST_MEMORY) toward making its prediction that."""
+        if not self.corrected or not seconds > 0 or sequences < 1 or total_rows < sequences:
+            return
+        si, ri = nearest(self.sequences, sequences), nearest(self.rows, total_rows / sequences)
+        ratio = seconds / self.predict(sequences, total_rows)
+        self.scale[si][ri] *= ratio ** (1 - COST_MEMORY)
+
+
+def nearest(points: list[int], x: float) -> int:
+    """The index of the point of `points` (ascending) nearest x."""
+    return min(range(len(points)), key=lambda i: abs(points[i] - x))
 
 
 def bracket(points: list[int], x: float) -> tuple[int, float]:
@@ -398,8 +424,11 @@ class BatchDecoder:
             self.prefilled(member, ids, out, timing.clock(device) - chunk_start)
             budget -= len(ids)
         segments = [p.segment for p in planned]
+        forward_start = timing.clock(device)
         scored = forward_packed(self.target, segments, feature_layers) if segments else []
         rows = sum(len(segment.tokens) for segment in segments)
+        if segments and self.costs is not None:
+            self.costs.observe(len(segments), rows, timing.clock(device) - forward_start)
         events = []
         for member, cap, plan, out in zip(decoding, caps, planned, scored):
             own = self.own_output(member, out, feature_layers)
