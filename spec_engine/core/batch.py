@@ -177,9 +177,7 @@ class Member:
     def learn_resume(self, seconds: float, rows: int) -> None:
         """A catch-up of `rows` waiting rows took `seconds` (BatchDecoder.step)."""
         if rows:
-            per_row = seconds / rows
-            self.resume_per_row = ACCEPT_MEMORY * self.resume_per_row + (1 - ACCEPT_MEMORY) * per_row \
-                if self.resume_per_row else per_row
+            self.resume_per_row = decayed(self.resume_per_row, seconds / rows)
 
     def resume_seconds(self) -> float:
         """What drafting in the next round would cost first: the catch-up of the rows waiting (0 when none wait)."""
@@ -190,17 +188,20 @@ class Member:
         """Update the estimates from a round: acceptance (each kept draft a success, a correction one failure), and
         what the sequence's own host work (its plan and settle, `host_seconds`) costs with and without drafts."""
         if not event.drafted:
-            self.plain_host = host_seconds if self.plain_host is None else \
-                ACCEPT_MEMORY * self.plain_host + (1 - ACCEPT_MEMORY) * host_seconds
+            self.plain_host = decayed(self.plain_host, host_seconds)
             return
         extra = max(0.0, host_seconds - event.draft_seconds - (self.plain_host or 0.0))
-        self.drafting_extra = ACCEPT_MEMORY * self.drafting_extra + (1 - ACCEPT_MEMORY) * extra \
-            if self.drafting_extra else extra
+        self.drafting_extra = decayed(self.drafting_extra, extra)
         self.kept = ACCEPT_MEMORY * self.kept + event.accepted
         self.refused = ACCEPT_MEMORY * self.refused + (1.0 if event.correction is not None else 0.0)
-        per_draft = event.draft_seconds / len(event.drafted)   # decayed: a lookup round's drafts cost ~0, a head's not
-        self.draft_seconds = ACCEPT_MEMORY * self.draft_seconds + (1 - ACCEPT_MEMORY) * per_draft \
-            if self.draft_seconds else per_draft
+        # decayed, not the last round's: a lookup round's drafts cost ~0, a head's not
+        self.draft_seconds = decayed(self.draft_seconds, event.draft_seconds / len(event.drafted))
+
+
+def decayed(average: float | None, value: float) -> float:
+    """A running estimate after one more value: older values keep ACCEPT_MEMORY of their weight; the first value
+    (no estimate yet: None or 0) stands alone."""
+    return value if not average else ACCEPT_MEMORY * average + (1 - ACCEPT_MEMORY) * value
 
 
 class BatchCosts:
@@ -222,6 +223,7 @@ class BatchCosts:
         self.seconds = [list(map(float, row)) for row in seconds]
         self.corrected = corrected      # measured here: `observe` corrects it (a table given by hand stays as given)
         self.scale = [[1.0] * len(rows) for _ in sequences]     # observed / measured, by point (decayed, in logs)
+        self.current = [list(row) for row in self.seconds]      # seconds x scale: what `predict` interpolates
 
     @classmethod
     def measure(cls, model, sequences: Sequence[int] = (1, 2, 4, 8, 16, 32), rows: Sequence[int] = (1, 2, 4, 8, 16),
@@ -260,7 +262,7 @@ class BatchCosts:
         ri, rw = bracket(self.rows, per)
 
         def at(s_index: int) -> float:
-            row = [t * f for t, f in zip(self.seconds[s_index], self.scale[s_index])]
+            row = self.current[s_index]
             return row[ri] + rw * (row[ri + 1] - row[ri])
         return at(si) + sw * (at(si + 1) - at(si))
 
@@ -272,6 +274,7 @@ class BatchCosts:
         si, ri = nearest(self.sequences, sequences), nearest(self.rows, total_rows / sequences)
         ratio = seconds / self.predict(sequences, total_rows)
         self.scale[si][ri] *= ratio ** (1 - COST_MEMORY)
+        self.current[si][ri] = self.seconds[si][ri] * self.scale[si][ri]
 
 
 def nearest(points: list[int], x: float) -> int:
