@@ -381,8 +381,28 @@ def app_sessions() -> list:
             if isinstance(value, SessionState)]
 
 
+@contextlib.contextmanager
+def slowed_rounds(seconds: float = 0.25):
+    """Every live round of app.py's runs waits `seconds` before it is drawn. The engine decodes a round only when the
+    page's handler asks for it (engine_thread.iterate), so this slows the run itself: ENDLESS's 600 tokens then take
+    over a minute. Without it they took ~12 s, and on a loaded host a Stop click (the page redrawing every round)
+    once landed after the run had ended by itself (CI of 2026-12-07: stop_reason 'max_new_tokens')."""
+    from ui.playground import runner
+    record_round = runner.record_round
+
+    def slowed(*args, **kwargs):
+        time.sleep(seconds)
+        return record_round(*args, **kwargs)
+    runner.record_round = slowed
+    try:
+        yield
+    finally:
+        runner.record_round = record_round
+
+
 def start_endless_run(page):
-    """Run ENDLESS with 600 new tokens in `page` until three rounds are shown; returns the session running it."""
+    """Run ENDLESS with 600 new tokens in `page` until three rounds are shown; returns the session running it. Call
+    it inside slowed_rounds(), so that the run cannot end by itself before the test stops it."""
     page.fill("#spec-prompt textarea", ENDLESS)
     max_new = page.locator("#spec-max-new input[type=number]")
     max_new.fill("600")

@@ -126,37 +126,41 @@ def test_html_in_the_prompt_stays_inert_text(page):
 
 def test_a_waiting_run_shows_its_place_in_the_queue(page, playground):
     from gradio_client import Client
+
+    from conftest import slowed_rounds
     from ui.playground import handlers
     # a run that cannot end by itself within the test (a short answer ended, and was measured, before the click)
     values = dict(prompt=ENDLESS, target="smollm2-135m-instruct", draft="prompt-lookup",
                   k=4, temperature=0, top_p=1.0, top_k=0, max_new_tokens=600, seed=0, rule="exact", chat=True,
                   skip_layers="", exit_after=0, auto_baseline=False, show_spaces=False)
     other = Client(playground, verbose=False)                     # another visitor holds the model queue
-    job = other.submit(*[values[n] for n in handlers.RUN_INPUTS], api_name="/run")
-    summary = handlers.RUN_OUTPUTS.index("summary")
-    for out in job:
-        if isinstance(out[summary], dict) and out[summary].get("rounds", 0) >= 1:
-            break
-    page.click("#spec-run")
-    # runs wait at the engine's gate (ui/playground/coalesce.py), which says where the page stands in line
-    page.wait_for_function("/position \\d+ of \\d+ in line/.test(document.body.innerText)", timeout=30_000)
-    assert not job.done()                                          # the other run still held the queue
-    job.cancel()
+    with slowed_rounds():
+        job = other.submit(*[values[n] for n in handlers.RUN_INPUTS], api_name="/run")
+        summary = handlers.RUN_OUTPUTS.index("summary")
+        for out in job:
+            if isinstance(out[summary], dict) and out[summary].get("rounds", 0) >= 1:
+                break
+        page.click("#spec-run")
+        # runs wait at the engine's gate (ui/playground/coalesce.py), which says where the page stands in line
+        page.wait_for_function("/position \\d+ of \\d+ in line/.test(document.body.innerText)", timeout=30_000)
+        assert not job.done()                                      # the other run still held the queue
+        job.cancel()
     page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('finished')", timeout=120_000)
 
 
 def test_closing_the_tab_ends_its_run_on_the_server(page, playground):
-    from conftest import start_endless_run
+    from conftest import slowed_rounds, start_endless_run
     from ui.playground import registry as reg
     tab = page.context.browser.new_page()
     tab.goto(playground)
     tab.wait_for_selector("#spec-run", timeout=60_000)
-    running = [start_endless_run(tab)]                 # a run that cannot end by itself before the tab closes
-    tab.close()
-    record = running[0].active.record
-    deadline = time.monotonic() + 30
-    while running[0].active.work is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    with slowed_rounds():
+        running = [start_endless_run(tab)]             # a run that cannot end by itself before the tab closes
+        tab.close()
+        record = running[0].active.record
+        deadline = time.monotonic() + 30
+        while running[0].active.work is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert running[0].active.work is None                          # released: GPU function closed, caches dropped
     assert record.stop_reason == "cancelled" and len(record.tokens) < 600   # ended by the closed tab, not by itself
     assert reg.REGISTRY.holds("smollm2-135m-instruct") == 0

@@ -35,7 +35,7 @@ from ui.playground.handlers import RUN_OUTPUTS
 from ui.playground.state import SessionState
 from test_app_faults import free_port
 from test_ui_handlers import run_args
-from conftest import ENDLESS, app_sessions, start_endless_run
+from conftest import ENDLESS, app_sessions, slowed_rounds, start_endless_run
 
 TARGET = "smollm2-135m-instruct"
 PROMPT = "Write one sentence about the sea."
@@ -692,13 +692,14 @@ def test_the_browser_stop_then_a_normal_run(playground, chromium):
     from ui.playground import handlers
     page = open_playground(chromium, playground)
     try:
-        session = start_endless_run(page)
-        record = session.active.record
-        page.click("#spec-stop", timeout=120_000)          # the page redraws every round: slow on loaded cores
-        page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Stopped after')",
-                               timeout=30_000)
-        from test_app_faults import wait_until
-        assert wait_until(lambda: session.active.work is None, timeout=30)    # the run's GPU function is closed
+        with slowed_rounds():
+            session = start_endless_run(page)
+            record = session.active.record
+            page.click("#spec-stop", timeout=120_000)          # the page redraws every round: slow on loaded cores
+            page.wait_for_function("document.querySelector('#spec-stats').innerText.includes('Stopped after')",
+                                   timeout=30_000)
+            from test_app_faults import wait_until
+            assert wait_until(lambda: session.active.work is None, timeout=30)    # the run's GPU function is closed
         assert record.stop_reason == "cancelled" and len(record.tokens) < 600
         time.sleep(handlers.STOP_REASSERT_SECONDS + 1)      # Stop shows its view twice (handlers.stop)
         after = normal_run_completes(page)
@@ -714,10 +715,11 @@ def test_a_closed_tab_then_a_normal_run(playground, chromium):
     from test_app_faults import wait_until
     held = reg.REGISTRY.holds(TARGET)            # other runs in this app (earlier tests) may be ending
     tab = open_playground(chromium, playground)
-    session = start_endless_run(tab)
-    record = session.active.record
-    tab.close()
-    assert wait_until(lambda: session.active.work is None, timeout=30)        # released when the tab went
+    with slowed_rounds():
+        session = start_endless_run(tab)
+        record = session.active.record
+        tab.close()
+        assert wait_until(lambda: session.active.work is None, timeout=30)        # released when the tab went
     assert record.stop_reason == "cancelled" and len(record.tokens) < 600
     assert wait_until(lambda: reg.REGISTRY.holds(TARGET) <= held, timeout=60)
     page = open_playground(chromium, playground)
