@@ -449,3 +449,98 @@ def test_a_drafters_catch_up_is_not_taken_for_the_price_of_its_drafts(target):
     assert len(drafted) == 2, drafted
     for seconds, learnt in drafted.values():
         assert seconds < 0.02 and (learnt is None or learnt < 0.02), drafted      # 0.05 s each with the begin in
+
+
+def shared_head_drafters(target, count: int, tree: bool = False, head=None):
+    """`count` EAGLE drafters on one random head, or on `head`'s (as make_drafter("eagle", target) shares the
+    shipped head)."""
+    from spec_engine.drafters.eagle import EagleDrafter
+    from spec_engine.drafters.eagle_tree import EagleTreeDrafter
+    first = head or random_eagle_drafter(target, seed=3)
+    kind = EagleTreeDrafter if tree else EagleDrafter
+    return [kind(first.head, target, first.vocab_index) for _ in range(count)]
+
+
+@pytest.mark.parametrize("generic", [False, True])
+def test_heads_caught_up_together_get_their_lone_catch_ups(target, generic):
+    """drafters/eagle.py FeedTogether: the catch-ups of several sequences' EAGLE heads in one packed head forward
+    (their begins over the prompts, then a round's rows; then a begin and a round's rows at once) give each head
+    cache and prediction what its lone catch-ups give; a row that saw another sequence's head cache would not. One
+    forward of the head for all of them."""
+    import contextlib
+
+    from conftest import speed_layer_off
+    from spec_engine.drafters.eagle import FeedTogether, feeding_together
+    hidden = target.config.hidden_size
+    generator = torch.Generator().manual_seed(0)
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16], [3]]
+    rounds = [[5, 6, 7], [1], [2, 2], [9]]                  # committed after a round: prompt + these
+    starts = [torch.randn(len(p) - 1, hidden, generator=generator) for p in prompts]
+    later = [torch.randn(len(r), hidden, generator=generator) for r in rounds]
+    packed_calls = []
+    original = FeedTogether._packed
+
+    def spy(self, drafters):
+        packed_calls.append(len(drafters))
+        return original(self, drafters)
+
+    def compare(lone, together):
+        for a, b in zip(lone, together):
+            assert a.cache_ids == b.cache_ids
+            torch.testing.assert_close(b._predicted, a._predicted, rtol=1e-4, atol=1e-5)
+            for la, lb in zip(a.cache.layers, b.cache.layers):
+                torch.testing.assert_close(lb.keys, la.keys, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(lb.values, la.values, rtol=1e-4, atol=1e-5)
+
+    FeedTogether._packed = spy
+    try:
+        with speed_layer_off() if generic else contextlib.nullcontext():
+            lone = shared_head_drafters(target, 4)
+            together = shared_head_drafters(target, 4, head=lone[0])
+            for drafter, prompt, start in zip(lone, prompts, starts):
+                drafter.begin(prompt, start)
+            with feeding_together():
+                for drafter, prompt, start in zip(together, prompts, starts):
+                    drafter.begin(prompt, start)
+                    assert drafter._predicted is None or len(prompt) == 1      # waiting for the others
+            compare(lone, together)
+            for drafters in (lone, together):
+                with feeding_together() if drafters is together else contextlib.nullcontext():
+                    for drafter, prompt, extra, feats in zip(drafters, prompts, rounds, later):
+                        drafter.rollback(prompt + extra, feats)                 # 3, 1, 2 and 1 rows
+            compare(lone, together)
+            again_lone, again_together = shared_head_drafters(target, 2, head=lone[0]), \
+                shared_head_drafters(target, 2, head=lone[0])
+            for drafters in (again_lone, again_together):                     # a begin and a round at once
+                with feeding_together() if drafters is again_together else contextlib.nullcontext():
+                    for drafter, prompt, extra, start, feats in zip(drafters, prompts, rounds, starts, later):
+                        drafter.begin(prompt, start)
+                        drafter.rollback(prompt + extra, feats)
+            compare(again_lone, again_together)
+    finally:
+        FeedTogether._packed = original
+    assert packed_calls == [3, 4, 2]            # the one-token prompt's begin feeds nothing
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_batch_catches_its_eagle_heads_up_in_one_forward_a_round(target, tree, monkeypatch):
+    """BatchDecoder.catch_up: the drafting sequences' heads catch up together, one packed head forward a round
+    (not one per sequence), and greedy tokens stay plain decoding's."""
+    from spec_engine.drafters.eagle import FeedTogether
+    plain = [se.autoregressive_generate(target, ids(p), max_new_tokens=16, sampling=GREEDY).tokens for p in PROMPTS[:5]]
+    calls = []
+    original = FeedTogether._packed
+
+    def spy(self, drafters):
+        calls[-1].append(len(drafters))
+        return original(self, drafters)
+    monkeypatch.setattr(FeedTogether, "_packed", spy)
+    batch = BatchDecoder(target, draft_length="fixed")
+    for i, (p, drafter) in enumerate(zip(PROMPTS[:5], shared_head_drafters(target, 5, tree))):
+        batch.add(Request(i, ids(p), drafter, k=3, max_new_tokens=16, sampling=GREEDY))
+    while batch.active:
+        calls.append([])
+        batch.step()
+    assert [batch.finished[i].tokens for i in range(5)] == plain
+    assert all(len(round_calls) <= 1 for round_calls in calls), calls
+    assert sum(sum(c) for c in calls) >= 2 * len(calls) - 4, calls   # most rounds: every drafting sequence in one

@@ -300,7 +300,7 @@ def run_packed(model, embeds: torch.Tensor, caches: list, starts: list[int], siz
     """core/packed.py's stack over many sequences' rows (speed.SpeedLayer.run_packed) in one compiled call
     (native_layers.run_packed), with the final norm; None where that call declines (the packed loop runs, with
     LeanProducts)."""
-    inner = model.model
+    inner = getattr(model, "model", model)                                           # a causal LM, or a bare stack
     cos, sin = rotary(inner.rotary_emb, embeds.dtype, positions)                      # [1, N, D] each
     compiled = native_layers.run_packed(inner, lean_layers(model), embeds, caches, starts, sizes, visibles, cos, sin,
                                         wanted)
@@ -362,4 +362,4 @@ def packed_products(model) -> LeanProducts | None:
     """LeanProducts for a model switched on by `use_lean_forward` (and still fresh), else None."""
     if not enabled(model):
         return None
-    return LeanProducts(lean_layers(model)).bind(model.model)
+    return LeanProducts(lean_layers(model)).bind(getattr(model, "model", model))

@@ -35,7 +35,7 @@ import torch
 from spec_engine.core import timing
 from spec_engine.core.cache import PREFILL_CHUNK, cache_len, check_invariant, new_cache
 from spec_engine.core.decoder import DecodeState, SpeculativeDecoder, eos_set, validate_request
-from spec_engine.core.drafting import Drafter, Proposal
+from spec_engine.core.drafting import Drafter, Proposal, catching_up_together
 from spec_engine.core.events import GenerationResult, RoundEvent, run_stats
 from spec_engine.core.packed import Segment, forward_packed, one_forward
 from spec_engine.core.sampling import SamplingParams, make_generator
@@ -88,14 +88,15 @@ class Deferred(Drafter):
     features wait here instead of going through the drafter's catch-up: for an EAGLE head that is a head forward per
     sequence per round, which made a batch with speculation sized off slower than plain batched decoding (x0.90 at
     8 sequences, x0.89 at 32). The next round it drafts, they go in first, in one catch-up of all their rows (as
-    drafters/base.py's FirstThenFallback does after a lookup round). In a round it drafts, everything passes
-    straight through, so a sequence drafting every round feeds its drafter exactly as a lone run does."""
+    drafters/base.py's FirstThenFallback does after a lookup round), together with the other sequences' catch-ups
+    (`BatchDecoder.catch_up`: one EAGLE head forward for the batch). Only a pinned sequence (`BatchDecoder.pinned`)
+    catches up as soon as a round it drafted ends, as alone: its drafter is then fed exactly as in a lone run."""
 
     def __init__(self, drafter: Drafter):
         self.inner = drafter
         self.name = drafter.name
         self.feature_layers = drafter.feature_layers
-        self.hold = False                           # this round's cap was 0: rollback keeps what it is given
+        self.hold = False                           # rollback keeps what it is given (BatchDecoder.step sets it)
         self.held = False                           # a rollback was kept back: catch up before the next draft
         self.waiting: list[torch.Tensor] = []       # [m, F] features of those rounds, in order
         self.starting = None                        # (prompt ids, their features) until the drafter begins
@@ -401,17 +402,8 @@ class BatchDecoder:
         device = self.device
         decoding = [m for m in self.members.values() if not m.prefilling]
         caps = self.caps(decoding)
-        for member, cap in zip(decoding, caps):
-            drafter = member.decoder.drafter
-            if cap and isinstance(drafter, Deferred) and drafter.held:
-                # A sequence drafting again first catches its drafter up (its first time: the drafter's begin over
-                # the whole prompt). That is the price of resuming, paid once, by the rows that waited: inside the
-                # drafts' time it read as 6-8 ms a drafted token for an EAGLE chain at batch 4 (1-2 ms is what a
-                # draft costs), and the sizing, which learns that price only from rounds that draft, never drafted
-                # again. It is timed apart, per row, and weighed when the sequence would resume (`caps`).
-                rows, start = drafter.pending_rows, timing.clock(device)
-                drafter.catch_up(member.state.committed)
-                member.learn_resume(timing.clock(device) - start, rows)
+        self.catch_up([m for m, cap in zip(decoding, caps)
+                       if cap and isinstance(m.decoder.drafter, Deferred) and m.decoder.drafter.held])
         planned = [m.decoder.plan(m.state, cap) for m, cap in zip(decoding, caps)]
         feature_layers = self.feature_layers()
         budget = PREFILL_ROWS_PER_ROUND
@@ -435,8 +427,8 @@ class BatchDecoder:
         events = []
         for member, cap, plan, out in zip(decoding, caps, planned, scored):
             own = self.own_output(member, out, feature_layers)
-            if isinstance(member.decoder.drafter, Deferred):
-                member.decoder.drafter.hold = cap == 0
+            if isinstance(member.decoder.drafter, Deferred):    # its catch-up waits for the next round it drafts
+                member.decoder.drafter.hold = cap == 0 or not self.pinned(member)
             settle_start = timing.clock(device)
             event = member.decoder.settle(member.state, plan, own, report=False)
             check_invariant(member.state.target_cache, len(member.state.committed) - 1,
@@ -448,6 +440,27 @@ class BatchDecoder:
                 del self.members[member.request.id]
                 self.finished[member.request.id] = self.result(member)
         return events
+
+    def catch_up(self, members: list[Member]) -> None:
+        """The drafters of `members`, about to draft, catch up on the rows that waited (their first time: the
+        drafter's begin over the whole prompt). A pinned sequence alone, as its lone run feeds its drafter (its
+        seed's text depends on its drafts, bit for bit); the others together (drafting.catching_up_together: one
+        EAGLE head forward for all of them).
+
+        It is the price of drafting again, paid by the rows that waited, so it is timed apart, per row, and weighed
+        when the sequence would draft (`caps`, `Member.resume_seconds`): inside the drafts' time it read as 6-8 ms
+        a drafted token for an EAGLE chain at batch 4 (1-2 ms is what a draft costs), and the sizing, which learns
+        that price only from rounds that draft, never drafted again."""
+        device = self.device
+        together = [m for m in members if not self.pinned(m)]
+        for group in [[m] for m in members if self.pinned(m)] + ([together] if together else []):
+            rows, start = sum(m.decoder.drafter.pending_rows for m in group), timing.clock(device)
+            with catching_up_together():
+                for member in group:
+                    member.decoder.drafter.catch_up(member.state.committed)
+            seconds = timing.clock(device) - start
+            for member in group:
+                member.learn_resume(seconds, rows)
 
     def caps(self, decoding: list[Member]) -> list[int]:
         """Each decoding sequence's draft cap this round (its k at most)."""

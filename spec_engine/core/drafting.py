@@ -19,7 +19,9 @@ the tests can see every position. Model drafters never hold weight copies of the
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import torch
 from torch import nn
@@ -94,3 +96,18 @@ class Drafter:
         """The modules whose forwards are this drafter's model time (benchmarks time them apart from overhead)."""
         return [m for m in (getattr(self, name, None) for name in ("model", "head", "lm_head"))
                 if isinstance(m, nn.Module)]
+
+
+# Ways drafters batch their catch-ups across many sequences (a batch's round, core/batch.py): each a context manager
+# factory, registered by the drafter module that owns it (drafters/eagle.py: one packed head forward for all the
+# sequences whose heads catch up). Inside `catching_up_together()` such drafters' `begin` and `rollback` may leave
+# their model's work pending; it runs, batched, when the block ends. Nothing may propose inside it.
+TOGETHER: list[Callable[[], ContextManager]] = []
+
+
+@contextlib.contextmanager
+def catching_up_together():
+    with contextlib.ExitStack() as stack:
+        for make in TOGETHER:
+            stack.enter_context(make())
+        yield

@@ -75,15 +75,16 @@ class Products:
 
 
 def packed_support(model) -> str | None:
-    """Why `model` cannot run a packed forward (then each sequence gets its own forward), or None."""
+    """Why `model` (a causal LM, or a bare decoder stack such as the EAGLE head's body) cannot run a packed forward
+    (then each sequence gets its own forward), or None."""
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in PACKED_MODEL_TYPES:
         return f"model type {getattr(config, 'model_type', None)!r} is not one of {PACKED_MODEL_TYPES}"
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return "sliding-window attention layers"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
-        return "no decoder stack with a rotary embedding at model.model"
+    inner = getattr(model, "model", model)
+    if not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "no decoder stack with a rotary embedding (at model.model, or the model itself)"
     return None
 
 
@@ -98,23 +99,13 @@ def forward_packed(model, segments: list[Segment], feature_layers: tuple[int, ..
         return [one_forward(model, segment, feature_layers) for segment in segments]
     products = speed.active().packed_products(model) or Products()
     inner, device = model.model, model.device
-    starts = [cache_len(segment.cache) for segment in segments]
-    sizes = [len(segment.tokens) for segment in segments]
-    bounds = torch.tensor([0] + sizes).cumsum(0).tolist()                                  # row offsets, [S + 1]
     ids = torch.tensor([[t for segment in segments for t in segment.tokens]], dtype=torch.long, device=device)
-    laid = [segment.rows(start, device) for segment, start in zip(segments, starts)]
-    positions = torch.tensor([p for rows, _ in laid for p in rows], dtype=torch.long, device=device)   # [N]
-    masks = [visible for _, visible in laid]
     last = len(inner.layers)
     wanted = {index % (last + 1) for index in feature_layers}
+    bounds = torch.tensor([0] + [len(segment.tokens) for segment in segments]).cumsum(0).tolist()   # [S + 1]
     with speed.active().products():
         hidden = inner.embed_tokens(ids)                                                   # [1, N, H]
-        ran = speed.active().run_packed(model, hidden, [segment.cache for segment in segments], starts, sizes,
-                                        masks, positions, wanted)
-        if ran is not None:
-            hidden, states = ran
-        else:
-            hidden, states = run_layers(inner, products, hidden, positions, segments, bounds, masks, wanted)
+        hidden, states = run_stack(model, hidden, segments, wanted, products)
         kept = torch.cat([torch.arange(bounds[s + 1] - segment.keep, bounds[s + 1])
                           for s, segment in enumerate(segments)]).to(device)               # [R]
         logits = products.head(model, hidden[:, kept])[0]                                  # [R, vocab]: one read
@@ -128,6 +119,28 @@ def forward_packed(model, segments: list[Segment], feature_layers: tuple[int, ..
         else:
             out.append(seg_logits)
     return out
+
+
+def run_stack(model, hidden: torch.Tensor, segments: list[Segment], wanted: set[int] = frozenset(),
+              products: Products | None = None) -> tuple[torch.Tensor, dict]:
+    """The decoder stack of `model` (a causal LM's, at model.model, or a bare stack: the EAGLE head's body) over
+    packed rows hidden [1, N, H], segment s's rows after what its cache holds -> (post-norm final states [1, N, H],
+    {index: state} for `wanted`); each cache gains its segment's rows. The speed layer's compiled pass where it
+    applies, else the loop below (`packed_support` must hold)."""
+    inner, device = getattr(model, "model", model), hidden.device
+    products = products or speed.active().packed_products(model) or Products()
+    starts = [cache_len(segment.cache) for segment in segments]
+    sizes = [len(segment.tokens) for segment in segments]
+    assert sum(sizes) == hidden.shape[1], (sizes, tuple(hidden.shape))
+    bounds = torch.tensor([0] + sizes).cumsum(0).tolist()                                  # row offsets, [S + 1]
+    laid = [segment.rows(start, device) for segment, start in zip(segments, starts)]
+    positions = torch.tensor([p for rows, _ in laid for p in rows], dtype=torch.long, device=device)   # [N]
+    masks = [visible for _, visible in laid]
+    ran = speed.active().run_packed(model, hidden, [segment.cache for segment in segments], starts, sizes, masks,
+                                    positions, wanted)
+    if ran is not None:
+        return ran
+    return run_layers(inner, products, hidden, positions, segments, bounds, masks, wanted)
 
 
 def run_layers(inner, products: Products, hidden: torch.Tensor, positions: torch.Tensor, segments: list[Segment],

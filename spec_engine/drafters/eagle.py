@@ -24,6 +24,7 @@ Tokens outside it get q = 0, so the exact rule applies unchanged (they are simpl
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -37,8 +38,9 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from spec_engine.core import speed
-from spec_engine.core.cache import additive_mask, check_invariant, new_cache, trim_cache
+from spec_engine.core import drafting, speed
+from spec_engine.core.cache import additive_mask, cache_len, check_invariant, new_cache, trim_cache
+from spec_engine.core.packed import Segment, packed_support, run_stack
 from spec_engine.core.sampling import SamplingParams, choose_token, top_probability
 from spec_engine.drafters.base import Drafter, Proposal, vocab_size, wants_unwarped
 from spec_engine.drafters.sizing import reset_view, size_draft, sizing_view, verify_costs
@@ -249,6 +251,8 @@ class EagleDrafter(Drafter):
             self.costs = sizing_view(verify_costs(target_model), self.pinned_sizing)
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
+        if _waiting_feed(self) is not None:
+            _waiting_feed(self).jobs.pop(self)      # rows gathered for the cache this begin replaces
         self.cache = self.head.new_cache()
         self.cache_ids, self._predicted, self._true_len = [], None, 0
         reset_view(self.costs)
@@ -268,10 +272,17 @@ class EagleDrafter(Drafter):
             return self.head(features.to(self.dtype)[None], next_embeds[None], position_ids, self.cache)[0]
 
     def _feed(self, committed: list[int], features: torch.Tensor) -> None:
-        """Append the pairs of `features` [m, F], the true features of committed[true_len : true_len + m]."""
+        """Append the pairs of `features` [m, F], the true features of committed[true_len : true_len + m]. Inside
+        `feeding_together()` the head forward waits for the others' (the bookkeeping is done now)."""
         start, m = self._true_len, features.shape[0]
         assert start + m == len(committed) - 1, "features must cover every committed token but the newest"
-        self._predicted = self._step(features, committed[start + 1:start + m + 1], start)[-1]     # [H]
+        next_ids = committed[start + 1:start + m + 1]
+        gathering = _GATHERING.feeds[-1] if getattr(_GATHERING, "feeds", None) else None
+        if gathering is not None:
+            gathering.add(self, features, next_ids)
+            self._predicted = None                  # set when the gathered forward runs
+        else:
+            self._predicted = self._step(features, next_ids, start)[-1]                   # [H]
         self.cache_ids += committed[start:start + m]
         self._true_len = start + m
 
@@ -323,11 +334,88 @@ class EagleDrafter(Drafter):
         return Proposal(tokens, full, unwarped=before, note=note)
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
-        trim_cache(self.cache, self._true_len)      # predicted-feature positions go, even if their tokens were kept
+        waiting = _waiting_feed(self)
+        if waiting is None:                         # (else the cache holds the true pairs only, until the feed runs)
+            trim_cache(self.cache, self._true_len)  # predicted-feature positions go, even if their tokens were kept
         del self.cache_ids[self._true_len:]
         if target_features is not None and target_features.shape[0]:
             self._feed(committed, target_features)
-        check_invariant(self.cache, len(self.cache_ids), f"draft ({self.name})")
+        if _waiting_feed(self) is None:
+            check_invariant(self.cache, len(self.cache_ids), f"draft ({self.name})")
+
+
+_GATHERING = threading.local()          # .feeds: the open feeding_together() gatherings of this thread, innermost last
+
+
+def _waiting_feed(drafter: EagleDrafter) -> "FeedTogether | None":
+    gatherings = getattr(_GATHERING, "feeds", None)
+    return gatherings[-1] if gatherings and drafter in gatherings[-1].jobs else None
+
+
+class FeedTogether:
+    """The catch-ups of several EAGLE drafters (their heads' forwards over the target's true features, after a
+    round) gathered, then run as ONE packed head forward per shared head (core/packed.py: each sequence's rows after
+    its own head cache, seeing only it). Made by `feeding_together()`.
+
+    Why: in a batch (core/batch.py) every drafting sequence's head catches up every round, and one head forward per
+    sequence cost up to ~3 ms against a ~21 ms packed target forward at batch 4 (docs/benchmarks.md), charged to
+    drafting by the batch's sizing. Batching shares the head's weight read as the target's forward shares the
+    target's. The head's numbers may then differ from a lone run's in the last bits (other kernels for more rows), so
+    only drafts change, never what the target accepts: a lone drafter (one job) runs the lone step."""
+
+    def __init__(self):
+        self.jobs: dict[EagleDrafter, tuple[list[torch.Tensor], list[int]]] = {}   # drafter -> (features, next ids)
+
+    def add(self, drafter: EagleDrafter, features: torch.Tensor, next_ids: list[int]) -> None:
+        parts, ids = self.jobs.setdefault(drafter, ([], []))
+        parts.append(features)
+        ids.extend(next_ids)
+
+    def run(self) -> None:
+        groups: dict[int, list[EagleDrafter]] = {}
+        for drafter in self.jobs:
+            groups.setdefault(id(drafter.head), []).append(drafter)
+        for drafters in groups.values():
+            if len(drafters) == 1 or packed_support(drafters[0].head.body) is not None:
+                for drafter in drafters:            # one sequence: the lone step, as a lone run feeds it
+                    parts, ids = self.jobs[drafter]
+                    drafter._predicted = drafter._step(torch.cat(parts), ids, cache_len(drafter.cache))[-1]
+            else:
+                self._packed(drafters)
+            for drafter in drafters:
+                check_invariant(drafter.cache, len(drafter.cache_ids), f"draft ({drafter.name})")
+
+    @torch.inference_mode()
+    def _packed(self, drafters: list[EagleDrafter]) -> None:
+        head, first = drafters[0].head, drafters[0]
+        features = torch.cat([part for d in drafters for part in self.jobs[d][0]]).to(first.dtype)   # [N, F]
+        ids = [t for d in drafters for t in self.jobs[d][1]]
+        embeds = first.embed[torch.tensor(ids, device=first.embed.device)].to(first.dtype)           # [N, H]
+        segments = [Segment(self.jobs[d][1], d.cache, len(self.jobs[d][1])) for d in drafters]
+        with speed.active().products():
+            fused = head.fc(torch.cat([head.fuse_features(features), embeds], dim=-1))[None]        # [1, N, H]
+            predicted, _ = run_stack(head.body, fused, segments)                                    # [1, N, H]
+        end = 0
+        for drafter, segment in zip(drafters, segments):
+            end += len(segment.tokens)
+            drafter._predicted = predicted[0, end - 1]                                              # [H]
+
+
+@contextlib.contextmanager
+def feeding_together():
+    """Within it, EAGLE drafters' catch-ups (`rollback` with features, `begin`) wait; on leaving they run together
+    (FeedTogether). Nothing may draft inside it."""
+    gathering = FeedTogether()
+    stack = _GATHERING.__dict__.setdefault("feeds", [])
+    stack.append(gathering)
+    try:
+        yield gathering
+    finally:
+        stack.pop()
+    gathering.run()
+
+
+drafting.TOGETHER.append(feeding_together)       # core/batch.py's rounds catch every EAGLE head up in one forward
 
 
 # ---- weights: fp16 safetensors + a JSON record, checked by sha256 at load time ----
