@@ -24,6 +24,7 @@ and after a restart, and equal to `autoregressive_generate(invariant=True)`; the
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import statistics
@@ -455,7 +456,7 @@ class BatchDecoder:
         together = [m for m in members if not self.pinned(m)]
         for group in [[m] for m in members if self.pinned(m)] + ([together] if together else []):
             rows, start = sum(m.decoder.drafter.pending_rows for m in group), timing.clock(device)
-            with catching_up_together():
+            with catching_up_together() if group is together else contextlib.nullcontext():
                 for member in group:
                     member.decoder.drafter.catch_up(member.state.committed)
             seconds = timing.clock(device) - start
