@@ -128,7 +128,6 @@ def run_stack(model, hidden: torch.Tensor, segments: list[Segment], wanted: set[
     {index: state} for `wanted`); each cache gains its segment's rows. The speed layer's compiled pass where it
     applies, else the loop below (`packed_support` must hold)."""
     inner, device = getattr(model, "model", model), hidden.device
-    products = products or speed.active().packed_products(model) or Products()
     starts = [cache_len(segment.cache) for segment in segments]
     sizes = [len(segment.tokens) for segment in segments]
     assert sum(sizes) == hidden.shape[1], (sizes, tuple(hidden.shape))
@@ -140,6 +139,7 @@ def run_stack(model, hidden: torch.Tensor, segments: list[Segment], wanted: set[
                                     positions, wanted)
     if ran is not None:
         return ran
+    products = products or speed.active().packed_products(model) or Products()
     return run_layers(inner, products, hidden, positions, segments, bounds, masks, wanted)
 
 

@@ -251,8 +251,9 @@ class EagleDrafter(Drafter):
             self.costs = sizing_view(verify_costs(target_model), self.pinned_sizing)
 
     def begin(self, prompt_ids: list[int], target_features: torch.Tensor | None = None) -> None:
-        if _waiting_feed(self) is not None:
-            _waiting_feed(self).jobs.pop(self)      # rows gathered for the cache this begin replaces
+        gathering = _waiting_feed(self)
+        if gathering is not None:
+            gathering.jobs.pop(self)                # rows gathered for the cache this begin replaces
         self.cache = self.head.new_cache()
         self.cache_ids, self._predicted, self._true_len = [], None, 0
         reset_view(self.costs)
@@ -277,7 +278,7 @@ class EagleDrafter(Drafter):
         start, m = self._true_len, features.shape[0]
         assert start + m == len(committed) - 1, "features must cover every committed token but the newest"
         next_ids = committed[start + 1:start + m + 1]
-        gathering = _GATHERING.feeds[-1] if getattr(_GATHERING, "feeds", None) else None
+        gathering = _gathering()
         if gathering is not None:
             gathering.add(self, features, next_ids)
             self._predicted = None                  # set when the gathered forward runs
@@ -334,8 +335,7 @@ class EagleDrafter(Drafter):
         return Proposal(tokens, full, unwarped=before, note=note)
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
-        waiting = _waiting_feed(self)
-        if waiting is None:                         # (else the cache holds the true pairs only, until the feed runs)
+        if _waiting_feed(self) is None:             # (else the cache holds the true pairs only, until the feed runs)
             trim_cache(self.cache, self._true_len)  # predicted-feature positions go, even if their tokens were kept
         del self.cache_ids[self._true_len:]
         if target_features is not None and target_features.shape[0]:
@@ -347,9 +347,16 @@ class EagleDrafter(Drafter):
 _GATHERING = threading.local()          # .feeds: the open feeding_together() gatherings of this thread, innermost last
 
 
-def _waiting_feed(drafter: EagleDrafter) -> "FeedTogether | None":
+def _gathering() -> "FeedTogether | None":
+    """The innermost open feeding_together() of this thread, or None."""
     gatherings = getattr(_GATHERING, "feeds", None)
-    return gatherings[-1] if gatherings and drafter in gatherings[-1].jobs else None
+    return gatherings[-1] if gatherings else None
+
+
+def _waiting_feed(drafter: EagleDrafter) -> "FeedTogether | None":
+    """The gathering that holds rows of `drafter` not yet run, or None."""
+    gathering = _gathering()
+    return gathering if gathering is not None and drafter in gathering.jobs else None
 
 
 class FeedTogether:
