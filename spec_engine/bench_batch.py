@@ -175,10 +175,8 @@ def main(argv=None) -> None:
               f"load average (1 min) before/after: "
               f"{before[0]:.2f} / {load[0]:.2f}; {torch.get_num_threads()} threads; "
               f"speed layer {se.speed_layer()}\n\n"
-              + (f"The adaptive arm's packed-forward costs, measured once before the arms (ms, by sequences: "
-                 f"{', '.join(map(str, costs.rows))} rows each): "
-                 + "; ".join(f"{n}: {' '.join(f'{1000 * t:.1f}' for t in row)}"
-                             for n, row in zip(costs.sequences, costs.seconds)) + "\n\n" if costs else "")
+              + (f"The adaptive arm's packed-forward costs, measured once before the arms: {costs.summary()}\n\n"
+                 if costs else "")
               + "Published: "
               f"{PUBLISHED}\n\n")
     text = header + table(rows)

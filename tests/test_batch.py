@@ -56,8 +56,8 @@ def batched(target, draft_model, mode, sampling=GREEDY, rule="exact", tokens=20,
     return [results[i].tokens for i in range(len(PROMPTS))]
 
 
-FLAT = BatchCosts([1, 64], [1, 32], [[1.0, 1.0], [1.0, 1.0]])            # rows are free: every draft pays
-LINEAR = BatchCosts([1, 64], [1, 32], [[1.0, 32.0], [64.0, 2048.0]])     # a row costs a step: no draft pays
+FLAT = BatchCosts([1, 2048], [1.0, 1.0])                 # rows are free: every draft pays
+LINEAR = BatchCosts([1, 2048], [1.0, 2048.0])             # a row costs a step: no draft pays
 
 
 @pytest.mark.parametrize("mode,costs", [("fixed", None), ("off", None), ("adaptive", FLAT), ("adaptive", LINEAR)])
@@ -227,31 +227,58 @@ def test_a_member_learns_the_extra_host_seconds_of_a_drafting_round():
     assert member.drafting_extra == pytest.approx(0.9 * 0.003)            # 0 ms extra this round, decayed in
 
 
-def test_batch_costs_interpolate_between_measured_points():
-    costs = BatchCosts([1, 4], [1, 3], [[1.0, 2.0], [2.0, 6.0]])
-    assert costs.predict(1, 1) == 1.0 and costs.predict(4, 12) == 6.0
-    assert costs.predict(1, 2) == pytest.approx(1.5)
-    assert costs.predict(4, 4) == pytest.approx(2.0)
+def test_batch_costs_are_one_sequences_rows_plus_the_sequences_overhead():
+    """predict(S, R) = P(R) + O(S): P interpolated between its row points, O(S) what S sequences of one row each
+    cost beyond P(S), interpolated between its sequence points (never below 0)."""
+    costs = BatchCosts([1, 8, 9, 16], [1.0, 1.0, 2.0, 2.5], [1, 4, 8], [1.0, 1.5, 3.0])
+    assert costs.overhead == [0.0, 0.5, 2.0]
+    assert costs.predict(1, 1) == 1.0 and costs.predict(1, 12) == pytest.approx(2.0 + 0.5 * 3 / 7)
+    assert costs.predict(4, 8) == 1.5 and costs.predict(4, 9) == 2.5            # the step at 9 rows, any batch
+    assert costs.predict(8, 9) == 4.0 and costs.predict(6, 6) == pytest.approx(1.0 + 1.25)
+    assert BatchCosts([1, 4], [2.0, 2.0], [1, 4], [2.0, 1.0]).overhead == [0.0, 0.0]
+
+
+def test_the_caps_see_past_a_forwards_step_where_its_row_tiles_end():
+    """A forward's time has steps where the kernels' row tiles end (8 and 16 rows on the 2-core EPYC): the draft
+    that crosses one costs the step, the next ones little. At 4 sequences of acceptance 0.8 with the forward 1.0 up
+    to 8 rows, 1.3 up to 16 and 3.0 beyond, 3 drafts each (16 rows) give 9.1 tokens a unit of time, 1 each 7.2: the
+    caps must not stop at the step (adding drafts only while each raises the rate stopped at 1 each)."""
+    costs = BatchCosts([1, 8, 9, 16, 17, 64], [1.0, 1.0, 1.3, 1.3, 3.0, 3.0])
+    assert draft_caps([0.8] * 4, [0.0] * 4, [4] * 4, lambda rows: costs.predict(4, rows)) == [3, 3, 3, 3]
+    # a sequence that is a poor bet fills a slot below the step only when nothing better does
+    caps = draft_caps([0.8, 0.8, 0.8, 0.1], [0.0] * 4, [4] * 4, lambda rows: costs.predict(4, rows))
+    assert sum(caps) <= 12 and caps[3] <= 1 and min(caps[:3]) >= 3
+    # and where even the rows below the step do not pay, nothing drafts
+    assert draft_caps([0.05] * 4, [0.0] * 4, [4] * 4, lambda rows: 1.0 + rows) == [0, 0, 0, 0]
 
 
 def test_measured_batch_costs_follow_the_forwards_the_batch_times():
-    """A measured table moves toward what forwards near a point took (the host's state drifts), that point only; a
-    table given by hand (the tests' FLAT and LINEAR) stays as given."""
-    costs = BatchCosts([1, 4], [1, 4], [[1.0, 2.0], [2.0, 4.0]], corrected=True)
+    """Measured points move toward what forwards near them took (the host's state drifts), the nearest P point
+    only; costs given by hand (the tests' FLAT and LINEAR) stay as given."""
+    costs = BatchCosts([1, 4, 16], [1.0, 2.0, 4.0], [1, 4], [1.0, 2.0], corrected=True)
     for _ in range(100):
         costs.observe(4, 4, 3.0)                                # 4 sequences of one row each: measured 2.0, now 3.0
     assert costs.predict(4, 4) == pytest.approx(3.0, rel=0.01)
-    assert costs.predict(1, 1) == 1.0 and costs.predict(1, 4) == 2.0 and costs.predict(4, 16) == 4.0
+    assert costs.predict(1, 1) == 1.0 and costs.predict(4, 16) == 4.0
     assert costs.predict(4, 10) == pytest.approx(3.5, rel=0.01)     # between the moved point and an unmoved one
     costs.observe(4, 4, 0.0)
     costs.observe(4, 4, float("nan"))
     assert costs.predict(4, 4) == pytest.approx(3.0, rel=0.01)
     for _ in range(100):
-        costs.observe(3, 3, 1.0)                                # nearest measured point: 4 sequences of one row
+        costs.observe(3, 5, 1.0)                                # nearest row point: 4
     assert costs.predict(4, 4) < 2.0
-    given = BatchCosts([1, 4], [1, 4], [[1.0, 2.0], [2.0, 4.0]])
+    given = BatchCosts([1, 4, 16], [1.0, 2.0, 4.0])
     given.observe(4, 4, 3.0)
     assert given.predict(4, 4) == 2.0
+
+
+def test_measured_batch_costs_time_every_row_count_and_sequence_count(target):
+    """`measure` times one sequence at every row count asked and each sequence count at one row each; its
+    prediction at a timed sequence count's own rows is what that forward took (O(S) + P(S) = the forward)."""
+    costs = BatchCosts.measure(target, sequences=(1, 2, 4), rows=(1, 2, 3, 4, 6, 8), context=8, repeats=1)
+    assert costs.rows == [1, 2, 3, 4, 6, 8] and all(t > 0 for t in costs.row_seconds)
+    assert costs.sequences == [1, 2, 4] and all(o >= 0 for o in costs.overhead)
+    assert costs.corrected and costs.predict(4, 8) >= costs.predict(1, 8)
 
 
 def test_an_adaptive_batch_times_its_packed_forwards_into_its_costs(target):
@@ -262,7 +289,7 @@ def test_an_adaptive_batch_times_its_packed_forwards_into_its_costs(target):
             seen.append((sequences, total_rows, seconds))
             super().observe(sequences, total_rows, seconds)
 
-    costs = Seen([1, 64], [1, 32], [[1.0, 1.0], [1.0, 1.0]], corrected=True)
+    costs = Seen([1, 2048], [1.0, 1.0], corrected=True)
     batch = BatchDecoder(target, draft_length="adaptive", costs=costs)
     for i, p in enumerate(PROMPTS[3:5]):
         batch.add(Request(i, ids(p), se.PromptLookupDrafter(), k=3, max_new_tokens=8, sampling=GREEDY))
@@ -272,7 +299,7 @@ def test_an_adaptive_batch_times_its_packed_forwards_into_its_costs(target):
         if events:
             rounds.append((events[0].batch_size, events[0].rows))
     assert [(s, r) for s, r, _ in seen] == rounds and all(seconds > 0 for *_, seconds in seen)
-    assert costs.scale != [[1.0, 1.0], [1.0, 1.0]]             # real forwards take milliseconds, not the 1.0 given
+    assert costs.scale != [1.0, 1.0]                            # real forwards take milliseconds, not the 1.0 given
 
 
 def test_a_bad_request_names_itself(target):
@@ -544,3 +571,29 @@ def test_a_batch_catches_its_eagle_heads_up_in_one_forward_a_round(target, tree,
     assert [batch.finished[i].tokens for i in range(5)] == plain
     assert all(len(round_calls) <= 1 for round_calls in calls), calls
     assert sum(sum(c) for c in calls) >= 2 * len(calls) - 4, calls   # most rounds: every drafting sequence in one
+
+
+def test_a_batch_sizing_its_drafts_has_trees_draft_chains_and_no_one_else(target):
+    """core/drafting.drafting_chains: the batch prices drafts by the chain's model, so in an adaptive batch of two or
+    more an EAGLE tree drafts its spine as a chain; alone (a batch of one), in a fixed batch, and when its sequence
+    is pinned (sampled, rule "exact": its drafts must be its lone run's), it drafts trees. Greedy tokens stay plain
+    decoding's either way."""
+    plain = [se.autoregressive_generate(target, ids(p), max_new_tokens=12, sampling=GREEDY).tokens for p in PROMPTS[:3]]
+
+    def rounds(mode, count, sampling=GREEDY):
+        batch = BatchDecoder(target, draft_length=mode, costs=FLAT)
+        for i, (p, drafter) in enumerate(zip(PROMPTS[:count], shared_head_drafters(target, count, True))):
+            batch.add(Request(i, ids(p), drafter, k=4, max_new_tokens=12, sampling=sampling, seed=i))
+        events = [e for _ in range(200) if batch.active for e in batch.step()]
+        return events, [batch.finished[i].tokens for i in range(count)]
+
+    def shapes(events):                 # the drafted rounds' shapes, by whether the round's forward was shared
+        return {(e.batch_size > 1, e.event.is_tree) for e in events if e.event.drafted}
+
+    events, tokens = rounds("adaptive", 3)
+    assert tokens == plain and (True, False) in shapes(events) and (True, True) not in shapes(events)
+    for mode, count in (("adaptive", 1), ("fixed", 3)):
+        events, tokens = rounds(mode, count)
+        assert tokens == plain[:count] and {tree for _, tree in shapes(events)} == {True}, (mode, count)
+    events, _ = rounds("adaptive", 3, se.SamplingParams(temperature=0.8))
+    assert (True, True) in shapes(events) and (True, False) not in shapes(events)

@@ -24,9 +24,9 @@ and after a restart, and equal to `autoregressive_generate(invariant=True)`; the
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import heapq
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -36,7 +36,7 @@ import torch
 from spec_engine.core import timing
 from spec_engine.core.cache import PREFILL_CHUNK, cache_len, check_invariant, new_cache
 from spec_engine.core.decoder import DecodeState, SpeculativeDecoder, eos_set, validate_request
-from spec_engine.core.drafting import Drafter, Proposal, catching_up_together
+from spec_engine.core.drafting import Drafter, Proposal, catching_up_together, drafting_chains
 from spec_engine.core.events import GenerationResult, RoundEvent, run_stats
 from spec_engine.core.packed import Segment, forward_packed, one_forward
 from spec_engine.core.sampling import SamplingParams, make_generator
@@ -207,31 +207,47 @@ def decayed(average: float | None, value: float) -> float:
 
 
 class BatchCosts:
-    """What a packed forward costs here: seconds[S][r] for S sequences of r rows each, measured (`measure`), and
-    `predict(S, R)` for S sequences of R rows in all, interpolated between the measured points (linear in the
-    sequence count and in the mean rows per sequence), each point scaled by what the batch's own forwards took near
-    it since (`observe`).
+    """What a packed forward costs here, in two measured parts:
 
-    Why the correction: measured once, the table holds the machine's state of that moment, and a shared host's is
-    not steady. On the 2-core EPYC a one-row forward ran at ~14 ms or ~18-19 ms, switching within a process, while 8
-    rows took ~20 ms either way; four tables timed one after another in one process put 2 sequences of 4 rows at
-    1.01 of their one-row forward in the first and 1.32-1.44 in the others, and the adaptive length's mean cap at
-    batch 2 was 1.1 in one benchmark process and 3.3 in another."""
+        predict(S, R) = P(R) + O(S)      S sequences, R rows in all
 
-    def __init__(self, sequences: Sequence[int], rows: Sequence[int], seconds: Sequence[Sequence[float]],
-                 corrected: bool = False):
-        assert len(seconds) == len(sequences) and all(len(row) == len(rows) for row in seconds)
-        self.sequences, self.rows = list(sequences), list(rows)
-        self.seconds = [list(map(float, row)) for row in seconds]
+    P(R), the forward of ONE sequence's R rows (its products, mostly), on a dense grid of row counts; O(S), what S
+    sequences of one row each cost beyond P(S) (attention over S caches, and the per-sequence work of the packed
+    call), on a grid of sequence counts. Each is interpolated linearly between its measured points.
+
+    Why rows in all, densely: a packed forward's time is nearly a function of its rows in all (32 rows: 70-80 ms
+    whether 2 x 16 or 32 x 1 on the 2-core EPYC), and that function has steps where the kernels' row tiles end. There
+    one sequence's forward took 20-23 ms for 1-8 rows, 28-36 ms for 9-16 and 51-58 ms from 17; 8 sequences' took
+    28 ms at 8 rows, 33 at 9 and 57 at 17. The table this replaced was timed at 1, 2, 4, 8 and 16 rows per sequence
+    and interpolated between them: it put 4 sequences' 11 rows at 27 ms (measured 33) and 8 sequences' 17 at 43
+    (measured 57), and the adaptive length drafted into those steps (docs/benchmarks.md, batch section).
+
+    `observe` corrects the prediction by what the batch's own forwards took: measured once, the points hold the
+    host's state of that moment, and a shared host's is not steady (a one-row forward ran at ~14 ms or ~18-19 ms,
+    switching within a process, while 8 rows took ~20 ms either way). An observed forward moves the P point nearest
+    its rows a step (COST_MEMORY, in logs) toward making its prediction what it took."""
+
+    def __init__(self, rows: Sequence[int], row_seconds: Sequence[float], sequences: Sequence[int] = (1,),
+                 sequence_seconds: Sequence[float] | None = None, corrected: bool = False):
+        assert len(rows) == len(row_seconds) >= 1 and list(rows) == sorted(set(rows)) and rows[0] >= 1, rows
+        self.rows, self.row_seconds = list(rows), [float(s) for s in row_seconds]
         self.corrected = corrected      # measured here: `observe` corrects it (a table given by hand stays as given)
-        self.scale = [[1.0] * len(rows) for _ in sequences]     # observed / measured, by point (decayed, in logs)
-        self.current = [list(row) for row in self.seconds]      # seconds x scale: what `predict` interpolates
+        self.scale = [1.0] * len(self.rows)                     # observed / measured, by P point (decayed, in logs)
+        self.current = list(self.row_seconds)                   # row_seconds x scale: what `row_at` interpolates
+        self.sequences = list(sequences)
+        assert self.sequences == sorted(set(self.sequences)) and self.sequences[0] >= 1, sequences
+        # O(S): sequence_seconds minus P(S), never below 0 (more sequences for the same rows cost no less)
+        measured = [self.row_at(s) for s in self.sequences] if sequence_seconds is None else sequence_seconds
+        assert len(measured) == len(self.sequences)
+        self.overhead = [max(0.0, float(t) - self.row_at(s)) for s, t in zip(self.sequences, measured)]
 
     @classmethod
-    def measure(cls, model, sequences: Sequence[int] = (1, 2, 4, 8, 16, 32), rows: Sequence[int] = (1, 2, 4, 8, 16),
-                context: int = 64, repeats: int = 3) -> "BatchCosts":
-        """Time packed forwards of S sequences x r rows after `context` cached tokens each (median of `repeats`,
-        after one warm-up), row counts interleaved so a passing slowdown touches all of them alike."""
+    def measure(cls, model, sequences: Sequence[int] = (1, 2, 4, 8, 16, 32),
+                rows: Sequence[int] = tuple(range(1, 34)) + (40, 48, 64, 96, 128, 192, 256), context: int = 64,
+                repeats: int = 2) -> "BatchCosts":
+        """Time one sequence's forward of R rows for every R in `rows`, and S sequences' of one row each for every S
+        in `sequences`, after `context` cached tokens each (median of `repeats`, after one warm-up), the points
+        interleaved so a passing slowdown touches all of them alike."""
         vocab = model.get_output_embeddings().weight.shape[0]
         generator = torch.Generator().manual_seed(0)
         caches = []
@@ -241,42 +257,52 @@ class BatchCosts:
                                            cache, 1)])
             caches.append(cache)
         ids = torch.randint(0, vocab, (max(rows),), generator=generator).tolist()
-        times = {(s, r): [] for s in sequences for r in rows}
+        points = [(1, r) for r in rows] + [(s, s) for s in sequences]
+        times: dict = {point: [] for point in points}
         for attempt in range(repeats + 1):
-            for s in sequences:
-                for r in rows:
-                    segments = [Segment(ids[:r], cache, r) for cache in caches[:s]]
-                    start = timing.clock(model.device)
-                    forward_packed(model, segments)
-                    seconds = timing.clock(model.device) - start
-                    for cache in caches[:s]:
-                        cache.crop(context - cache_len(cache))
-                    if attempt:
-                        times[(s, r)].append(seconds)
-        return cls(sequences, rows, [[statistics.median(times[(s, r)]) for r in rows] for s in sequences],
-                   corrected=True)
+            for s, r in points:
+                segments = [Segment(ids[:r // s], cache, r // s) for cache in caches[:s]]
+                start = timing.clock(model.device)
+                forward_packed(model, segments)
+                seconds = timing.clock(model.device) - start
+                for cache in caches[:s]:
+                    cache.crop(context - cache_len(cache))
+                if attempt:
+                    times[s, r].append(seconds)
+        median = {point: statistics.median(seconds) for point, seconds in times.items()}
+        return cls(rows, [median[1, r] for r in rows], sequences, [median[s, s] for s in sequences], corrected=True)
+
+    def row_at(self, rows: float) -> float:
+        """P(rows): one sequence's forward of `rows` rows (as corrected)."""
+        i, w = bracket(self.rows, rows)
+        at = self.current
+        return at[i] + w * (at[i + 1] - at[i]) if len(at) > 1 else at[0]
 
     def predict(self, sequences: int, total_rows: int) -> float:
         """Seconds of a packed forward over `sequences` sequences with `total_rows` rows in all."""
         assert sequences >= 1 and total_rows >= sequences, (sequences, total_rows)
-        si, sw = bracket(self.sequences, sequences)
-        per = total_rows / sequences
-        ri, rw = bracket(self.rows, per)
+        i, w = bracket(self.sequences, sequences)
+        overhead = self.overhead[i] + w * (self.overhead[i + 1] - self.overhead[i]) if len(self.overhead) > 1 \
+            else self.overhead[0]
+        return max(0.0, self.row_at(total_rows)) + max(0.0, overhead)
 
-        def at(s_index: int) -> float:
-            row = self.current[s_index]
-            return row[ri] + rw * (row[ri + 1] - row[ri])
-        return at(si) + sw * (at(si + 1) - at(si))
+    def summary(self) -> str:
+        """The measured points in ms, for logs and benchmark headers."""
+        rows = " ".join(f"{r}:{1000 * t:.1f}" for r, t in zip(self.rows, self.row_seconds))
+        overhead = " ".join(f"{s}:{1000 * t:.1f}" for s, t in zip(self.sequences, self.overhead))
+        return f"one sequence's forward by rows P(R) {rows}; beyond it by sequences O(S) {overhead}"
 
     def observe(self, sequences: int, total_rows: int, seconds: float) -> None:
-        """A packed forward over `sequences` sequences and `total_rows` rows took `seconds`: the measured point
-        nearest it moves a step (COST_MEMORY) toward making its prediction that."""
+        """A packed forward over `sequences` sequences and `total_rows` rows took `seconds`: the P point nearest its
+        rows moves a step (COST_MEMORY) toward making its prediction that."""
         if not self.corrected or not seconds > 0 or sequences < 1 or total_rows < sequences:
             return
-        si, ri = nearest(self.sequences, sequences), nearest(self.rows, total_rows / sequences)
-        ratio = seconds / self.predict(sequences, total_rows)
-        self.scale[si][ri] *= ratio ** (1 - COST_MEMORY)
-        self.current[si][ri] = self.seconds[si][ri] * self.scale[si][ri]
+        predicted = self.predict(sequences, total_rows)
+        if not predicted > 0:
+            return
+        i = nearest(self.rows, total_rows)
+        self.scale[i] *= (seconds / predicted) ** (1 - COST_MEMORY)
+        self.current[i] = self.row_seconds[i] * self.scale[i]
 
 
 def nearest(points: list[int], x: float) -> int:
@@ -288,7 +314,7 @@ def bracket(points: list[int], x: float) -> tuple[int, float]:
     """(i, w): x lies w of the way from points[i] to points[i + 1] (w beyond [0, 1] extrapolates past the ends)."""
     if len(points) == 1:
         return 0, 0.0
-    i = max(0, min(len(points) - 2, next((j - 1 for j, p in enumerate(points) if p >= x), len(points) - 2)))
+    i = min(max(bisect.bisect_left(points, x) - 1, 0), len(points) - 2)
     return i, (x - points[i]) / (points[i + 1] - points[i])
 
 
@@ -298,9 +324,15 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
     second of the whole batch. Sequence i with acceptance a_i yields sum_{j <= m} a_i^j tokens from m drafts (the
     geometric model E = (1 - a^(m+1)) / (1 - a)), each draft costs it draft_seconds[i] and one verify row, and
     drafting at all costs it fixed_seconds[i] a round (its drafter's catch-up, the heavier verification);
-    forward_seconds(R) is the packed forward over R rows of these sequences. Drafts are added greedily, the best
-    marginal tokens per marginal second first, while they raise the batch's rate; the all-plain (every cap 0) and
-    all-full (every cap its limit) plans are scored too, and the best of the three wins."""
+    forward_seconds(R) is the packed forward over R rows of these sequences.
+
+    The plans scored, the best winning: drafts added in greedy order (the best marginal tokens per marginal second
+    first), at every length of that order, not only while each draft raises the rate; every sequence at the same
+    cap c (its limit at most), for every c; and all plain (every cap 0). Why not stop at the first draft that lowers
+    the rate: a forward's time has steps where the kernels' row tiles end (BatchCosts), so the draft that crosses one
+    costs a step and the next seven cost little. At 4 sequences of acceptance 0.8 with the forward 1.0 up to 8 rows,
+    1.3 up to 16 and 3.0 beyond, stopping there gives each sequence 1 draft (7.2 tokens a unit of time); 3 each give
+    9.1."""
     n = len(acceptance)
     base_rows = n
     fixed = list(fixed_seconds) if fixed_seconds is not None else [0.0] * n
@@ -313,7 +345,7 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
 
     caps = [0] * n
     tokens, rows, spent = float(n), base_rows, 0.0
-    current = tokens / forward_seconds(rows)
+    best, best_rate = list(caps), tokens / forward_seconds(rows)
     row_seconds = forward_seconds(n) / n                     # what one more row costs, roughly, at this batch
 
     def value(i: int, j: int) -> tuple[float, float, int]:   # (-gain per second, -gain, i) of sequence i's j-th draft
@@ -324,16 +356,14 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
     heapq.heapify(heap)
     while heap:
         _, gain, i = heapq.heappop(heap)
-        cost = draft_seconds[i] + (fixed[i] if caps[i] == 0 else 0.0)
-        proposed = (tokens - gain) / (forward_seconds(rows + 1) + spent + cost)
-        if proposed <= current or not math.isfinite(proposed):
-            break
-        caps[i] += 1
-        tokens, rows, spent, current = tokens - gain, rows + 1, spent + cost, proposed
+        spent += draft_seconds[i] + (fixed[i] if caps[i] == 0 else 0.0)
+        caps[i], tokens, rows = caps[i] + 1, tokens - gain, rows + 1
+        if (current := tokens / (forward_seconds(rows) + spent)) > best_rate:
+            best, best_rate = list(caps), current
         if caps[i] < limits[i]:
             heapq.heappush(heap, value(i, caps[i] + 1))
-    plans = [caps, [0] * n, list(limits)]
-    return max(plans, key=rate)
+    plans = [[0] * n, best] + [[min(c, limit) for limit in limits] for c in range(1, max(limits, default=0) + 1)]
+    return max(plans, key=rate)                              # the first best: plain where nothing beats it
 
 
 class BatchDecoder:
@@ -405,7 +435,12 @@ class BatchDecoder:
         caps = self.caps(decoding)
         self.catch_up([m for m, cap in zip(decoding, caps)
                        if cap and isinstance(m.decoder.drafter, Deferred) and m.decoder.drafter.held])
-        planned = [m.decoder.plan(m.state, cap) for m, cap in zip(decoding, caps)]
+        sized = self.draft_length == "adaptive" and len(decoding) > 1
+        planned = []
+        for member, cap in zip(decoding, caps):
+            # a sequence whose drafts the batch sizes drafts chains, which its model prices (drafting_chains)
+            with drafting_chains() if sized and not self.pinned(member) else contextlib.nullcontext():
+                planned.append(member.decoder.plan(member.state, cap))
         feature_layers = self.feature_layers()
         budget = PREFILL_ROWS_PER_ROUND
         for member in [m for m in self.members.values() if m.prefilling]:

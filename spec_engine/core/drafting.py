@@ -20,6 +20,7 @@ the tests can see every position. Model drafters never hold weight copies of the
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
@@ -111,3 +112,28 @@ def catching_up_together():
         for make in TOGETHER:
             stack.enter_context(make())
         yield
+
+
+# A batch that sizes a sequence's drafts itself (core/batch.py, draft_length "adaptive") prices them by the chain's
+# geometric model: m drafts yield a + a^2 + ... + a^m tokens. A tree's m nodes do not: two siblings yield at most one
+# token, and their acceptance, learnt as a chain's, reads as the chance that either is taken (a tree of 2 nodes
+# priced at a + a^2 = 1.31 tokens where it yields 0.75). So inside `drafting_chains()` a drafter that can draft its
+# tree's top-1 spine as a chain does (drafters/eagle_tree.py); a lone run, and a batch's pinned sequences, never
+# enter it. Measured on the held-out prompts at batch 2 / 4 / 6, the adaptive length with the EAGLE tree gave x1.18 /
+# x0.97 / x0.89 of plain batching and with the EAGLE chain x1.30 / x1.11 / x0.90 (docs/benchmarks.md).
+_CHAINS = threading.local()
+
+
+@contextlib.contextmanager
+def drafting_chains():
+    before = getattr(_CHAINS, "on", False)
+    _CHAINS.on = True
+    try:
+        yield
+    finally:
+        _CHAINS.on = before
+
+
+def chains_wanted() -> bool:
+    """Whether this thread is inside `drafting_chains()`."""
+    return getattr(_CHAINS, "on", False)

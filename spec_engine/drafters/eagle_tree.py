@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from spec_engine.core import speed
+from spec_engine.core import drafting, speed
 from spec_engine.core.cache import check_invariant, trim_cache
 from spec_engine.core.sampling import SamplingParams, warp
 from spec_engine.drafters.base import Proposal, TokenTree, TreeProposal
@@ -103,6 +103,8 @@ class EagleTreeDrafter(EagleDrafter):
 
     @torch.inference_mode()
     def propose(self, committed: list[int], k: int, params: SamplingParams, generator: torch.Generator):
+        if drafting.chains_wanted():                # a batch sizing by the chain's model (core/drafting.py says why)
+            return super().propose(committed, k, params, generator)
         if self._predicted is None or k == 0:
             return Proposal([], None)
         assert self.cache_ids == committed[:-1], "the head cache must hold committed[:-1] before drafting"

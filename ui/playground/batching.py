@@ -46,9 +46,11 @@ MAX_BATCH = 32                  # sequences in one batch (the batched benchmark'
 # target's when a batch of it first has two runs, before they join it (so that no page of theirs draws meanwhile).
 # Measured in a class instead, beside thirty pages, it took 3.8 s quiet and 20 s on a busy host, and came out wrong
 # (16 x 2 rows dearer than 16 x 4), and the class took 110 s against 73 s. A packed forward's time here is nearly a
-# function of its rows in all (32 rows: 70-80 ms whether 2 x 16 or 32 x 1), so a coarse grid loses little.
+# function of its rows in all (32 rows: 70-80 ms whether 2 x 16 or 32 x 1), so the sequence counts are coarse; the
+# rows are timed one by one up to 18 and around 32, where the kernels' row tiles put steps (BatchCosts: 8 -> 9 and
+# 16 -> 17 rows on the 2-core EPYC).
 COST_SEQUENCES = (1, 4, 16, 32)
-COST_ROWS = (1, 2, 4)
+COST_ROWS = tuple(range(1, 19)) + (24, 32, 33, 40, 48, 64, 96, 128)
 COST_CONTEXT = 16
 _END = object()
 _IDS = itertools.count()
@@ -327,8 +329,7 @@ def batch_costs(model) -> se.BatchCosts:
             began = monotonic()
             costs = se.BatchCosts.measure(model, COST_SEQUENCES, COST_ROWS, context=COST_CONTEXT, repeats=1)
             _COSTS[id(model)] = (weakref.ref(model), costs)
-            log.info("packed forward costs measured in %.1f s: %s", monotonic() - began,
-                     {s: [round(1000 * t, 1) for t in row] for s, row in zip(costs.sequences, costs.seconds)})
+            log.info("packed forward costs measured in %.1f s: %s", monotonic() - began, costs.summary())
         return costs
 
 
