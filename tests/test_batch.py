@@ -253,23 +253,26 @@ def test_the_caps_see_past_a_forwards_step_where_its_row_tiles_end():
 
 
 def test_measured_batch_costs_follow_the_forwards_the_batch_times():
-    """Measured points move toward what forwards near them took (the host's state drifts), the nearest P point
-    only; costs given by hand (the tests' FLAT and LINEAR) stay as given."""
-    costs = BatchCosts([1, 4, 16], [1.0, 2.0, 4.0], [1, 4], [1.0, 2.0], corrected=True)
+    """A measured batch size's level moves toward what its forwards took (the host drifts, and the batch's caches are
+    not the measured ones), the nearest sequence count only, and P's steps stay: after a batch of 8 has run 8-row
+    forwards slower than predicted, a ninth row still costs its step. Costs given by hand (the tests' FLAT and
+    LINEAR) stay as given."""
+    costs = BatchCosts([1, 8, 9, 16], [1.0, 1.0, 1.5, 2.0], [1, 8, 32], [1.0, 1.2, 3.0], corrected=True)
+    measured = BatchCosts([1, 8, 9, 16], [1.0, 1.0, 1.5, 2.0], [1, 8, 32], [1.0, 1.2, 3.0])
     for _ in range(100):
-        costs.observe(4, 4, 3.0)                                # 4 sequences of one row each: measured 2.0, now 3.0
-    assert costs.predict(4, 4) == pytest.approx(3.0, rel=0.01)
-    assert costs.predict(1, 1) == 1.0 and costs.predict(4, 16) == 4.0
-    assert costs.predict(4, 10) == pytest.approx(3.5, rel=0.01)     # between the moved point and an unmoved one
-    costs.observe(4, 4, 0.0)
-    costs.observe(4, 4, float("nan"))
-    assert costs.predict(4, 4) == pytest.approx(3.0, rel=0.01)
+        costs.observe(8, 8, 2.0)                                # 8 sequences of one row each: predicted 1.2, took 2.0
+    assert costs.predict(8, 8) == pytest.approx(2.0, rel=0.01)
+    assert costs.predict(8, 9) - costs.predict(8, 8) == pytest.approx(0.5)      # the step is where it was
+    assert costs.predict(1, 1) == 1.0 and costs.predict(32, 40) == measured.predict(32, 40)   # other counts as were
+    costs.observe(8, 8, 0.0)
+    costs.observe(8, 8, float("nan"))
+    assert costs.predict(8, 8) == pytest.approx(2.0, rel=0.01)
     for _ in range(100):
-        costs.observe(3, 5, 1.0)                                # nearest row point: 4
-    assert costs.predict(4, 4) < 2.0
-    given = BatchCosts([1, 4, 16], [1.0, 2.0, 4.0])
-    given.observe(4, 4, 3.0)
-    assert given.predict(4, 4) == 2.0
+        costs.observe(7, 10, 0.5)                               # nearest sequence count: 8; faster than measured
+    assert 0 < costs.predict(8, 8) < 1.0
+    given = BatchCosts([1, 8, 9, 16], [1.0, 1.0, 1.5, 2.0], [1, 8], [1.0, 1.2])
+    given.observe(8, 8, 2.0)
+    assert given.predict(8, 8) == pytest.approx(1.2)
 
 
 def test_measured_batch_costs_time_every_row_count_and_sequence_count(target):
@@ -299,7 +302,7 @@ def test_an_adaptive_batch_times_its_packed_forwards_into_its_costs(target):
         if events:
             rounds.append((events[0].batch_size, events[0].rows))
     assert [(s, r) for s, r, _ in seen] == rounds and all(seconds > 0 for *_, seconds in seen)
-    assert costs.scale != [1.0, 1.0]                            # real forwards take milliseconds, not the 1.0 given
+    assert costs.shift != [0.0]                                 # real forwards take milliseconds, not the 1.0 given
 
 
 def test_a_bad_request_names_itself(target):

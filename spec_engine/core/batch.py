@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -223,23 +224,25 @@ class BatchCosts:
     (measured 57), and the adaptive length drafted into those steps (docs/benchmarks.md, batch section).
 
     `observe` corrects the prediction by what the batch's own forwards took: measured once, the points hold the
-    host's state of that moment, and a shared host's is not steady (a one-row forward ran at ~14 ms or ~18-19 ms,
-    switching within a process, while 8 rows took ~20 ms either way). An observed forward moves the P point nearest
-    its rows a step (COST_MEMORY, in logs) toward making its prediction what it took."""
+    host's state of that moment (a one-row forward ran at ~14 ms or ~18-19 ms, switching within a process), and O(S)
+    was timed after `context` cached tokens, not the batch's own. An observed forward moves the level of the nearest
+    sequence count a step (COST_MEMORY) toward making its prediction what it took, and leaves P's shape, its steps,
+    alone. (Correcting P's point at the observed rows instead, a batch of 8 that mostly ran 8-row forwards raised P(8)
+    above the never-observed P(9), and the sizing then read a ninth row as free: the adaptive length drafted at batch
+    8 and gave x0.90 of plain batching.)"""
 
     def __init__(self, rows: Sequence[int], row_seconds: Sequence[float], sequences: Sequence[int] = (1,),
                  sequence_seconds: Sequence[float] | None = None, corrected: bool = False):
         assert len(rows) == len(row_seconds) >= 1 and list(rows) == sorted(set(rows)) and rows[0] >= 1, rows
         self.rows, self.row_seconds = list(rows), [float(s) for s in row_seconds]
         self.corrected = corrected      # measured here: `observe` corrects it (a table given by hand stays as given)
-        self.scale = [1.0] * len(self.rows)                     # observed / measured, by P point (decayed, in logs)
-        self.current = list(self.row_seconds)                   # row_seconds x scale: what `row_at` interpolates
         self.sequences = list(sequences)
         assert self.sequences == sorted(set(self.sequences)) and self.sequences[0] >= 1, sequences
         # O(S): sequence_seconds minus P(S), never below 0 (more sequences for the same rows cost no less)
         measured = [self.row_at(s) for s in self.sequences] if sequence_seconds is None else sequence_seconds
         assert len(measured) == len(self.sequences)
         self.overhead = [max(0.0, float(t) - self.row_at(s)) for s, t in zip(self.sequences, measured)]
+        self.shift = [0.0] * len(self.sequences)                # observed - predicted, by sequence point (decayed)
 
     @classmethod
     def measure(cls, model, sequences: Sequence[int] = (1, 2, 4, 8, 16, 32),
@@ -273,18 +276,19 @@ class BatchCosts:
         return cls(rows, [median[1, r] for r in rows], sequences, [median[s, s] for s in sequences], corrected=True)
 
     def row_at(self, rows: float) -> float:
-        """P(rows): one sequence's forward of `rows` rows (as corrected)."""
+        """P(rows): one sequence's forward of `rows` rows, as measured."""
         i, w = bracket(self.rows, rows)
-        at = self.current
+        at = self.row_seconds
         return at[i] + w * (at[i + 1] - at[i]) if len(at) > 1 else at[0]
 
     def predict(self, sequences: int, total_rows: int) -> float:
         """Seconds of a packed forward over `sequences` sequences with `total_rows` rows in all."""
         assert sequences >= 1 and total_rows >= sequences, (sequences, total_rows)
         i, w = bracket(self.sequences, sequences)
-        overhead = self.overhead[i] + w * (self.overhead[i + 1] - self.overhead[i]) if len(self.overhead) > 1 \
-            else self.overhead[0]
-        return max(0.0, self.row_at(total_rows)) + max(0.0, overhead)
+        level = [o + s for o, s in zip(self.overhead, self.shift)]
+        at = level[i] + w * (level[i + 1] - level[i]) if len(level) > 1 else level[0]
+        rows = max(0.0, self.row_at(total_rows))
+        return max(0.1 * rows, rows + at)
 
     def summary(self) -> str:
         """The measured points in ms, for logs and benchmark headers."""
@@ -293,16 +297,13 @@ class BatchCosts:
         return f"one sequence's forward by rows P(R) {rows}; beyond it by sequences O(S) {overhead}"
 
     def observe(self, sequences: int, total_rows: int, seconds: float) -> None:
-        """A packed forward over `sequences` sequences and `total_rows` rows took `seconds`: the P point nearest its
-        rows moves a step (COST_MEMORY) toward making its prediction that."""
-        if not self.corrected or not seconds > 0 or sequences < 1 or total_rows < sequences:
+        """A packed forward over `sequences` sequences and `total_rows` rows took `seconds`: the level of the nearest
+        sequence count moves a step (COST_MEMORY) toward making its prediction that."""
+        if not self.corrected or not math.isfinite(seconds) or not seconds > 0 or sequences < 1 \
+                or total_rows < sequences:
             return
-        predicted = self.predict(sequences, total_rows)
-        if not predicted > 0:
-            return
-        i = nearest(self.rows, total_rows)
-        self.scale[i] *= (seconds / predicted) ** (1 - COST_MEMORY)
-        self.current[i] = self.row_seconds[i] * self.scale[i]
+        i = nearest(self.sequences, sequences)
+        self.shift[i] += (1 - COST_MEMORY) * (seconds - self.predict(sequences, total_rows))
 
 
 def nearest(points: list[int], x: float) -> int:
