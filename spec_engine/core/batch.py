@@ -11,10 +11,12 @@ for the batch to drain.
 
 How many drafts a batch should verify depends on the batch. Verify work grows as (rows of all sequences), and a
 CPU's forward grows with rows much sooner than a GPU's: at batch 1 four extra rows are almost free, at batch 32 they
-cost what they yield. `draft_caps` sizes each sequence's drafts from measured numbers (`BatchCosts`: the packed
-forward's seconds by sequences and rows, timed on this machine; each sequence's acceptance so far), adding drafts
-while they raise the batch's expected tokens per second. Where no draft pays, every cap is 0: plain batched
-decoding (vLLM's dynamic speculative decoding and TensorRT-LLM's `draft_len_schedule` do this from a fixed table).
+cost what they yield. `draft_caps` sizes each sequence's drafts from measured numbers (`BatchCosts`: one sequence's
+forward by rows in all, with the steps where the kernels' row tiles end, plus what more sequences add, timed on this
+machine and corrected by the batch's own forwards; each sequence's acceptance so far), for the most expected tokens
+per second of the whole batch. Where no draft pays, every cap is 0: plain batched decoding (vLLM's dynamic
+speculative decoding and TensorRT-LLM's `draft_len_schedule` do this from a fixed table). A sequence whose drafts the
+batch sizes drafts a chain, which that model prices (drafting.drafting_chains: an EAGLE tree drafts its spine).
 
 Seeds: under the exact rule a sampled sequence's draws depend on how many drafts each round had, so the batch leaves
 a sampled sequence's draft lengths to its own drafter, as alone (`pinned`): its seed then fixes its text in any batch,
@@ -355,12 +357,17 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
 
     heap = [value(i, 1) for i in range(n) if limits[i] > 0]
     heapq.heapify(heap)
+    # every draft not yet added, all kept: what no longer prefix can exceed (a forward costs no less with more rows)
+    unclaimed = sum((1 - a ** (m + 1)) / (1 - a) - 1 if a < 1 else float(m) for a, m in zip(acceptance, limits))
     while heap:
         _, gain, i = heapq.heappop(heap)
         spent += draft_seconds[i] + (fixed[i] if caps[i] == 0 else 0.0)
-        caps[i], tokens, rows = caps[i] + 1, tokens - gain, rows + 1
-        if (current := tokens / (forward_seconds(rows) + spent)) > best_rate:
+        caps[i], tokens, rows, unclaimed = caps[i] + 1, tokens - gain, rows + 1, unclaimed + gain
+        seconds = forward_seconds(rows) + spent
+        if (current := tokens / seconds) > best_rate:
             best, best_rate = list(caps), current
+        elif (tokens + unclaimed) / seconds <= best_rate:
+            break
         if caps[i] < limits[i]:
             heapq.heappush(heap, value(i, caps[i] + 1))
     plans = [[0] * n, best] + [[min(c, limit) for limit in limits] for c in range(1, max(limits, default=0) + 1)]

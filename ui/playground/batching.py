@@ -322,7 +322,7 @@ def kept_costs(model) -> se.BatchCosts | None:
 
 
 def batch_costs(model) -> se.BatchCosts:
-    """What a packed forward of `model` costs by sequences and rows (BatchCosts), measured once per model."""
+    """What a packed forward of `model` costs by rows in all and by sequences (BatchCosts), measured once per model."""
     with _COSTS_LOCK:
         costs = kept_costs(model)
         if costs is None:
