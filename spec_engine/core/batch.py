@@ -240,10 +240,10 @@ class BatchCosts:
         self.corrected = corrected      # measured here: `observe` corrects it (a table given by hand stays as given)
         self.sequences = list(sequences)
         assert self.sequences == sorted(set(self.sequences)) and self.sequences[0] >= 1, sequences
-        # O(S): sequence_seconds minus P(S), never below 0 (more sequences for the same rows cost no less)
-        measured = [self.row_at(s) for s in self.sequences] if sequence_seconds is None else sequence_seconds
-        assert len(measured) == len(self.sequences)
-        self.overhead = [max(0.0, float(t) - self.row_at(s)) for s, t in zip(self.sequences, measured)]
+        # O(S): sequence_seconds minus P(S), never below 0 (more sequences for the same rows cost no less); none: 0
+        assert sequence_seconds is None or len(sequence_seconds) == len(self.sequences)
+        self.overhead = [0.0] * len(self.sequences) if sequence_seconds is None else \
+            [max(0.0, float(t) - self.row_at(s)) for s, t in zip(self.sequences, sequence_seconds)]
         self.shift = [0.0] * len(self.sequences)                # observed - predicted, by sequence point (decayed)
 
     @classmethod
@@ -287,10 +287,11 @@ class BatchCosts:
         """Seconds of a packed forward over `sequences` sequences with `total_rows` rows in all."""
         assert sequences >= 1 and total_rows >= sequences, (sequences, total_rows)
         i, w = bracket(self.sequences, sequences)
-        level = [o + s for o, s in zip(self.overhead, self.shift)]
-        at = level[i] + w * (level[i + 1] - level[i]) if len(level) > 1 else level[0]
+        level = self.overhead[i] + self.shift[i]
+        if len(self.sequences) > 1:
+            level += w * (self.overhead[i + 1] + self.shift[i + 1] - level)
         rows = max(0.0, self.row_at(total_rows))
-        return max(0.1 * rows, rows + at)
+        return max(0.1 * rows, rows + level)        # a level shifted below 0 (a faster host) never zeroes a forward
 
     def summary(self) -> str:
         """The measured points in ms, for logs and benchmark headers."""
@@ -321,6 +322,11 @@ def bracket(points: list[int], x: float) -> tuple[int, float]:
     return i, (x - points[i]) / (points[i + 1] - points[i])
 
 
+def kept(a: float, m: int) -> float:
+    """Drafts kept, expected, of m drafts at acceptance a (the geometric model): a + a^2 + ... + a^m."""
+    return (a - a ** (m + 1)) / (1 - a) if a < 1 else float(m)
+
+
 def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limits: Sequence[int],
                forward_seconds: Callable[[int], float], fixed_seconds: Sequence[float] | None = None) -> list[int]:
     """How many drafts each of the batch's sequences may propose this round, for the most expected tokens per
@@ -341,7 +347,7 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
     fixed = list(fixed_seconds) if fixed_seconds is not None else [0.0] * n
 
     def rate(caps: list[int]) -> float:
-        tokens = sum((1 - a ** (m + 1)) / (1 - a) if a < 1 else m + 1.0 for a, m in zip(acceptance, caps))
+        tokens = sum(1 + kept(a, m) for a, m in zip(acceptance, caps))
         seconds = forward_seconds(base_rows + sum(caps)) + sum(d * m + (f if m else 0.0)
                                                                for d, m, f in zip(draft_seconds, caps, fixed))
         return tokens / seconds
@@ -358,7 +364,7 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
     heap = [value(i, 1) for i in range(n) if limits[i] > 0]
     heapq.heapify(heap)
     # every draft not yet added, all kept: what no longer prefix can exceed (a forward costs no less with more rows)
-    unclaimed = sum((1 - a ** (m + 1)) / (1 - a) - 1 if a < 1 else float(m) for a, m in zip(acceptance, limits))
+    unclaimed = sum(kept(a, m) for a, m in zip(acceptance, limits))
     while heap:
         _, gain, i = heapq.heappop(heap)
         spent += draft_seconds[i] + (fixed[i] if caps[i] == 0 else 0.0)
