@@ -14,9 +14,10 @@ CPU's forward grows with rows much sooner than a GPU's: at batch 1 four extra ro
 cost what they yield. `draft_caps` sizes each sequence's drafts from measured numbers (`BatchCosts`: one sequence's
 forward by rows in all, with the steps where the kernels' row tiles end, plus what more sequences add, timed on this
 machine and corrected by the batch's own forwards; each sequence's acceptance so far), for the most expected tokens
-per second of the whole batch. Where no draft pays, every cap is 0: plain batched decoding (vLLM's dynamic
-speculative decoding and TensorRT-LLM's `draft_len_schedule` do this from a fixed table). A sequence whose drafts the
-batch sizes drafts a chain, which that model prices (drafting.drafting_chains: an EAGLE tree drafts its spine).
+per second of the whole batch. Where no plan of drafts promises 10% over plain (DRAFT_MARGIN), every cap is 0:
+plain batched decoding (vLLM's dynamic speculative decoding and TensorRT-LLM's `draft_len_schedule` do this from a
+fixed table). A sequence whose drafts the batch sizes drafts a chain, which that model prices
+(drafting.drafting_chains: an EAGLE tree drafts its spine).
 
 Seeds: under the exact rule a sampled sequence's draws depend on how many drafts each round had, so the batch leaves
 a sampled sequence's draft lengths to its own drafter, as alone (`pinned`): its seed then fixes its text in any batch,
@@ -50,6 +51,9 @@ PREFILL_ROWS_PER_ROUND = PREFILL_CHUNK
 ACCEPT_PRIOR = (1.5, 0.5)                   # a sequence's acceptance before its first rounds: Beta(1.5, 0.5), mean 0.75
 COST_MEMORY = 0.9                           # per observed forward: the old scale's weight (in logs) at its point
 ACCEPT_MEMORY = 0.9                         # per round: older rounds' weight in a sequence's acceptance estimate
+# A plan with drafts must promise this much more than plain decoding's tokens per second to be taken (draft_caps:
+# the estimates lean toward drafting). At 2-4 sequences on the 2-core EPYC the plans taken promise +20-40%.
+DRAFT_MARGIN = 1.1
 
 
 @dataclass(frozen=True)
@@ -134,9 +138,12 @@ class Deferred(Drafter):
     def pending_rows(self) -> int:
         """Rows a catch-up would feed the drafter now: the waiting rounds' (and the prompt's, before it begins)."""
         rows = sum(part.shape[0] for part in self.waiting)
-        if self.starting is not None:
-            rows += len(self.starting[0])
-        return rows if self.held else 0
+        return rows + self.prompt_rows if self.held else 0
+
+    @property
+    def prompt_rows(self) -> int:
+        """The prompt's rows, while the drafter waits for its begin (0 once it has begun)."""
+        return len(self.starting[0]) if self.starting is not None else 0
 
     def rollback(self, committed: list[int], target_features: torch.Tensor | None = None) -> None:
         if target_features is not None and target_features.shape[0]:
@@ -184,10 +191,22 @@ class Member:
         if rows:
             self.resume_per_row = decayed(self.resume_per_row, seconds / rows)
 
-    def resume_seconds(self) -> float:
-        """What drafting in the next round would cost first: the catch-up of the rows waiting (0 when none wait)."""
+    def resume_seconds(self, known_per_row: float = 0.0) -> float:
+        """What drafting in the next round would cost first: the catch-up of the rows waiting (0 when none wait), at
+        its own seconds a row, or at `known_per_row` (its drafter kind's, BatchCosts.drafter) before it has any.
+
+        A drafter not begun yet waits for its begin over the whole prompt: a one-off that serves every round the
+        sequence drafts after it, so the prompt's rows count spread over the rounds it has left (drafting one token
+        a round). Charged whole to one round, a begin would never pay and a sequence joining a running batch would
+        never draft; charged nothing, as before any catch-up was timed, a batch of 16 began drafters for one or two
+        rounds in its first rounds and its tail, ~5 ms each, and ran x0.93 of plain batched decoding with
+        speculation otherwise sized off."""
         drafter = self.decoder.drafter
-        return self.resume_per_row * drafter.pending_rows if isinstance(drafter, Deferred) else 0.0
+        if not isinstance(drafter, Deferred) or not drafter.pending_rows:
+            return 0.0
+        rounds_left = max(1.0, (self.state.max_new_tokens - self.state.generated) / (1.0 + self.acceptance))
+        rows = drafter.pending_rows - drafter.prompt_rows + drafter.prompt_rows / rounds_left
+        return (self.resume_per_row or known_per_row) * rows
 
     def learn(self, event: RoundEvent, host_seconds: float) -> None:
         """Update the estimates from a round: acceptance (each kept draft a success, a correction one failure), and
@@ -245,6 +264,13 @@ class BatchCosts:
         self.overhead = [0.0] * len(self.sequences) if sequence_seconds is None else \
             [max(0.0, float(t) - self.row_at(s)) for s, t in zip(self.sequences, sequence_seconds)]
         self.shift = [0.0] * len(self.sequences)                # observed - predicted, by sequence point (decayed)
+        # What a drafter's work took here at least, by drafter name, over every batch's sequences sharing these
+        # costs: [seconds per drafted token, per row of a catch-up]. A sequence that has not timed its own yet is
+        # priced by these (its first drafts and its begin were otherwise free to the sizing). The least, not an
+        # average: a first use runs cold (a warm-up's EAGLE tree took 4.2 ms a drafted token and 0.2 ms a caught-up
+        # row, against ~0.5-1 and ~0.05 warm), and a price learnt only from rounds that draft must not start high,
+        # or no sequence drafts to correct it.
+        self.drafters: dict[str, list[float]] = {}
 
     @classmethod
     def measure(cls, model, sequences: Sequence[int] = (1, 2, 4, 8, 16, 32),
@@ -299,6 +325,19 @@ class BatchCosts:
         overhead = " ".join(f"{s}:{1000 * t:.1f}" for s, t in zip(self.sequences, self.overhead))
         return f"one sequence's forward by rows P(R) {rows}; beyond it by sequences O(S) {overhead}"
 
+    def drafter(self, name: str) -> tuple[float, float]:
+        """(seconds per drafted token, seconds per catch-up row) that drafters called `name` took here at least; 0
+        where none has been timed."""
+        draft, row = self.drafters.get(name, (math.inf, math.inf))
+        return (draft if math.isfinite(draft) else 0.0), (row if math.isfinite(row) else 0.0)
+
+    def learn_drafter(self, name: str, draft: float | None = None, catch_up_row: float | None = None) -> None:
+        """A drafter called `name` took `draft` seconds per drafted token, or `catch_up_row` per row caught up."""
+        known = self.drafters.setdefault(name, [math.inf, math.inf])
+        for i, seconds in enumerate((draft, catch_up_row)):
+            if seconds is not None and math.isfinite(seconds) and seconds > 0:
+                known[i] = min(known[i], seconds)
+
     def observe(self, sequences: int, total_rows: int, seconds: float) -> None:
         """A packed forward over `sequences` sequences and `total_rows` rows took `seconds`: the level of the nearest
         sequence count moves a step (COST_MEMORY) toward making its prediction that."""
@@ -328,16 +367,22 @@ def kept(a: float, m: int) -> float:
 
 
 def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limits: Sequence[int],
-               forward_seconds: Callable[[int], float], fixed_seconds: Sequence[float] | None = None) -> list[int]:
+               forward_seconds: Callable[[int], float], fixed_seconds: Sequence[float] | None = None,
+               other_tokens: float = 0.0, margin: float = DRAFT_MARGIN) -> list[int]:
     """How many drafts each of the batch's sequences may propose this round, for the most expected tokens per
     second of the whole batch. Sequence i with acceptance a_i yields sum_{j <= m} a_i^j tokens from m drafts (the
     geometric model E = (1 - a^(m+1)) / (1 - a)), each draft costs it draft_seconds[i] and one verify row, and
     drafting at all costs it fixed_seconds[i] a round (its drafter's catch-up, the heavier verification);
-    forward_seconds(R) is the packed forward over R rows of these sequences.
+    forward_seconds(R) is the packed forward over R rows of these sequences (and of the others it scores, whose
+    caps are not sized here and whose tokens, expected, are `other_tokens`: the rate is the whole forward's).
 
     The plans scored, the best winning: drafts added in greedy order (the best marginal tokens per marginal second
-    first), at every length of that order, not only while each draft raises the rate; every sequence at the same
-    cap c (its limit at most), for every c; and all plain (every cap 0). Why not stop at the first draft that lowers
+    first), at every length of that order, not only while each draft raises the rate; and every sequence at the
+    same cap c (its limit at most), for every c. The best is taken only if it promises `margin` times all plain's
+    rate (every cap 0); else all plain. The margin is for the estimates' error, which leans toward drafting: the
+    drafts go to the sequences whose acceptance estimate is high that round, so the plan picked is the one most
+    over-estimated (measured at 8 sequences: acceptance estimated 0.73-0.77 where 0.59-0.68 came, plans promising
+    1-3% over plain and giving x0.80). Why not stop at the first draft that lowers
     the rate: a forward's time has steps where the kernels' row tiles end (BatchCosts), so the draft that crosses one
     costs a step and the next seven cost little. At 4 sequences of acceptance 0.8 with the forward 1.0 up to 8 rows,
     1.3 up to 16 and 3.0 beyond, stopping there gives each sequence 1 draft (7.2 tokens a unit of time); 3 each give
@@ -347,13 +392,13 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
     fixed = list(fixed_seconds) if fixed_seconds is not None else [0.0] * n
 
     def rate(caps: list[int]) -> float:
-        tokens = sum(1 + kept(a, m) for a, m in zip(acceptance, caps))
+        tokens = other_tokens + sum(1 + kept(a, m) for a, m in zip(acceptance, caps))
         seconds = forward_seconds(base_rows + sum(caps)) + sum(d * m + (f if m else 0.0)
                                                                for d, m, f in zip(draft_seconds, caps, fixed))
         return tokens / seconds
 
     caps = [0] * n
-    tokens, rows, spent = float(n), base_rows, 0.0
+    tokens, rows, spent = n + other_tokens, base_rows, 0.0
     best, best_rate = list(caps), tokens / forward_seconds(rows)
     row_seconds = forward_seconds(n) / n                     # what one more row costs, roughly, at this batch
 
@@ -376,8 +421,9 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
             break
         if caps[i] < limits[i]:
             heapq.heappush(heap, value(i, caps[i] + 1))
-    plans = [[0] * n, best] + [[min(c, limit) for limit in limits] for c in range(1, max(limits, default=0) + 1)]
-    return max(plans, key=rate)                              # the first best: plain where nothing beats it
+    plans = [best] + [[min(c, limit) for limit in limits] for c in range(1, max(limits, default=0) + 1)]
+    chosen = max(plans, key=rate)                            # the first best
+    return chosen if rate(chosen) > margin * rate([0] * n) else [0] * n
 
 
 class BatchDecoder:
@@ -484,6 +530,8 @@ class BatchDecoder:
             check_invariant(member.state.target_cache, len(member.state.committed) - 1,
                             f"request {member.request.id!r}")
             member.learn(event, timing.clock(device) - settle_start + plan.drafted - plan.start)
+            if event.drafted and self.costs is not None:
+                self.costs.learn_drafter(member.decoder.drafter.name, draft=event.draft_seconds / len(event.drafted))
             member.rounds.append(event)
             events.append(BatchEvent(member.request.id, event, len(segments), rows, cap))
             if member.state.stop_reason is not None:
@@ -511,6 +559,9 @@ class BatchDecoder:
             seconds = timing.clock(device) - start
             for member in group:
                 member.learn_resume(seconds, rows)
+            if rows and self.costs is not None:
+                for name in {m.decoder.drafter.name for m in group}:
+                    self.costs.learn_drafter(name, catch_up_row=seconds / rows)
 
     def caps(self, decoding: list[Member]) -> list[int]:
         """Each decoding sequence's draft cap this round (its k at most)."""
@@ -530,11 +581,21 @@ class BatchDecoder:
         # alone). Greedy text and the "invariant" rule's do not depend on the draft lengths: the batch sizes those.
         free = [i for i, m in enumerate(decoding) if not self.pinned(m)]
         pinned_rows = sum(limits[i] + 1 for i in range(count) if i not in free)     # their rows, drafts and all
+        # Sequences still prefilling decode from the next round or so: their rows are priced in now, for the drafts
+        # sized here begin drafters for the batch as it will run. Left out, a batch of 16 whose first 6 had their
+        # prompts in drafted (and began 6 drafters) into a forward that was nearly free only until the rest joined.
+        joining = len(self.members) - count
+        others = joining + sum(1 + kept(decoding[i].acceptance, limits[i]) for i in range(count) if i not in free)
         caps = list(limits)
         if free:
-            sized = draft_caps([decoding[i].acceptance for i in free], [decoding[i].draft_seconds for i in free],
-                               [limits[i] for i in free], lambda rows: self.costs.predict(count, rows + pinned_rows),
-                               [decoding[i].drafting_extra + decoding[i].resume_seconds() for i in free])
+            # a sequence that has not drafted or caught up yet is priced by what its drafter's kind took here
+            known = [self.costs.drafter(decoding[i].decoder.drafter.name) for i in free]
+            sized = draft_caps([decoding[i].acceptance for i in free],
+                               [decoding[i].draft_seconds or draft for i, (draft, _) in zip(free, known)],
+                               [limits[i] for i in free],
+                               lambda rows: self.costs.predict(count + joining, rows + pinned_rows + joining),
+                               [decoding[i].drafting_extra + decoding[i].resume_seconds(row)
+                                for i, (_, row) in zip(free, known)], others)
             for i, cap in zip(free, sized):
                 caps[i] = cap
         return caps
