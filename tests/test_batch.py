@@ -295,18 +295,18 @@ def test_sequences_still_prefilling_are_priced_into_the_batchs_drafts(target):
     assert decoding_caps(4) == [0, 0]
 
 
-def test_a_drafters_begin_is_priced_by_its_kinds_catch_ups_spread_over_the_rounds_left(target):
-    """A sequence that has not drafted yet has timed neither its drafts nor its catch-ups: it is priced by what its
-    drafter's kind took here at least (BatchCosts.drafter: the least, for a first use runs cold), and its begin over
-    the prompt counts spread over the rounds it has left, so a fresh sequence begins its drafter and one about to
-    finish does not (at 16 sequences, the tail's late begins cost ~5 ms each for one or two rounds of drafts)."""
+def test_a_drafters_begin_is_priced_by_its_kinds_begins_spread_over_the_rounds_left(target):
+    """A sequence whose drafter has not begun is priced by what its drafter kind's begins took here a prompt row
+    (BatchCosts.begin_row, learnt from the batches' catch-ups that began a drafter), spread over the rounds it has
+    left: a fresh sequence begins its drafter and one about to finish does not (at 16 sequences the tail's late
+    begins cost ~5 ms each for one or two rounds of drafts). A kind never timed begins for free, as before."""
     from spec_engine.core.batch import Deferred
     costs = BatchCosts([1, 64], [0.01, 0.01])                       # rows are free: only the begin can stop a draft
     name = se.PromptLookupDrafter().name
-    assert costs.drafter(name) == (0.0, 0.0)                         # never timed: free, as before
-    for seconds in (0.004, 0.001, 0.003):
-        costs.learn_drafter(name, draft=seconds, catch_up_row=seconds)
-    assert costs.drafter(name) == (0.001, 0.001) and costs.drafter("other") == (0.0, 0.0)
+    assert costs.begin_row(name) == 0.0
+    costs.learn_begin(name, 0.001)
+    costs.learn_begin(name, float("nan"))
+    assert costs.begin_row(name) == 0.001 and costs.begin_row("other") == 0.0
     batch = BatchDecoder(target, draft_length="adaptive", costs=costs)
     for i in range(2):
         batch.add(Request(i, ids([1]), se.PromptLookupDrafter(), k=3, max_new_tokens=64, sampling=GREEDY))
@@ -314,15 +314,32 @@ def test_a_drafters_begin_is_priced_by_its_kinds_catch_ups_spread_over_the_round
     for member in members:
         assert isinstance(member.decoder.drafter, Deferred)
         member.decoder.drafter.starting = (list(range(100)), None)   # a 100-token prompt waits for its begin
-    fresh = members[0].resume_seconds(0.001)
-    assert fresh == pytest.approx(0.001 * 100 / (64 / 1.75), rel=0.01)  # spread over ~37 rounds of one draft each
+    assert members[0].resume_seconds(0.001) == pytest.approx(0.001 * 100 / (64 / 1.75), rel=0.01)  # over ~37 rounds
     assert batch.caps(members)[0] > 0
     for member in members:
         member.state.max_new_tokens = 2                               # two tokens left: about one round
     assert members[0].resume_seconds(0.001) == pytest.approx(0.001 * 100 / (2 / 1.75), rel=0.01)
     assert batch.caps(members) == [0, 0]
-    costs.drafters.clear()                                           # a kind never timed: its begin is free
+    costs.begins.clear()                                             # a kind never timed: its begin is free
     assert batch.caps(members) != [0, 0]
+
+
+def test_a_batch_learns_its_drafters_begins_a_prompt_row(target):
+    """The catch-up that begins a drafter is timed into BatchCosts.begin_row of its kind: rows then cost what the
+    begins took (here a begin that sleeps 50 ms over a 5-token prompt: ~10 ms a row)."""
+    import time
+
+    class SlowBegin(se.PromptLookupDrafter):
+        def begin(self, prompt_ids, target_features=None):
+            time.sleep(0.05)
+            super().begin(prompt_ids, target_features)
+
+    costs = BatchCosts([1, 2048], [1.0, 1.0])
+    batch = BatchDecoder(target, draft_length="adaptive", costs=costs)
+    for i in range(2):
+        batch.add(Request(i, ids(PROMPTS[3]), SlowBegin(), k=3, max_new_tokens=8, sampling=GREEDY))
+    batch.run([])
+    assert 0.05 / 10 <= costs.begin_row(SlowBegin().name) <= 0.05 / 4 * 1.5   # 5 prompt rows and a few more each
 
 
 def test_measured_batch_costs_follow_the_forwards_the_batch_times():
@@ -360,6 +377,7 @@ def test_measured_batch_costs_time_every_row_count_and_sequence_count(target):
 
 
 def test_an_adaptive_batch_times_its_packed_forwards_into_its_costs(target):
+    """Every packed forward of an adaptive batch corrects its costs; a fixed batch's do not."""
     seen = []
 
     class Seen(BatchCosts):
@@ -378,6 +396,12 @@ def test_an_adaptive_batch_times_its_packed_forwards_into_its_costs(target):
             rounds.append((events[0].batch_size, events[0].rows))
     assert [(s, r) for s, r, _ in seen] == rounds and all(seconds > 0 for *_, seconds in seen)
     assert costs.shift != [0.0]                                 # real forwards take milliseconds, not the 1.0 given
+    # a fixed batch sharing the costs leaves them alone: its forwards are not what the sizing prices
+    seen.clear()
+    BatchDecoder(target, draft_length="fixed", costs=costs).run(
+        [Request(i, ids(p), se.PromptLookupDrafter(), k=3, max_new_tokens=8, sampling=GREEDY)
+         for i, p in enumerate(PROMPTS[3:5])])
+    assert seen == []
 
 
 def test_a_bad_request_names_itself(target):

@@ -193,7 +193,8 @@ class Member:
 
     def resume_seconds(self, known_per_row: float = 0.0) -> float:
         """What drafting in the next round would cost first: the catch-up of the rows waiting (0 when none wait), at
-        its own seconds a row, or at `known_per_row` (its drafter kind's, BatchCosts.drafter) before it has any.
+        its own seconds a row, or at `known_per_row` (what its drafter kind's begins took here a row,
+        BatchCosts.begin_row) before it has any.
 
         A drafter not begun yet waits for its begin over the whole prompt: a one-off that serves every round the
         sequence drafts after it, so the prompt's rows count spread over the rounds it has left (drafting one token
@@ -264,13 +265,10 @@ class BatchCosts:
         self.overhead = [0.0] * len(self.sequences) if sequence_seconds is None else \
             [max(0.0, float(t) - self.row_at(s)) for s, t in zip(self.sequences, sequence_seconds)]
         self.shift = [0.0] * len(self.sequences)                # observed - predicted, by sequence point (decayed)
-        # What a drafter's work took here at least, by drafter name, over every batch's sequences sharing these
-        # costs: [seconds per drafted token, per row of a catch-up]. A sequence that has not timed its own yet is
-        # priced by these (its first drafts and its begin were otherwise free to the sizing). The least, not an
-        # average: a first use runs cold (a warm-up's EAGLE tree took 4.2 ms a drafted token and 0.2 ms a caught-up
-        # row, against ~0.5-1 and ~0.05 warm), and a price learnt only from rounds that draft must not start high,
-        # or no sequence drafts to correct it.
-        self.drafters: dict[str, list[float]] = {}
+        # What a drafter's begin took here, a prompt row, by drafter name, over every batch's sequences sharing these
+        # costs (decayed): a sequence that has not caught up yet is priced by it (its begin was otherwise free to the
+        # sizing, and the tail of a batch of 16 began drafters at ~5 ms each for a round or two of drafts).
+        self.begins: dict[str, float] = {}
 
     @classmethod
     def measure(cls, model, sequences: Sequence[int] = (1, 2, 4, 8, 16, 32),
@@ -325,18 +323,14 @@ class BatchCosts:
         overhead = " ".join(f"{s}:{1000 * t:.1f}" for s, t in zip(self.sequences, self.overhead))
         return f"one sequence's forward by rows P(R) {rows}; beyond it by sequences O(S) {overhead}"
 
-    def drafter(self, name: str) -> tuple[float, float]:
-        """(seconds per drafted token, seconds per catch-up row) that drafters called `name` took here at least; 0
-        where none has been timed."""
-        draft, row = self.drafters.get(name, (math.inf, math.inf))
-        return (draft if math.isfinite(draft) else 0.0), (row if math.isfinite(row) else 0.0)
+    def begin_row(self, name: str) -> float:
+        """Seconds a prompt row that the begins of drafters called `name` took here; 0 where none has been timed."""
+        return self.begins.get(name, 0.0)
 
-    def learn_drafter(self, name: str, draft: float | None = None, catch_up_row: float | None = None) -> None:
-        """A drafter called `name` took `draft` seconds per drafted token, or `catch_up_row` per row caught up."""
-        known = self.drafters.setdefault(name, [math.inf, math.inf])
-        for i, seconds in enumerate((draft, catch_up_row)):
-            if seconds is not None and math.isfinite(seconds) and seconds > 0:
-                known[i] = min(known[i], seconds)
+    def learn_begin(self, name: str, seconds_per_row: float) -> None:
+        """A catch-up with a begin of a drafter called `name` took `seconds_per_row` a row."""
+        if math.isfinite(seconds_per_row) and seconds_per_row > 0:
+            self.begins[name] = decayed(self.begins.get(name), seconds_per_row)
 
     def observe(self, sequences: int, total_rows: int, seconds: float) -> None:
         """A packed forward over `sequences` sequences and `total_rows` rows took `seconds`: the level of the nearest
@@ -518,7 +512,10 @@ class BatchDecoder:
         forward_start = timing.clock(device)
         scored = forward_packed(self.target, segments, feature_layers) if segments else []
         rows = sum(len(segment.tokens) for segment in segments)
-        if segments and self.costs is not None:
+        if segments and self.costs is not None and self.draft_length == "adaptive":
+            # Only a batch the costs size corrects them: a fixed batch's forwards are not what the sizing prices (in
+            # bench_batch, the fixed tree arm's 8 sequences of 13-node trees moved the level at 8 sequences by -24 ms,
+            # and the adaptive arm run next priced 8 rows at 2 ms).
             self.costs.observe(len(segments), rows, timing.clock(device) - forward_start)
         events = []
         for member, cap, plan, out in zip(decoding, caps, planned, scored):
@@ -530,8 +527,6 @@ class BatchDecoder:
             check_invariant(member.state.target_cache, len(member.state.committed) - 1,
                             f"request {member.request.id!r}")
             member.learn(event, timing.clock(device) - settle_start + plan.drafted - plan.start)
-            if event.drafted and self.costs is not None:
-                self.costs.learn_drafter(member.decoder.drafter.name, draft=event.draft_seconds / len(event.drafted))
             member.rounds.append(event)
             events.append(BatchEvent(member.request.id, event, len(segments), rows, cap))
             if member.state.stop_reason is not None:
@@ -553,6 +548,7 @@ class BatchDecoder:
         together = [m for m in members if not self.pinned(m)]
         for group in [[m] for m in members if self.pinned(m)] + ([together] if together else []):
             rows, start = sum(m.decoder.drafter.pending_rows for m in group), timing.clock(device)
+            beginning = {m.decoder.drafter.name for m in group if m.decoder.drafter.prompt_rows}
             with catching_up_together() if group is together else contextlib.nullcontext():
                 for member in group:
                     member.decoder.drafter.catch_up(member.state.committed)
@@ -560,8 +556,8 @@ class BatchDecoder:
             for member in group:
                 member.learn_resume(seconds, rows)
             if rows and self.costs is not None:
-                for name in {m.decoder.drafter.name for m in group}:
-                    self.costs.learn_drafter(name, catch_up_row=seconds / rows)
+                for name in beginning:
+                    self.costs.learn_begin(name, seconds / rows)
 
     def caps(self, decoding: list[Member]) -> list[int]:
         """Each decoding sequence's draft cap this round (its k at most)."""
@@ -588,14 +584,11 @@ class BatchDecoder:
         others = joining + sum(1 + kept(decoding[i].acceptance, limits[i]) for i in range(count) if i not in free)
         caps = list(limits)
         if free:
-            # a sequence that has not drafted or caught up yet is priced by what its drafter's kind took here
-            known = [self.costs.drafter(decoding[i].decoder.drafter.name) for i in free]
-            sized = draft_caps([decoding[i].acceptance for i in free],
-                               [decoding[i].draft_seconds or draft for i, (draft, _) in zip(free, known)],
+            sized = draft_caps([decoding[i].acceptance for i in free], [decoding[i].draft_seconds for i in free],
                                [limits[i] for i in free],
                                lambda rows: self.costs.predict(count + joining, rows + pinned_rows + joining),
-                               [decoding[i].drafting_extra + decoding[i].resume_seconds(row)
-                                for i, (_, row) in zip(free, known)], others)
+                               [decoding[i].drafting_extra + decoding[i].resume_seconds(
+                                   self.costs.begin_row(decoding[i].decoder.drafter.name)) for i in free], others)
             for i, cap in zip(free, sized):
                 caps[i] = cap
         return caps
