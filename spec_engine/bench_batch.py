@@ -5,7 +5,8 @@
 
 For each batch size B, the first B held-out prompts of bench/data/hf_compare_prompts.json (chat-templated, greedy,
 `--tokens` new tokens each, no EOS stop so every sequence decodes the same length) go through `BatchDecoder` at once,
-in each arm, the arms back to back and their order rotated by batch size so a passing load touches them alike:
+in each arm, the arms back to back in balanced orders (`balanced_orders`: each arm follows each other arm equally
+often) so a passing load, and what one arm leaves behind for the next, touches them alike:
 
     plain      draft_length="off": batched plain decoding, one packed forward per token for the whole batch
     tree       the app's default draft (`--tree`, eagle+lookup-tree k 12), each sequence drafting as it would alone
@@ -85,6 +86,23 @@ def run_lone(target, ids: torch.Tensor, args) -> dict:
             "texts": [result.tokens]}
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of n arms in which each arm follows every other arm equally often (a Williams design: n orders for even
+    n, 2n for odd). Why: an arm timed right after a drafting arm runs slower (5-15% at every batch size, see main),
+    and in the rotation used before, the adaptive arm always followed the chain arm and plain decoding always
+    followed the adaptive arm: at batch 16, where the adaptive arm drafted nothing and ran plain decoding's forwards,
+    it read x0.89-0.94 of plain decoding in the benchmark against x1.02 alternating with plain decoding alone."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    orders = [[(arm + i) % n for arm in first] for i in range(n)]
+    return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
+
+
 def merged(runs: list[dict]) -> list[dict]:
     """One row per (batch, arm): the median run's figures over the repeats, with the range of batch tok/s and of the
     speedup over plain decoding within each pass (the arms of a pass run minutes apart at most, so these ratios
@@ -150,14 +168,13 @@ def main(argv=None) -> None:
         run_arm(target, ids[:2], arm, warm, costs)
     run_lone(target, ids[0], warm)
     runs = []
+    orders = balanced_orders(len(args.arms))
     for repeat in range(args.repeats):
         for turn, size in enumerate(args.batches):
-            shift = (turn + repeat) % len(args.arms)
-            for arm in args.arms[shift:] + args.arms[:shift]:
+            for arm in [args.arms[i] for i in orders[(turn + repeat) % len(orders)]]:
                 gc.collect()            # the last arm's drafters and caches go before this one is timed
-                # ...and the arm runs 8 tokens untimed first, so every timed run follows a run of its own arm: in the
-                # rotation, the adaptive arm always followed a drafting arm (chain) and plain followed the adaptive
-                # one, and an arm timed right after a drafting arm ran 5-15% slower at every batch size.
+                # ...and the arm runs 8 tokens untimed first, so every timed run follows a run of its own arm: an arm
+                # timed right after a drafting arm ran 5-15% slower at every batch size.
                 run_arm(target, ids[:size], arm, warm, costs)
                 runs.append({**run_arm(target, ids[:size], arm, args, costs), "pass": repeat})
                 print(f"batch {size} {arm}: {runs[-1]['tok_s']:.1f} tok/s", flush=True)

@@ -699,3 +699,15 @@ def test_a_batch_sizing_its_drafts_has_trees_draft_chains_and_no_one_else(target
         assert tokens == plain[:count] and {tree for _, tree in shapes(events)} == {True}, (mode, count)
     events, _ = rounds("adaptive", 3, se.SamplingParams(temperature=0.8))
     assert (True, True) in shapes(events) and (True, False) not in shapes(events)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_the_batch_benchmark_runs_its_arms_in_orders_where_each_follows_each_equally(n):
+    """bench_batch's arm orders: every arm follows every other arm equally often (an arm timed right after a drafting
+    arm runs slower, so a fixed neighbour biases the comparison), and each order holds every arm once."""
+    from spec_engine.bench_batch import balanced_orders
+    orders = balanced_orders(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    follows = [(a, b) for order in orders for a, b in zip(order, order[1:])]
+    counts = {pair: follows.count(pair) for pair in follows}
+    assert len(counts) == n * (n - 1) and len(set(counts.values())) == 1
