@@ -393,7 +393,8 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
 
     caps = [0] * n
     tokens, rows, spent = n + other_tokens, base_rows, 0.0
-    best, best_rate = list(caps), tokens / forward_seconds(rows)
+    plain_rate = tokens / forward_seconds(rows)
+    best, best_rate = list(caps), plain_rate
     row_seconds = forward_seconds(n) / n                     # what one more row costs, roughly, at this batch
 
     def value(i: int, j: int) -> tuple[float, float, int]:   # (-gain per second, -gain, i) of sequence i's j-th draft
@@ -417,7 +418,7 @@ def draft_caps(acceptance: Sequence[float], draft_seconds: Sequence[float], limi
             heapq.heappush(heap, value(i, caps[i] + 1))
     plans = [best] + [[min(c, limit) for limit in limits] for c in range(1, max(limits, default=0) + 1)]
     chosen = max(plans, key=rate)                            # the first best
-    return chosen if rate(chosen) > margin * rate([0] * n) else [0] * n
+    return chosen if rate(chosen) > margin * plain_rate else [0] * n
 
 
 class BatchDecoder:
@@ -576,12 +577,13 @@ class BatchDecoder:
         # drafts as it would alone: its seed then fixes its text in any batch (its drafter's own sizing decides, as
         # alone). Greedy text and the "invariant" rule's do not depend on the draft lengths: the batch sizes those.
         free = [i for i, m in enumerate(decoding) if not self.pinned(m)]
-        pinned_rows = sum(limits[i] + 1 for i in range(count) if i not in free)     # their rows, drafts and all
+        pinned = [i for i, m in enumerate(decoding) if self.pinned(m)]
+        pinned_rows = sum(limits[i] + 1 for i in pinned)                             # their rows, drafts and all
         # Sequences still prefilling decode from the next round or so: their rows are priced in now, for the drafts
         # sized here begin drafters for the batch as it will run. Left out, a batch of 16 whose first 6 had their
         # prompts in drafted (and began 6 drafters) into a forward that was nearly free only until the rest joined.
         joining = len(self.members) - count
-        others = joining + sum(1 + kept(decoding[i].acceptance, limits[i]) for i in range(count) if i not in free)
+        others = joining + sum(1 + kept(decoding[i].acceptance, limits[i]) for i in pinned)
         caps = list(limits)
         if free:
             sized = draft_caps([decoding[i].acceptance for i in free], [decoding[i].draft_seconds for i in free],
