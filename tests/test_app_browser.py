@@ -7,7 +7,7 @@ import time
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from conftest import ENDLESS
+from conftest import ENDLESS, slowed_rounds, start_endless_run
 from ui.playground import handlers
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
@@ -25,77 +25,69 @@ def committed_count(page) -> int:
 
 
 def test_run_hover_stop_in_a_browser(page, tmp_path):
-    # A run that cannot end by itself before Stop (greedy, ENDLESS does not reach EOS within 600 tokens): it is still
-    # streaming through the hover checks, and Stop then ends it (one run, no wait for a long answer to finish).
-    page.fill("#spec-prompt textarea", ENDLESS)
-    max_new = page.locator("#spec-max-new input[type=number]")
-    max_new.fill("600")
-    max_new.press("Enter")
-    page.click("#spec-run")
+    # A run that cannot end by itself before Stop: greedy ENDLESS does not reach EOS within 600 tokens, and its rounds
+    # are slowed to 0.25 s (conftest.slowed_rounds), so it is still streaming through the hover checks however fast
+    # the host decodes, and Stop then ends it. (Unslowed, a fast host decoded all 600 tokens during the hover checks,
+    # and on a loaded one the page redrew so often that the Stop click waited 30 s for a stable button: CI of
+    # 2026-12-07.)
+    with slowed_rounds():
+        session = start_endless_run(page)
+        record = session.active.record
 
-    # Coloured tokens stream in, round by round.
-    page.wait_for_function("document.querySelectorAll('#spec-tokens .tokens .round').length >= 3", timeout=120_000)
-    kinds = set(page.evaluate("[...document.querySelectorAll('#spec-tokens .tokens .tok')].map(e => e.dataset.kind)"))
-    assert kinds & {"accepted", "correction", "bonus"}
-    background = page.evaluate("getComputedStyle(document.querySelector('#spec-tokens .tokens .tok')).backgroundColor")
-    assert background not in ("", "rgba(0, 0, 0, 0)", "transparent")
+        # Coloured tokens stream in, round by round.
+        kinds = set(page.evaluate("[...document.querySelectorAll('#spec-tokens .tokens .tok')]"
+                                  ".map(e => e.dataset.kind)"))
+        assert kinds & {"accepted", "correction", "bonus"}
+        background = page.evaluate("getComputedStyle(document.querySelector('#spec-tokens .tokens .tok'))"
+                                   ".backgroundColor")
+        assert background not in ("", "rgba(0, 0, 0, 0)", "transparent")
 
-    # The plots are drawn by Plotly with data.
-    page.wait_for_selector("#plot-acceptance .js-plotly-plot", timeout=60_000)
-    page.wait_for_function("document.querySelector('#plot-acceptance .js-plotly-plot').data?.length >= 2",
-                           timeout=60_000)
+        # The plots are drawn by Plotly with data.
+        page.wait_for_selector("#plot-acceptance .js-plotly-plot", timeout=60_000)
+        page.wait_for_function("document.querySelector('#plot-acceptance .js-plotly-plot').data?.length >= 2",
+                               timeout=60_000)
 
-    # Hovering a token shows its tooltip: a floating box filled from data-tip (the CSS ::after fallback is
-    # switched off once the script runs). Tokens keep streaming while we hover, so the page may re-render
-    # under the pointer: read the floating tooltip and the tip of the element actually hovered in one
-    # evaluation, retrying if a re-render came between.
-    floating = page.locator("#spec-tip")
-    hovered = ("() => { const t = document.querySelector('#spec-tokens .tokens .tok:hover');"
-               " return [document.querySelector('#spec-tip')?.innerText ?? '', t ? t.dataset.tip : null]; }")
-    # The boxes are read in the same attempt: a re-render after the evaluation can hide the tooltip again.
-    for _ in range(10):
-        token = page.locator("#spec-tokens .tokens .tok").first
-        try:    # a re-render can also move the token away while it is hovered, or hide the box before it shows
-            token.hover(timeout=10_000)
-            floating.wait_for(state="visible", timeout=5_000)
-        except PlaywrightTimeoutError:
-            shown = tip = box = anchor = None
-            continue
-        shown, tip = page.evaluate(hovered)
-        box, anchor = floating.bounding_box(), token.bounding_box()
-        if tip and shown.split() == tip.split() and box and anchor:
-            break
-        page.mouse.move(0, 0)
-        time.sleep(0.3)
-    assert tip and "p(x)" in tip and "q(x)" in tip
-    assert shown.replace("\n", " ").split() == tip.replace("\n", " ").split()
-    assert abs(box["x"] - anchor["x"]) < 500 and box["width"] > 100
-    page.screenshot(path=str(tmp_path / "playground-running.png"), full_page=True)
+        # Hovering a token shows its tooltip: a floating box filled from data-tip (the CSS ::after fallback is
+        # switched off once the script runs). Tokens keep streaming while we hover, so the page may re-render
+        # under the pointer: read the floating tooltip and the tip of the element actually hovered in one
+        # evaluation, retrying if a re-render came between.
+        floating = page.locator("#spec-tip")
+        hovered = ("() => { const t = document.querySelector('#spec-tokens .tokens .tok:hover');"
+                   " return [document.querySelector('#spec-tip')?.innerText ?? '', t ? t.dataset.tip : null]; }")
+        # The boxes are read in the same attempt: a re-render after the evaluation can hide the tooltip again.
+        for _ in range(10):
+            token = page.locator("#spec-tokens .tokens .tok").first
+            try:    # a re-render can also move the token away while it is hovered, or hide the box before it shows
+                token.hover(timeout=10_000)
+                floating.wait_for(state="visible", timeout=5_000)
+            except PlaywrightTimeoutError:
+                shown = tip = box = anchor = None
+                continue
+            shown, tip = page.evaluate(hovered)
+            box, anchor = floating.bounding_box(), token.bounding_box()
+            if tip and shown.split() == tip.split() and box and anchor:
+                break
+            page.mouse.move(0, 0)
+            time.sleep(0.3)
+        assert tip and "p(x)" in tip and "q(x)" in tip
+        assert shown.replace("\n", " ").split() == tip.replace("\n", " ").split()
+        assert abs(box["x"] - anchor["x"]) < 500 and box["width"] > 100
+        page.screenshot(path=str(tmp_path / "playground-running.png"), full_page=True)
 
-    # Stop ends the run within about one round and says so. A fast machine may decode all 600 tokens during the hover
-    # checks (the page then says "finished", or "Measuring the speed" while its speed is measured), or between the
-    # check below and the click (the compiled layers decode this prompt at ~100 tok/s): then, once that run is over,
-    # a fresh run of the same prompt is stopped as soon as it streams.
-    stats = "document.querySelector('#spec-stats').innerText"
-    for attempt in range(3):
-        if attempt or "Decoding" not in page.evaluate(stats):
-            page.wait_for_function(f"{stats}.includes('finished') || {stats}.includes('Stopped after')",
-                                   timeout=240_000)
-            page.click("#spec-run")
-            page.wait_for_function(f"{stats}.includes('Decoding')", timeout=120_000)
-        page.click("#spec-stop")
+        # Stop ends the run within about one round and says so.
+        stats = "document.querySelector('#spec-stats').innerText"
+        assert "Decoding" in page.evaluate(stats)
+        page.click("#spec-stop", timeout=120_000)          # the page redraws every round: slow on loaded cores
         page.wait_for_function(f"{stats}.includes('Stopped after')", timeout=30_000)
-        # The stopped view is sent again STOP_REASSERT_SECONDS later (a live update computed before the click may
-        # land after the first one); from then on nothing changes.
-        time.sleep(handlers.STOP_REASSERT_SECONDS + 0.5)
-        assert "Stopped after" in page.evaluate(stats)
-        shown_at_stop, committed_at_stop = token_count(page), committed_count(page)
-        time.sleep(2.0)
-        assert (token_count(page), committed_count(page)) == (shown_at_stop, committed_at_stop)
-        if committed_at_stop < 600:
-            break                           # else the run had reached its budget before the click landed: again
+    # The stopped view is sent again STOP_REASSERT_SECONDS later (a live update computed before the click may land
+    # after the first one); from then on nothing changes.
+    time.sleep(handlers.STOP_REASSERT_SECONDS + 0.5)
+    assert "Stopped after" in page.evaluate(stats)
+    shown_at_stop, committed_at_stop = token_count(page), committed_count(page)
+    time.sleep(2.0)
+    assert (token_count(page), committed_count(page)) == (shown_at_stop, committed_at_stop)
     # Stopped before its token budget (rejected drafts are shown too, so the spans alone may pass it).
-    assert 0 < committed_at_stop < 600
+    assert record.stop_reason == "cancelled" and 0 < committed_at_stop == len(record.tokens) < 600
     page.screenshot(path=str(tmp_path / "playground-stopped.png"), full_page=True)
     assert (tmp_path / "playground-stopped.png").stat().st_size > 10_000
 
