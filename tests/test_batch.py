@@ -227,6 +227,37 @@ def test_a_member_learns_the_extra_host_seconds_of_a_drafting_round():
     assert member.drafting_extra == pytest.approx(0.9 * 0.003)            # 0 ms extra this round, decayed in
 
 
+def test_a_sequence_given_no_drafts_for_its_low_estimate_is_tried_again_later(target):
+    """A round without drafts brings no evidence of acceptance, so the estimate ages toward the prior instead of
+    holding: a sequence whose early drafts were refused (estimate 0.2, too low for any plan to pay here) is given
+    drafts again after some plain rounds. Held as it was, the sizing never gave it a draft again, however
+    predictable its text became. Rows up to 2 cost 1, each more 0.15: drafts pay from an acceptance of ~0.45."""
+    from types import SimpleNamespace
+    from spec_engine.core.batch import ACCEPT_PRIOR
+    costs = BatchCosts([1, 2, 64], [1.0, 1.0, 1.0 + 0.15 * 62])
+    batch = BatchDecoder(target, draft_length="adaptive", costs=costs)
+    for i, p in enumerate(PROMPTS[3:5]):
+        batch.add(Request(i, ids(p), se.PromptLookupDrafter(), k=3, max_new_tokens=64, sampling=GREEDY))
+    while any(m.prefilling for m in batch.members.values()):
+        batch.step()
+    members = [batch.members[0], batch.members[1]]
+    assert batch.caps(members) != [0, 0]                             # at the prior's 0.75 both draft
+    for member in members:
+        member.kept, member.refused = 1.0, 4.0
+    assert batch.caps(members) == [0, 0]
+    plain_round = SimpleNamespace(drafted=[], accepted=0, correction=None, draft_seconds=0.0)
+    estimates, plain_rounds = [members[0].acceptance], 0
+    while batch.caps(members) == [0, 0] and plain_rounds < 40:
+        for member in members:
+            member.learn(plain_round, 0.001)
+        estimates.append(members[0].acceptance)
+        plain_rounds += 1
+    assert 5 <= plain_rounds <= 20, plain_rounds                      # 10 here
+    assert estimates == sorted(estimates) and estimates[-1] < ACCEPT_PRIOR[0] / sum(ACCEPT_PRIOR)
+    members[0].learn(SimpleNamespace(drafted=[5, 6, 7], accepted=0, correction=8, draft_seconds=0.0), 0.001)
+    assert members[0].acceptance < estimates[-1]                      # a drafted round's evidence still counts
+
+
 def test_batch_costs_are_one_sequences_rows_plus_the_sequences_overhead():
     """predict(S, R) = P(R) + O(S): P interpolated between its row points, O(S) what S sequences of one row each
     cost beyond P(S), interpolated between its sequence points (never below 0)."""

@@ -214,6 +214,13 @@ class Member:
         what the sequence's own host work (its plan and settle, `host_seconds`) costs with and without drafts."""
         if not event.drafted:
             self.plain_host = decayed(self.plain_host, host_seconds)
+            # No drafts, no evidence: what the counts hold ages by the same memory, toward the prior. Kept as it was,
+            # a sequence whose estimate fell low enough for the sizing to give it no drafts never drafted again (its
+            # estimate moved only in rounds that drafted), however predictable its text became. From 0.5 (2 kept, 2
+            # refused) it is 0.59 after 7 plain rounds and 0.66 after 15: the sizing tries it again where that pays, as
+            # the lone drafters' pause probes every PROBE_EVERY rounds (drafters/sizing.py).
+            self.kept = ACCEPT_MEMORY * self.kept + (1 - ACCEPT_MEMORY) * ACCEPT_PRIOR[0]
+            self.refused = ACCEPT_MEMORY * self.refused + (1 - ACCEPT_MEMORY) * ACCEPT_PRIOR[1]
             return
         extra = max(0.0, host_seconds - event.draft_seconds - (self.plain_host or 0.0))
         self.drafting_extra = decayed(self.drafting_extra, extra)
