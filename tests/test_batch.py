@@ -246,16 +246,42 @@ def test_a_sequence_given_no_drafts_for_its_low_estimate_is_tried_again_later(ta
         member.kept, member.refused = 1.0, 4.0
     assert batch.caps(members) == [0, 0]
     plain_round = SimpleNamespace(drafted=[], accepted=0, correction=None, draft_seconds=0.0)
+    assert batch.prior == ACCEPT_PRIOR                               # no draft in this batch yet
     estimates, plain_rounds = [members[0].acceptance], 0
     while batch.caps(members) == [0, 0] and plain_rounds < 40:
         for member in members:
-            member.learn(plain_round, 0.001)
+            member.learn(plain_round, 0.001, batch.prior)
         estimates.append(members[0].acceptance)
         plain_rounds += 1
     assert 5 <= plain_rounds <= 20, plain_rounds                      # 10 here
     assert estimates == sorted(estimates) and estimates[-1] < ACCEPT_PRIOR[0] / sum(ACCEPT_PRIOR)
     members[0].learn(SimpleNamespace(drafted=[5, 6, 7], accepted=0, correction=8, draft_seconds=0.0), 0.001)
     assert members[0].acceptance < estimates[-1]                      # a drafted round's evidence still counts
+    # Where the batch's own drafts kept little (3 kept, 9 refused: 0.32 with the prior's weight), a sequence's
+    # estimate ages toward that, not toward 0.75, and no plan pays again.
+    batch.kept, batch.refused = 3.0, 9.0
+    assert sum(batch.prior) == pytest.approx(sum(ACCEPT_PRIOR)) and batch.prior[0] / sum(batch.prior) < 0.33
+    for member in members:
+        member.kept, member.refused = 1.0, 4.0
+    for _ in range(40):
+        for member in members:
+            member.learn(plain_round, 0.001, batch.prior)
+    assert batch.caps(members) == [0, 0] and 0.3 < members[0].acceptance < 0.33
+
+
+def test_a_batch_counts_every_sequences_drafts_kept_and_refused(target, draft_model):
+    """BatchDecoder.prior comes from every drafted round of the batch: its kept drafts and its corrections."""
+    batch = BatchDecoder(target, draft_length="fixed")
+    seen = {"kept": 0.0, "refused": 0.0}
+    for i, p in enumerate(PROMPTS[:4]):
+        batch.add(Request(i, ids(p), mixed_drafter(i, draft_model), k=3, max_new_tokens=16, sampling=GREEDY))
+    while batch.active:
+        for e in batch.step():
+            if e.event.drafted:
+                seen["kept"] += e.event.accepted
+                seen["refused"] += e.event.correction is not None
+    assert seen["kept"] > 0 and seen["refused"] > 0
+    assert (batch.kept, batch.refused) == (seen["kept"], seen["refused"])
 
 
 def test_batch_costs_are_one_sequences_rows_plus_the_sequences_overhead():

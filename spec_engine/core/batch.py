@@ -209,18 +209,19 @@ class Member:
         rows = drafter.pending_rows - drafter.prompt_rows + drafter.prompt_rows / rounds_left
         return (self.resume_per_row or known_per_row) * rows
 
-    def learn(self, event: RoundEvent, host_seconds: float) -> None:
+    def learn(self, event: RoundEvent, host_seconds: float, prior: tuple[float, float] = ACCEPT_PRIOR) -> None:
         """Update the estimates from a round: acceptance (each kept draft a success, a correction one failure), and
-        what the sequence's own host work (its plan and settle, `host_seconds`) costs with and without drafts."""
+        what the sequence's own host work (its plan and settle, `host_seconds`) costs with and without drafts.
+        `prior`: the counts a round without drafts ages the estimate toward (BatchDecoder.prior)."""
         if not event.drafted:
             self.plain_host = decayed(self.plain_host, host_seconds)
             # No drafts, no evidence: what the counts hold ages by the same memory, toward the prior. Kept as it was,
             # a sequence whose estimate fell low enough for the sizing to give it no drafts never drafted again (its
             # estimate moved only in rounds that drafted), however predictable its text became. From 0.5 (2 kept, 2
-            # refused) it is 0.59 after 7 plain rounds and 0.66 after 15: the sizing tries it again where that pays, as
-            # the lone drafters' pause probes every PROBE_EVERY rounds (drafters/sizing.py).
-            self.kept = ACCEPT_MEMORY * self.kept + (1 - ACCEPT_MEMORY) * ACCEPT_PRIOR[0]
-            self.refused = ACCEPT_MEMORY * self.refused + (1 - ACCEPT_MEMORY) * ACCEPT_PRIOR[1]
+            # refused) toward 0.75 it is 0.59 after 7 plain rounds and 0.66 after 15: the sizing tries it again where
+            # that pays, as the lone drafters' pause probes every PROBE_EVERY rounds (drafters/sizing.py).
+            self.kept = ACCEPT_MEMORY * self.kept + (1 - ACCEPT_MEMORY) * prior[0]
+            self.refused = ACCEPT_MEMORY * self.refused + (1 - ACCEPT_MEMORY) * prior[1]
             return
         extra = max(0.0, host_seconds - event.draft_seconds - (self.plain_host or 0.0))
         self.drafting_extra = decayed(self.drafting_extra, extra)
@@ -451,6 +452,18 @@ class BatchDecoder:
         self.max_batch = max_batch
         self.members: dict[object, Member] = {}
         self.finished: dict[object, GenerationResult] = {}
+        self.kept = self.refused = 0.0              # every sequence's drafts kept and refused so far (prior)
+
+    @property
+    def prior(self) -> tuple[float, float]:
+        """What a sequence's acceptance estimate ages toward in rounds it does not draft (Member.learn): the
+        acceptance this batch's drafts have had so far, all sequences together, as counts of ACCEPT_PRIOR's weight
+        (ACCEPT_PRIOR itself before any draft). ACCEPT_PRIOR's 0.75 is a guess for a sequence nobody has seen
+        draft; once the batch's drafts say otherwise (at 8 sequences, 0.59-0.68 came where 0.73-0.77 was estimated),
+        aging toward the guess would offer drafts again on an estimate the batch's own drafts contradict."""
+        weight = sum(ACCEPT_PRIOR)
+        a = (self.kept + ACCEPT_PRIOR[0]) / (self.kept + self.refused + weight)
+        return a * weight, (1 - a) * weight
 
     @property
     def active(self) -> int:
@@ -534,7 +547,10 @@ class BatchDecoder:
             event = member.decoder.settle(member.state, plan, own, report=False)
             check_invariant(member.state.target_cache, len(member.state.committed) - 1,
                             f"request {member.request.id!r}")
-            member.learn(event, timing.clock(device) - settle_start + plan.drafted - plan.start)
+            member.learn(event, timing.clock(device) - settle_start + plan.drafted - plan.start, self.prior)
+            if event.drafted:
+                self.kept += event.accepted
+                self.refused += 1.0 if event.correction is not None else 0.0
             member.rounds.append(event)
             events.append(BatchEvent(member.request.id, event, len(segments), rows, cap))
             if member.state.stop_reason is not None:
