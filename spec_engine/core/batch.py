@@ -225,10 +225,16 @@ class Member:
             return
         extra = max(0.0, host_seconds - event.draft_seconds - (self.plain_host or 0.0))
         self.drafting_extra = decayed(self.drafting_extra, extra)
-        self.kept = ACCEPT_MEMORY * self.kept + event.accepted
-        self.refused = ACCEPT_MEMORY * self.refused + (1.0 if event.correction is not None else 0.0)
+        kept, refused = evidence(event)
+        self.kept = ACCEPT_MEMORY * self.kept + kept
+        self.refused = ACCEPT_MEMORY * self.refused + refused
         # decayed, not the last round's: a lookup round's drafts cost ~0, a head's not
         self.draft_seconds = decayed(self.draft_seconds, event.draft_seconds / len(event.drafted))
+
+
+def evidence(event: RoundEvent) -> tuple[float, float]:
+    """What a drafted round says of acceptance: (drafts kept, drafts refused), a correction being the one refusal."""
+    return float(event.accepted), 1.0 if event.correction is not None else 0.0
 
 
 def decayed(average: float | None, value: float) -> float:
@@ -539,6 +545,7 @@ class BatchDecoder:
             # and the adaptive arm run next priced 8 rows at 2 ms).
             self.costs.observe(len(segments), rows, timing.clock(device) - forward_start)
         events = []
+        prior = self.prior          # as the round began: a sequence's aging does not depend on its place in the batch
         for member, cap, plan, out in zip(decoding, caps, planned, scored):
             own = self.own_output(member, out, feature_layers)
             if isinstance(member.decoder.drafter, Deferred):    # its catch-up waits for the next round it drafts
@@ -547,10 +554,10 @@ class BatchDecoder:
             event = member.decoder.settle(member.state, plan, own, report=False)
             check_invariant(member.state.target_cache, len(member.state.committed) - 1,
                             f"request {member.request.id!r}")
-            member.learn(event, timing.clock(device) - settle_start + plan.drafted - plan.start, self.prior)
+            member.learn(event, timing.clock(device) - settle_start + plan.drafted - plan.start, prior)
             if event.drafted:
-                self.kept += event.accepted
-                self.refused += 1.0 if event.correction is not None else 0.0
+                kept, refused = evidence(event)
+                self.kept, self.refused = self.kept + kept, self.refused + refused
             member.rounds.append(event)
             events.append(BatchEvent(member.request.id, event, len(segments), rows, cap))
             if member.state.stop_reason is not None:
